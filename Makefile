@@ -1,0 +1,42 @@
+# Two commands on a fresh machine: `make demo` and `make test` (both set up .venv first).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# CPU wheel; install it before the package, or pip pulls the newest CUDA build.
+TORCH_VERSION ?= 2.13.0
+STAMP := $(VENV)/.medvqa-installed
+PYTEST_ARGS ?=
+
+.PHONY: install demo test test-slow bench lint format clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet "torch==$(TORCH_VERSION)"
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install  ## the main job: synthetic data -> shift -> LoRA fine-tune -> generate -> score -> RR
+	$(BIN)/python run.py $(ARGS)
+
+test: install  ## the default suite (slow tests excluded)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-slow: install  ## only the slow end-to-end tests
+	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
+
+bench: install  ## throughput figures (not tests): see benchmarks/
+	$(BIN)/python benchmarks/throughput.py
+
+lint: install
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+format: install
+	$(BIN)/ruff check --fix . && $(BIN)/ruff format .
+
+clean:
+	rm -rf .cache logs .pytest_cache .ruff_cache

@@ -1,0 +1,112 @@
+"""Throughput of the tiny model on this machine: training and evaluation samples/s.
+
+Not a test: numbers depend on the machine. Run with `make bench`; pass Hydra-style overrides
+to measure another configuration, e.g. `python benchmarks/throughput.py peft=full`.
+Reports training samples/s per method (Lightning, the same module the main job uses) and greedy
+generation samples/s (the evaluation path, batched).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import medvqa.config  # noqa: E402,F401
+from medvqa.data.datamodule import VQADataModule  # noqa: E402
+from medvqa.data.shifts import Shift, make_splits  # noqa: E402
+from medvqa.evaluation.generation import generate_predictions  # noqa: E402
+from medvqa.models.adapters import apply_method  # noqa: E402
+from medvqa.models.loading import load_vlm, roles  # noqa: E402
+from medvqa.training.module import VQAModule  # noqa: E402
+
+TRAIN_STEPS = 40
+EVAL_SAMPLES = 256
+
+
+def _cfg(overrides: list[str]):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose("config", overrides=[f"paths.cache_dir={ROOT / '.cache'}", *overrides])
+
+
+def train_rate(cfg, method: str) -> float:
+    cfg = _cfg([f"peft={method}", *sys.argv[1:]])
+    source = instantiate(cfg.dataset)
+    splits = make_splits(source.table(), Shift.from_config(dict(cfg.shift)), seed=0)
+    model, processor = load_vlm(cfg.model)
+    model = apply_method(model, cfg.peft, roles(cfg.model))
+    dm = VQADataModule(splits.frames, source, processor, batch_size=int(cfg.data.batch_size))
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_steps=TRAIN_STEPS,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
+    # warm-up: the first steps pay for allocations and lazy imports
+    L.Trainer(
+        accelerator="cpu",
+        max_steps=3,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    ).fit(VQAModule(model), datamodule=dm)
+    start = time.perf_counter()
+    trainer.fit(VQAModule(model, lr=cfg.peft.lr), datamodule=dm)
+    return TRAIN_STEPS * int(cfg.data.batch_size) / (time.perf_counter() - start)
+
+
+def eval_rate(tmp: Path) -> float:
+    cfg = _cfg(list(sys.argv[1:]))
+    source = instantiate(cfg.dataset)
+    frame = source.table().head(EVAL_SAMPLES)
+    model, processor = load_vlm(cfg.model)
+    out = tmp / "bench_predictions.jsonl"
+    out.unlink(missing_ok=True)
+    start = time.perf_counter()
+    generate_predictions(
+        model,
+        processor,
+        frame,
+        source,
+        out,
+        "bench",
+        batch_size=int(cfg.data.eval_batch_size),
+        max_new_tokens=int(cfg.model.max_new_tokens),
+        progress=False,
+    )
+    rate = len(frame) / (time.perf_counter() - start)
+    out.unlink(missing_ok=True)
+    return rate
+
+
+def main() -> None:
+    torch.set_num_threads(torch.get_num_threads())
+    results = {f"train_samples_per_s/{m}": train_rate(None, m) for m in ("lora", "full", "ia3")}
+    results["eval_samples_per_s/greedy"] = eval_rate(ROOT / ".cache")
+    table = Table(title=f"tiny model throughput ({torch.get_num_threads()} threads)")
+    table.add_column("measure")
+    table.add_column("samples/s", justify="right")
+    for key, value in results.items():
+        table.add_row(key, f"{value:.1f}")
+    Console().print(table)
+    Console().print_json(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

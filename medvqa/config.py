@@ -1,0 +1,169 @@
+"""Typed schemas behind the YAML under conf/.
+
+Each group's YAML files start from one of these schemas (`defaults: [<name>_schema, _self_]`),
+so a misspelled key in a YAML file or on the command line fails when Hydra composes the config,
+not hours into a job. `register()` is idempotent and runs on import.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+@dataclass
+class ShiftSchema:
+    """See `medvqa.data.shifts.Shift`: which values of `field` are OoD."""
+
+    name: str = MISSING
+    field: str = MISSING
+    ood_values: list[Any] | None = None
+    iid_values: list[Any] | None = None
+    iid_min: float | None = None
+    ood_max: float | None = None
+    exclude_values: list[Any] = dataclasses.field(default_factory=list)
+    merge_train_ood: bool = False
+    val_fraction: float = 0.1
+    val_group: str = "image_id"
+
+
+@dataclass
+class ModuleRoles:
+    """Where the parts of a VLM live, as module-name fragments (they differ per family)."""
+
+    vision: str = "vision_tower"
+    projector: str = "multi_modal_projector"
+    language: str = "language_model"
+    lm_head: str = "lm_head"
+
+
+@dataclass
+class ModelSchema:
+    """A VLM: a local directory or hub id, or an offline `builder` that makes one."""
+
+    name: str = MISSING
+    family: str = "llava"
+    pretrained: str | None = None
+    builder: Any = None
+    modules: ModuleRoles = dataclasses.field(default_factory=ModuleRoles)
+    dtype: str = "float32"
+    trust_remote_code: bool = False
+    max_new_tokens: int = 16
+
+
+@dataclass
+class PeftSchema:
+    """A fine-tuning method; each `peft/*.yaml` is the whole truth about one method.
+
+    `adapter` is a peft config (`_target_: peft.LoraConfig`, ...) or null for full fine-tuning
+    and zero-shot; `adapter_scope` restricts the adapter to one model role (CLIP/SigLIP towers
+    reuse `q_proj`-style names); `train_modules` are model roles trained as full weights.
+    """
+
+    name: str = MISSING
+    adapter: Any = None
+    adapter_scope: str | None = "language"
+    train_modules: list[str] = dataclasses.field(default_factory=list)
+    fit: bool = True
+    lr: float = 3e-4
+    weight_decay: float = 0.0
+    warmup_ratio: float = 0.03
+
+
+@dataclass
+class MetricSchema:
+    """Which scores a run reports and which ones are the headline (RR) numbers."""
+
+    name: str = MISSING
+    open_metrics: list[str] = dataclasses.field(default_factory=list)
+    primary_closed: str = "closed_acc"
+    primary_open: str = "open_f1"
+    breakdown: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclass
+class TrainerSchema:
+    """The `lightning.Trainer` arguments this project uses (others would be typos)."""
+
+    _target_: str = "lightning.Trainer"
+    accelerator: str = "cpu"
+    devices: Any = 1
+    strategy: Any = "auto"
+    precision: Any = "32-true"
+    max_epochs: int | None = 1
+    max_steps: int = -1
+    min_epochs: int | None = None
+    accumulate_grad_batches: int = 1
+    gradient_clip_val: float | None = 1.0
+    log_every_n_steps: int = 10
+    val_check_interval: Any = None
+    check_val_every_n_epoch: int | None = 1
+    limit_train_batches: Any = None
+    limit_val_batches: Any = None
+    num_sanity_val_steps: int = 0
+    enable_progress_bar: bool = True
+    enable_model_summary: bool = True
+    enable_checkpointing: bool = True
+    deterministic: Any = False
+    benchmark: bool | None = None
+
+
+@dataclass
+class DataSchema:
+    """Loader settings shared by every dataset; `limit` caps split sizes (debug runs)."""
+
+    batch_size: int = 16
+    eval_batch_size: int = 32
+    num_workers: int = 0
+    limit: dict[str, int | None] = dataclasses.field(
+        default_factory=lambda: {"train": None, "val": None, "test_iid": None, "test_ood": None}
+    )
+
+
+@dataclass
+class PathsSchema:
+    root_dir: str = MISSING
+    cache_dir: str = MISSING
+    log_dir: str = MISSING
+    output_dir: str = MISSING
+
+
+@dataclass
+class Config:
+    """The primary config; groups without a fixed shape are `Any` and typed by their schema."""
+
+    task: Any = MISSING
+    dataset: Any = MISSING
+    shift: ShiftSchema = MISSING
+    model: ModelSchema = MISSING
+    peft: PeftSchema = MISSING
+    metric: MetricSchema = MISSING
+    trainer: TrainerSchema = MISSING
+    logger: Any = None
+    callbacks: Any = None
+    paths: PathsSchema = MISSING
+    data: DataSchema = dataclasses.field(default_factory=DataSchema)
+    debug: Any = None
+    experiment: Any = None
+    seed: int = 0
+    force: bool = False
+    tags: list[str] = dataclasses.field(default_factory=list)
+
+
+def register() -> None:
+    """Put the schemas in Hydra's ConfigStore (safe to call more than once)."""
+    cs = ConfigStore.instance()
+    cs.store(name="config_schema", node=Config)
+    cs.store(group="shift", name="shift_schema", node=ShiftSchema)
+    cs.store(group="model", name="model_schema", node=ModelSchema)
+    cs.store(group="peft", name="peft_schema", node=PeftSchema)
+    cs.store(group="metric", name="metric_schema", node=MetricSchema)
+    cs.store(group="trainer", name="trainer_schema", node=TrainerSchema)
+    cs.store(group="paths", name="paths_schema", node=PathsSchema)
+
+
+register()

@@ -1,0 +1,69 @@
+"""What every dataset adapter provides: a normalised table and lazily read images."""
+
+from __future__ import annotations
+
+import hashlib
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+import pandas as pd
+from PIL import Image, UnidentifiedImageError
+
+
+class DataError(ValueError):
+    """Bad input data: the message names the file/row/key and what to do."""
+
+
+class VQASource(ABC):
+    """A VQA dataset on disk.
+
+    `table()` returns the normalised records (see `medvqa.data.records`); images are only read
+    when a sample is requested, so building splits needs the annotation files alone.
+    """
+
+    name: str = "dataset"
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root).expanduser()
+
+    @abstractmethod
+    def table(self) -> pd.DataFrame:
+        """The normalised, cleaned table of all source splits."""
+
+    def fingerprint(self) -> str:
+        """Identifies the data's content, so caches built from it are never reused stale.
+
+        The default hashes the normalised table; adapters with a cheaper exact key override it.
+        """
+        content = pd.util.hash_pandas_object(self.table().astype(str), index=False)
+        return hashlib.sha256(content.values.tobytes()).hexdigest()[:16]
+
+    def image_path(self, ref: str, record_id: str | None = None) -> Path:
+        """Resolve an image reference, refusing paths that escape the dataset root."""
+        root = self.root.resolve()
+        path = (root / ref).resolve()
+        where = f" (record {record_id!r})" if record_id is not None else ""
+        if not path.is_relative_to(root):
+            raise DataError(
+                f"{self.name}: image path {ref!r}{where} escapes the dataset root {root}; "
+                "fix the annotation file."
+            )
+        if not path.is_file():
+            raise DataError(
+                f"{self.name}: image file {path}{where} does not exist; check dataset.root "
+                "or set on_bad_row=skip to drop such rows."
+            )
+        return path
+
+    def load_image(self, ref: str, record_id: str | None = None) -> Image.Image:
+        """Open an image as RGB, with an error that names the file if it cannot be decoded."""
+        path = self.image_path(ref, record_id)
+        try:
+            with Image.open(path) as img:
+                return img.convert("RGB")
+        except (UnidentifiedImageError, OSError) as err:
+            where = f" (record {record_id!r})" if record_id is not None else ""
+            raise DataError(
+                f"{self.name}: cannot read image {path}{where}: {err}. Replace the file or "
+                "set on_bad_row=skip."
+            ) from err

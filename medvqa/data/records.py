@@ -1,0 +1,83 @@
+"""The normalised record schema every dataset adapter produces.
+
+Every loader (synthetic, SLAKE, OVQA, ...) turns its native layout into one pandas table with
+these columns, so shifts, data modules, baselines and metrics never look at a native format.
+Dataset-specific metadata (modality, body part, sex, age, ...) are extra plain columns; a shift
+names one of them as its `field`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import pandas as pd
+
+ID = "id"
+IMAGE = "image"  # image reference relative to the dataset root
+QUESTION = "question"
+ANSWER = "answer"
+ANSWER_TYPE = "answer_type"  # "open" | "closed"
+QUESTION_TYPE = "question_type"  # content type, e.g. "modality", "size"
+CANDIDATES = "candidates"  # list[str] for closed questions, None for open ones
+CASE_ID = "case_id"
+IMAGE_ID = "image_id"
+SOURCE_SPLIT = "source_split"  # the dataset's own split: train | validate | test
+
+CORE_COLUMNS: tuple[str, ...] = (
+    ID,
+    IMAGE,
+    QUESTION,
+    ANSWER,
+    ANSWER_TYPE,
+    QUESTION_TYPE,
+    CANDIDATES,
+    CASE_ID,
+    IMAGE_ID,
+    SOURCE_SPLIT,
+)
+ANSWER_TYPES = ("open", "closed")
+SOURCE_SPLITS = ("train", "validate", "test")
+
+
+class SchemaError(ValueError):
+    """A table does not follow the normalised record schema."""
+
+
+def metadata_columns(table: pd.DataFrame) -> list[str]:
+    """Columns beyond the core schema: the fields a shift or a breakdown may use."""
+    return [c for c in table.columns if c not in CORE_COLUMNS]
+
+
+def validate_table(table: pd.DataFrame, source: str, required: Iterable[str] = ()) -> None:
+    """Fail early, naming the dataset and the offending column or row, if the schema is broken."""
+    missing = [c for c in (*CORE_COLUMNS, *required) if c not in table.columns]
+    if missing:
+        raise SchemaError(
+            f"{source}: normalised table lacks column(s) {missing}; the loader must produce "
+            f"{list(CORE_COLUMNS)} plus metadata columns."
+        )
+    if table[ID].duplicated().any():
+        dup = table.loc[table[ID].duplicated(), ID].iloc[0]
+        raise SchemaError(f"{source}: record id {dup!r} occurs more than once; ids must be unique.")
+    bad = ~table[ANSWER_TYPE].isin(ANSWER_TYPES)
+    if bad.any():
+        row = table.loc[bad].iloc[0]
+        raise SchemaError(
+            f"{source}: record {row[ID]!r} has answer_type {row[ANSWER_TYPE]!r}; "
+            f"expected one of {ANSWER_TYPES}."
+        )
+    bad = ~table[SOURCE_SPLIT].isin(SOURCE_SPLITS)
+    if bad.any():
+        row = table.loc[bad].iloc[0]
+        raise SchemaError(
+            f"{source}: record {row[ID]!r} has source_split {row[SOURCE_SPLIT]!r}; "
+            f"expected one of {SOURCE_SPLITS}."
+        )
+    closed = table[ANSWER_TYPE] == "closed"
+    for _, row in table.loc[closed].iterrows():
+        cands = row[CANDIDATES]
+        if cands is None or len(cands) < 2 or row[ANSWER] not in list(cands):
+            raise SchemaError(
+                f"{source}: closed record {row[ID]!r} needs >= 2 candidates containing its "
+                f"answer {row[ANSWER]!r}; got {cands!r}."
+            )

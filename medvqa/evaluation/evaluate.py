@@ -1,0 +1,89 @@
+"""Generate on the evaluation splits, score, and compute relative robustness."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from medvqa.data.base import VQASource
+from medvqa.evaluation.generation import SPLIT, generate_predictions
+from medvqa.evaluation.metrics import per_sample_scores, score_predictions
+from medvqa.evaluation.robustness import robustness_metrics
+
+IID, OOD = "test_iid", "test_ood"
+# Counts and rates that are not performances: no robustness ratio for them.
+_NOT_PERFORMANCE = ("n", "n_open", "n_closed", "closed_invalid_rate")
+
+
+def prefixed(prefix: str, scores: Mapping[str, float]) -> dict[str, float]:
+    return {f"{prefix}{k}": v for k, v in scores.items()}
+
+
+def split_metrics(
+    scores_by_split: Mapping[str, Mapping[str, float]], metric_cfg: Any
+) -> dict[str, float]:
+    """`split/metric` names plus `robustness/rr_*` when both test splits are present."""
+    metrics: dict[str, float] = {}
+    for split, scores in scores_by_split.items():
+        metrics.update(prefixed(f"{split}/", scores))
+    if IID in scores_by_split and OOD in scores_by_split:
+        iid, ood = scores_by_split[IID], scores_by_split[OOD]
+        keys = [k for k in iid if "/" not in k and k not in _NOT_PERFORMANCE]
+        primary = {
+            name: key
+            for name, key in (
+                ("closed", metric_cfg.primary_closed),
+                ("open", metric_cfg.primary_open),
+            )
+            if key in iid and key in ood
+        }
+        metrics.update(prefixed("robustness/", robustness_metrics(iid, ood, keys, primary)))
+    return metrics
+
+
+def evaluate(
+    model: torch.nn.Module,
+    processor: Any,
+    source: VQASource,
+    frames: Mapping[str, pd.DataFrame],
+    metric_cfg: Any,
+    out_path: Path,
+    batch_size: int,
+    max_new_tokens: int,
+    image_mode: str = "image",
+    progress: bool = True,
+) -> tuple[dict[str, float], pd.DataFrame]:
+    """Predictions for every split in `frames` (JSONL at `out_path`), their scores and RR."""
+    scores: dict[str, dict[str, float]] = {}
+    scored_all = []
+    for split, frame in frames.items():
+        preds = generate_predictions(
+            model,
+            processor,
+            frame,
+            source,
+            out_path,
+            split,
+            batch_size=batch_size,
+            max_new_tokens=max_new_tokens,
+            image_mode=image_mode,
+            progress=progress,
+        )
+        scored = per_sample_scores(preds, list(metric_cfg.open_metrics))
+        scores[split] = score_predictions(
+            preds, list(metric_cfg.open_metrics), list(metric_cfg.breakdown), scored=scored
+        )
+        scored_all.append(scored.assign(**{SPLIT: split}))
+    return split_metrics(scores, metric_cfg), pd.concat(scored_all, ignore_index=True)
+
+
+def finite(metrics: Mapping[str, float]) -> dict[str, float]:
+    """Drop NaN/inf (loggers reject them; results.json keeps them as null)."""
+    return {
+        k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and math.isfinite(v)
+    }

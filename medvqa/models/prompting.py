@@ -1,0 +1,111 @@
+"""The one prompt template, used for training and for inference.
+
+Prompts go through the processor's own chat template, so every VLM family formats its image
+and turn markers its own way. The answer's tokens (and only they) are the training labels: the
+answer text is whatever the template puts after the generation prompt when the assistant turn is
+rendered, so end-of-turn markers are learnt exactly as the template writes them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from PIL import Image
+
+IGNORE_INDEX = -100
+
+
+def build_messages(question: str, with_image: bool = True) -> list[dict[str, Any]]:
+    """The user turn: the image (if any) followed by the question."""
+    content: list[dict[str, Any]] = [{"type": "image"}] if with_image else []
+    content.append({"type": "text", "text": question})
+    return [{"role": "user", "content": content}]
+
+
+def prompt_text(processor: Any, question: str, with_image: bool = True) -> str:
+    """The prompt up to and including the assistant's generation prompt."""
+    return processor.apply_chat_template(
+        build_messages(question, with_image), add_generation_prompt=True, tokenize=False
+    )
+
+
+def answer_text(processor: Any, question: str, answer: str, with_image: bool = True) -> str:
+    """What the template renders after the generation prompt for `answer` (incl. end marker)."""
+    prompt = prompt_text(processor, question, with_image)
+    messages = [
+        *build_messages(question, with_image),
+        {"role": "assistant", "content": [{"type": "text", "text": answer}]},
+    ]
+    full = processor.apply_chat_template(messages, tokenize=False)
+    if not full.startswith(prompt):
+        raise ValueError(
+            "the chat template does not render the assistant turn as a continuation of the "
+            f"generation prompt (prompt {prompt[-40:]!r}, full {full[-80:]!r}); this model "
+            "family needs its own answer formatting in medvqa.models.prompting."
+        )
+    return full[len(prompt) :]
+
+
+def encode(
+    processor: Any,
+    question: str,
+    image: Image.Image | None,
+    answer: str | None = None,
+) -> dict[str, torch.Tensor]:
+    """Tokenise one example (unpadded, batch dimension removed for per-token tensors).
+
+    With `answer`, the answer tokens are appended and become the only labels (loss on answer
+    tokens only); without it the result is a generation prompt.
+    """
+    text = prompt_text(processor, question, with_image=image is not None)
+    kwargs: dict[str, Any] = {"text": [text], "return_tensors": "pt"}
+    if image is not None:
+        kwargs["images"] = [image]
+    enc = dict(processor(**kwargs))
+    input_ids = enc.pop("input_ids")
+    n_prompt = input_ids.shape[1]
+    per_token = {k: v for k, v in enc.items() if _is_per_token(v, input_ids)}
+    other = {k: v for k, v in enc.items() if k not in per_token}
+    out: dict[str, torch.Tensor] = {"input_ids": input_ids[0]}
+    out.update({k: v[0] for k, v in per_token.items()})
+    if answer is not None:
+        suffix = answer_text(processor, question, answer, with_image=image is not None)
+        ans = processor.tokenizer(suffix, add_special_tokens=False, return_tensors="pt")
+        ans_ids = ans["input_ids"][0]
+        out["input_ids"] = torch.cat([out["input_ids"], ans_ids])
+        for key in per_token:
+            fill = 1 if key == "attention_mask" else 0
+            out[key] = torch.cat([out[key], torch.full_like(ans_ids, fill, dtype=out[key].dtype)])
+        out["labels"] = torch.cat(
+            [torch.full((n_prompt,), IGNORE_INDEX, dtype=torch.long), ans_ids.long()]
+        )
+    out.update(other)
+    return out
+
+
+def _is_per_token(value: Any, input_ids: torch.Tensor) -> bool:
+    return (
+        isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[:2] == input_ids.shape
+    )
+
+
+def pad_batch(
+    features: list[dict[str, torch.Tensor]], pad_token_id: int, padding_side: str = "right"
+) -> dict[str, torch.Tensor]:
+    """Pad per-token tensors to the longest example; concatenate image tensors along dim 0."""
+    seq_keys = [k for k, v in features[0].items() if v.dim() == 1 or k == "input_ids"]
+    max_len = max(f["input_ids"].shape[0] for f in features)
+    pad_value = {"input_ids": pad_token_id, "labels": IGNORE_INDEX}
+    batch: dict[str, torch.Tensor] = {}
+    for key in seq_keys:
+        rows = []
+        for f in features:
+            seq = f[key]
+            pad = torch.full((max_len - seq.shape[0],), pad_value.get(key, 0), dtype=seq.dtype)
+            rows.append(torch.cat([seq, pad] if padding_side == "right" else [pad, seq]))
+        batch[key] = torch.stack(rows)
+    for key in features[0]:
+        if key not in batch:
+            batch[key] = torch.cat([f[key] for f in features], dim=0)
+    return batch

@@ -1,0 +1,295 @@
+"""A tiny LLaVA-architecture VLM built entirely offline, for the CPU demo and the tests.
+
+The builder trains a byte-level BPE tokenizer, assembles a real `LlavaProcessor` (CLIP image
+processor + chat template) and a `LlavaForConditionalGeneration` from configs, pre-trains it
+briefly on a broad synthetic distribution (captions and generic questions: the analogue of
+LLaVA-Med's alignment stage) and saves everything with `save_pretrained`. Callers then load it
+with `AutoProcessor` / `AutoModelForImageTextToText.from_pretrained(dir)`, exactly as they would
+load a hub model. The result is cached under a hash of the builder's parameters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from medvqa.data import records as R
+from medvqa.data.base import DataError
+
+log = logging.getLogger(__name__)
+
+BUILDER_VERSION = 1
+DONE_FILE = "medvqa_build.json"
+SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<image>"]
+# Kept deliberately plain: every token here costs sequence length on a CPU.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}"
+    "{% if m['role'] == 'user' %}USER: "
+    "{% for c in m['content'] %}{% if c['type'] == 'image' %}<image>{{ '\\n' }}"
+    "{% elif c['type'] == 'text' %}{{ c['text'] }}{% endif %}{% endfor %}{{ '\\n' }}"
+    "{% else %}ASSISTANT: {% for c in m['content'] %}{{ c['text'] }}{% endfor %}{{ eos_token }}"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}ASSISTANT:{% endif %}"
+)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, DictConfig):
+        return OmegaConf.to_container(value, resolve=True)
+    return value
+
+
+def _hashable(value: Any) -> Any:
+    """Drop cache locations from the hashed parameters: moving the cache must not rebuild."""
+    if isinstance(value, Mapping):
+        return {k: _hashable(v) for k, v in sorted(value.items()) if k != "cache_dir"}
+    if isinstance(value, list | tuple):
+        return [_hashable(v) for v in value]
+    return value
+
+
+class TinyLlavaBuilder:
+    """Build (once) and return the directory of a tiny pre-trained LLaVA."""
+
+    def __init__(
+        self,
+        cache_dir: str | Path,
+        image_size: int = 64,
+        patch_size: int = 8,
+        vision_hidden: int = 64,
+        vision_layers: int = 2,
+        vision_heads: int = 4,
+        text_hidden: int = 128,
+        text_layers: int = 2,
+        text_heads: int = 4,
+        vocab_size: int = 512,
+        seed: int = 0,
+        pretrain: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.cache_dir = Path(cache_dir).expanduser()
+        self.params: dict[str, Any] = {
+            "image_size": image_size,
+            "patch_size": patch_size,
+            "vision_hidden": vision_hidden,
+            "vision_layers": vision_layers,
+            "vision_heads": vision_heads,
+            "text_hidden": text_hidden,
+            "text_layers": text_layers,
+            "text_heads": text_heads,
+            "vocab_size": vocab_size,
+            "seed": seed,
+            "pretrain": _plain(pretrain),
+            "version": BUILDER_VERSION,
+        }
+
+    @property
+    def key(self) -> str:
+        """Hash of the architecture, the pre-training recipe and the pre-training data's content
+        (so a changed data generator rebuilds the model instead of reusing a stale one)."""
+        data = self._pretrain_source.fingerprint() if self.params["pretrain"] else None
+        blob = json.dumps(
+            {"params": _hashable(self.params), "data": data}, sort_keys=True, default=str
+        )
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def build(self) -> Path:
+        """Return the model directory, building and pre-training it if absent."""
+        target = self.cache_dir / "models" / f"tiny-llava-{self.key}"
+        if (target / DONE_FILE).is_file():
+            return target
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
+        except OSError as err:
+            raise DataError(
+                f"cannot write the model cache {target.parent}: {err}. Set paths.cache_dir "
+                "(or the MEDVQA_CACHE environment variable) to a writable directory."
+            ) from err
+        start = time.perf_counter()
+        log.info("building tiny LLaVA %s (cached for later runs)", target.name)
+        try:
+            self._build_into(tmp)
+            (tmp / DONE_FILE).write_text(json.dumps(self.params, indent=2, default=str))
+            if (target / DONE_FILE).is_file():  # another job finished first
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                shutil.rmtree(target, ignore_errors=True)
+                os.replace(tmp, target)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        log.info("tiny LLaVA ready in %.1fs at %s", time.perf_counter() - start, target)
+        return target
+
+    @cached_property
+    def _pretrain_source(self) -> Any:
+        data = dict(self.params["pretrain"]["data"])
+        data.setdefault("cache_dir", str(self.cache_dir))
+        return instantiate(data)
+
+    def _build_into(self, out: Path) -> None:
+        p = self.params
+        source = self._pretrain_source if p["pretrain"] else None
+        texts = _corpus(source.table()) if source is not None else ["USER: ASSISTANT:"]
+        processor = build_processor(texts, p["vocab_size"], p["image_size"], p["patch_size"])
+        torch.manual_seed(p["seed"])
+        model = build_model(processor, **{k: p[k] for k in _MODEL_KEYS})
+        if source is not None:
+            _pretrain(model, processor, source, self.params["pretrain"], p["seed"])
+        model.save_pretrained(out)
+        processor.save_pretrained(out)
+
+
+_MODEL_KEYS = (
+    "image_size",
+    "patch_size",
+    "vision_hidden",
+    "vision_layers",
+    "vision_heads",
+    "text_hidden",
+    "text_layers",
+    "text_heads",
+)
+
+
+def _corpus(table: Any) -> list[str]:
+    prompts = ["USER: ", "ASSISTANT: ", "\n"]
+    return prompts + table[R.QUESTION].tolist() + (" " + table[R.ANSWER]).tolist()
+
+
+def build_processor(texts: list[str], vocab_size: int, image_size: int, patch_size: int) -> Any:
+    """Train a byte-level BPE on `texts` and wrap it with a CLIP image processor."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import CLIPImageProcessorPil, LlavaProcessor, PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(
+        texts,
+        trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=SPECIAL_TOKENS,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        extra_special_tokens={"image_token": "<image>"},
+        chat_template=CHAT_TEMPLATE,
+    )
+    image_processor = CLIPImageProcessorPil(
+        size={"shortest_edge": image_size},
+        crop_size={"height": image_size, "width": image_size},
+    )
+    return LlavaProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=patch_size,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,  # CLIP's CLS token, dropped by the "default" strategy
+        chat_template=CHAT_TEMPLATE,
+    )
+
+
+def build_model(
+    processor: Any,
+    image_size: int,
+    patch_size: int,
+    vision_hidden: int,
+    vision_layers: int,
+    vision_heads: int,
+    text_hidden: int,
+    text_layers: int,
+    text_heads: int,
+) -> torch.nn.Module:
+    """A randomly initialised LLaVA (CLIP ViT + Llama) sized for a CPU."""
+    from transformers import (
+        CLIPVisionConfig,
+        LlamaConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+    )
+
+    tok = processor.tokenizer
+    vision = CLIPVisionConfig(
+        hidden_size=vision_hidden,
+        intermediate_size=2 * vision_hidden,
+        num_hidden_layers=vision_layers,
+        num_attention_heads=vision_heads,
+        image_size=image_size,
+        patch_size=patch_size,
+        projection_dim=vision_hidden,
+    )
+    text = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=text_hidden,
+        intermediate_size=2 * text_hidden,
+        num_hidden_layers=text_layers,
+        num_attention_heads=text_heads,
+        num_key_value_heads=text_heads,
+        max_position_embeddings=512,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    config = LlavaConfig(
+        vision_config=vision,
+        text_config=text,
+        image_token_index=tok.convert_tokens_to_ids("<image>"),
+        image_seq_length=(image_size // patch_size) ** 2,
+        vision_feature_layer=-1,
+        vision_feature_select_strategy="default",
+    )
+    model = LlavaForConditionalGeneration(config)
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.generation_config.eos_token_id = tok.eos_token_id
+    return model
+
+
+def _pretrain(
+    model: torch.nn.Module, processor: Any, source: Any, cfg: Mapping[str, Any], seed: int
+) -> None:
+    """Train every weight on the broad synthetic distribution (captions, generic questions)."""
+    import lightning as L
+
+    from medvqa.data.datamodule import VQADataModule
+    from medvqa.training.module import VQAModule
+
+    table = source.table()
+    frames = {"train": table, "val": table.head(0)}
+    dm = VQADataModule(
+        frames, source, processor, batch_size=int(cfg.get("batch_size", 16)), seed=seed
+    )
+    module = VQAModule(model, lr=float(cfg.get("lr", 1e-3)), warmup_ratio=0.05)
+    trainer = L.Trainer(
+        accelerator="auto",
+        devices=1,
+        max_epochs=int(cfg.get("epochs", 1)),
+        max_steps=int(cfg.get("max_steps", -1)),
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=bool(cfg.get("progress_bar", True)),
+        limit_val_batches=0,
+        gradient_clip_val=1.0,
+    )
+    L.seed_everything(seed, workers=True, verbose=False)
+    trainer.fit(module, datamodule=dm)
+    model.eval()

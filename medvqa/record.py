@@ -1,0 +1,68 @@
+"""The record of a run: `results.json` in the run directory Hydra created.
+
+Aggregation reads these records (status, seed, resolved config, flat metrics), never directory
+names. The file is rewritten atomically at each status change, so a crash mid-write cannot
+leave a truncated record.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+RESULTS_FILE = "results.json"
+STATUSES = ("running", "finished", "diverged", "failed")
+
+
+def _json_number(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # JSON has no NaN; null means "not measured"
+    return value
+
+
+class RunRecord:
+    """Writes `results.json`: status, seed, resolved config and `split/metric` numbers."""
+
+    def __init__(self, out_dir: Path, cfg: DictConfig) -> None:
+        self.path = Path(out_dir) / RESULTS_FILE
+        self.config = OmegaConf.to_container(cfg, resolve=True)
+        self.seed = int(cfg.seed)
+        self.task = str(cfg.task.get("name", "")) if cfg.get("task") is not None else ""
+        self.started = time.time()
+
+    def write(self, status: str, metrics: Mapping[str, float] | None = None, **extra: Any) -> Path:
+        if status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
+        record = {
+            "status": status,
+            "task": self.task,
+            "seed": self.seed,
+            "metrics": {k: _json_number(float(v)) for k, v in sorted((metrics or {}).items())},
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.started)),
+            "duration_s": round(time.time() - self.started, 2),
+            **extra,
+            "config": self.config,
+        }
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(record, indent=2, default=str))
+        os.replace(tmp, self.path)
+        return self.path
+
+
+def read_record(path: Path) -> dict[str, Any]:
+    """Load a results.json, with an error naming the file if it is not a record."""
+    try:
+        record = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: not a readable results.json ({err})") from err
+    if "status" not in record or "metrics" not in record:
+        raise ValueError(f"{path}: missing 'status'/'metrics'; not a medvqa run record")
+    return record

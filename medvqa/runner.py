@@ -1,0 +1,52 @@
+"""Run the selected task inside Hydra's run directory and record how it ended.
+
+A crash is logged and recorded as `failed` in results.json, the loggers are always finished, and
+in a multirun the exception is swallowed so the next job still runs (a single run re-raises, so
+its exit status tells the truth). Divergence is a result, not a crash: `diverged` with its step.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+from medvqa.record import RunRecord
+from medvqa.tracking import finish, instantiate_group
+from medvqa.training.module import Diverged
+
+log = logging.getLogger("medvqa")
+
+
+def run(cfg: DictConfig) -> dict[str, float] | None:
+    hydra_cfg = HydraConfig.get()
+    out_dir = Path(hydra_cfg.runtime.output_dir)
+    record = RunRecord(out_dir, cfg)
+    record.write("running")
+    loggers = []
+    try:
+        loggers = instantiate_group(cfg.logger)
+        task = instantiate(cfg.task)
+        metrics = task(cfg=cfg, out_dir=out_dir, loggers=loggers)
+        record.write("finished", metrics)
+        log.info("finished; record at %s", record.path)
+        return metrics
+    except Diverged as err:
+        log.error("%s", err)
+        record.write("diverged", diverged_step=err.step, error=str(err))
+        return None
+    except Exception as err:
+        log.exception("run failed")
+        record.write(
+            "failed", error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc()
+        )
+        if hydra_cfg.mode != RunMode.MULTIRUN:
+            raise
+        return None
+    finally:
+        finish(loggers)

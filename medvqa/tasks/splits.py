@@ -1,0 +1,28 @@
+"""`task=splits`: build the splits of (dataset, shift) and write their report; no model."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from lightning.pytorch.loggers import Logger
+from omegaconf import DictConfig
+
+from medvqa.tasks.common import prepare_splits
+from medvqa.tracking import log_config, log_metrics
+
+
+def splits(
+    cfg: DictConfig, out_dir: Path, loggers: Sequence[Logger] = (), name: str = "splits"
+) -> dict[str, float]:
+    """Return the split sizes as metrics (`splits/<split>/n`), so results.json records them."""
+    _, built = prepare_splits(cfg, out_dir)
+    report = built.report()
+    metrics = {
+        f"splits/{split}/{key}": float(value)
+        for split, counts in report["splits"].items()
+        for key, value in counts.items()
+    }
+    log_config(loggers, cfg)
+    log_metrics(loggers, metrics)
+    return metrics

@@ -1,0 +1,108 @@
+"""`task=train_eval`: fine-tune with the chosen method, generate, score, compute RR."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
+
+import lightning as L
+from hydra.utils import instantiate
+from lightning.pytorch.loggers import Logger
+from omegaconf import DictConfig, OmegaConf
+
+from medvqa.analysis.summary import print_summary, summary_table, write_summary
+from medvqa.data.datamodule import VQADataModule
+from medvqa.data.shifts import limit_splits
+from medvqa.evaluation.baselines import chance_scores
+from medvqa.evaluation.evaluate import evaluate, finite, prefixed, split_metrics
+from medvqa.models.adapters import apply_method, build_adapter_config
+from medvqa.models.loading import load_vlm, roles
+from medvqa.tasks.common import prepare_splits
+from medvqa.tracking import instantiate_group, log_config, log_metrics, log_table
+from medvqa.training.module import VQAModule
+
+log = logging.getLogger(__name__)
+
+REFERENCES = {"zero_shot": "No fine-tuning (base)", "chance": "Chance (1/k)"}
+
+
+def train_eval(
+    cfg: DictConfig,
+    out_dir: Path,
+    loggers: Sequence[Logger] = (),
+    name: str = "train_eval",
+    eval_splits: Sequence[str] = ("test_iid", "test_ood"),
+    references: Sequence[str] = ("zero_shot", "chance"),
+) -> dict[str, float]:
+    unknown = [r for r in references if r not in REFERENCES]
+    if unknown:
+        raise ValueError(f"task.references: unknown {unknown}; choose from {list(REFERENCES)}")
+    L.seed_everything(int(cfg.seed), workers=True, verbose=False)
+    roles_ = roles(cfg.model)
+    build_adapter_config(cfg.peft.adapter, cfg.peft.adapter_scope, roles_)  # fail fast on typos
+
+    source, splits = prepare_splits(cfg, out_dir)
+    splits = limit_splits(splits, OmegaConf.to_container(cfg.data.limit), int(cfg.seed))  # type: ignore[arg-type]
+    frames = {s: splits[s] for s in eval_splits}
+    log_config(loggers, cfg)
+
+    model, processor = load_vlm(cfg.model)
+    run_eval = partial(
+        evaluate,
+        processor=processor,
+        source=source,
+        frames=frames,
+        metric_cfg=cfg.metric,
+        batch_size=int(cfg.data.eval_batch_size),
+        max_new_tokens=int(cfg.model.max_new_tokens),
+    )
+    metrics: dict[str, float] = {}
+    rows = [(cfg.peft.name, "")]
+    if "zero_shot" in references and cfg.peft.fit:
+        zero_shot, _ = run_eval(model, out_path=out_dir / "predictions_zero_shot.jsonl")
+        metrics.update(prefixed("zero_shot/", zero_shot))
+        rows.append((REFERENCES["zero_shot"], "zero_shot/"))
+    if "chance" in references:
+        metrics.update(prefixed("chance/", split_metrics(chance_scores(frames), cfg.metric)))
+        rows.append((REFERENCES["chance"], "chance/"))
+
+    model = apply_method(model, cfg.peft, roles_)
+    if cfg.peft.fit:
+        module = VQAModule(
+            model,
+            lr=cfg.peft.lr,
+            weight_decay=cfg.peft.weight_decay,
+            warmup_ratio=cfg.peft.warmup_ratio,
+        )
+        datamodule = VQADataModule(
+            splits.frames,
+            source,
+            processor,
+            batch_size=int(cfg.data.batch_size),
+            eval_batch_size=int(cfg.data.eval_batch_size),
+            num_workers=int(cfg.data.num_workers),
+            seed=int(cfg.seed),
+        )
+        trainer: L.Trainer = instantiate(
+            cfg.trainer,
+            logger=list(loggers) or False,
+            callbacks=instantiate_group(cfg.callbacks),
+            default_root_dir=str(out_dir),
+        )
+        trainer.fit(module, datamodule=datamodule)
+        metrics["train/global_step"] = float(trainer.global_step)
+
+    results, predictions = run_eval(model, out_path=out_dir / "predictions.jsonl")
+    metrics.update(results)
+
+    table = summary_table(metrics, rows, cfg.metric.primary_closed, cfg.metric.primary_open)
+    write_summary(table, out_dir)
+    print_summary(
+        table, title=f"{source.name} · shift {cfg.shift.name} · {cfg.peft.name} · seed {cfg.seed}"
+    )
+    log_metrics(loggers, finite(metrics))
+    log_table(loggers, "summary", table)
+    log_table(loggers, "predictions", predictions)
+    return metrics

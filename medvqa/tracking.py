@@ -1,0 +1,73 @@
+"""Experiment tracking: metrics and tables go to whichever Lightning loggers are configured."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from hydra.utils import instantiate
+from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger(__name__)
+
+
+def instantiate_group(group: DictConfig | None) -> list[Any]:
+    """Objects of a `name: {_target_: ...}` mapping (loggers, callbacks); null gives []."""
+    if not group:
+        return []
+    return [instantiate(node) for node in group.values() if node is not None and "_target_" in node]
+
+
+def log_config(loggers: Sequence[Logger], cfg: DictConfig) -> None:
+    params = OmegaConf.to_container(cfg, resolve=True)
+    for lg in loggers:
+        lg.log_hyperparams(params)  # type: ignore[arg-type]
+
+
+def log_metrics(
+    loggers: Sequence[Logger], metrics: Mapping[str, float], step: int | None = None
+) -> None:
+    for lg in loggers:
+        lg.log_metrics(dict(metrics), step=step)
+
+
+def _table_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """W&B tables want scalar cells: lists (candidates) become strings."""
+    out = df.copy()
+    for col in out.columns:
+        if out[col].map(lambda v: isinstance(v, list | tuple | dict)).any():
+            out[col] = out[col].map(lambda v: v if v is None else str(v))
+    return out
+
+
+def log_table(loggers: Sequence[Logger], key: str, df: pd.DataFrame) -> None:
+    """W&B gets a wandb.Table; the CSV logger gets `<key>.csv` in its log directory."""
+    for lg in loggers:
+        if isinstance(lg, WandbLogger):
+            lg.log_table(key=key, dataframe=_table_frame(df))
+        elif isinstance(lg, CSVLogger):
+            path = Path(lg.log_dir) / f"{key}.csv"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            df.to_csv(path, index=False)
+        else:
+            log.debug("logger %s has no table support; %s not logged", type(lg).__name__, key)
+
+
+def finish(loggers: Sequence[Logger]) -> None:
+    """Close every logger (W&B runs especially), also after a crash."""
+    for lg in loggers:
+        try:
+            lg.finalize("success")
+        except Exception:  # a failing logger must not hide the run's own error
+            log.exception("could not finalize logger %s", type(lg).__name__)
+    try:
+        import wandb
+
+        if wandb.run is not None:
+            wandb.finish()
+    except ImportError:
+        pass

@@ -1,0 +1,81 @@
+"""The LightningModule that fine-tunes a VLM (any method: the model arrives already adapted)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import lightning as L
+import torch
+from transformers import get_cosine_schedule_with_warmup
+
+from medvqa.data.datamodule import META_KEY
+
+
+class Diverged(RuntimeError):
+    """The loss became NaN/inf; the run is recorded as `diverged` at `step`."""
+
+    def __init__(self, step: int, loss: float) -> None:
+        super().__init__(f"loss became {loss} at optimiser step {step}; the run diverged")
+        self.step = step
+        self.loss = loss
+
+
+class VQAModule(L.LightningModule):
+    """Causal-LM loss on answer tokens (labels are -100 elsewhere), AdamW + cosine warmup.
+
+    Only parameters with `requires_grad` are optimised, so the fine-tuning method (which
+    parameters are trainable) is decided entirely by `medvqa.models.adapters`.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        lr: float = 3e-4,
+        weight_decay: float = 0.0,
+        warmup_ratio: float = 0.03,
+    ) -> None:
+        super().__init__()
+        self.model = model
+        self.lr = lr
+        self.weight_decay = weight_decay
+        self.warmup_ratio = warmup_ratio
+        self.save_hyperparameters(ignore=["model"])
+
+    def on_fit_start(self) -> None:
+        # from_pretrained() leaves modules in eval mode; dropout (e.g. LoRA's) must be active.
+        self.model.train()
+
+    def _loss(self, batch: dict[str, Any]) -> torch.Tensor:
+        inputs = {k: v for k, v in batch.items() if k != META_KEY}
+        return self.model(**inputs).loss
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        loss = self._loss(batch)
+        if not torch.isfinite(loss):
+            raise Diverged(self.global_step, float(loss.detach()))
+        self.log("train/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
+        return loss
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        loss = self._loss(batch)
+        self.log("val/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if not params:
+            raise ValueError(
+                "no trainable parameters: the peft method froze everything (use peft=none "
+                "for evaluation without training)."
+            )
+        optimizer = torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay)
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        scheduler = get_cosine_schedule_with_warmup(
+            optimizer,
+            num_warmup_steps=math.ceil(self.warmup_ratio * total),
+            num_training_steps=total,
+        )
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+        }

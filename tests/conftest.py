@@ -1,0 +1,68 @@
+"""Shared fixtures: one small cache (dataset + tiny model) per test session.
+
+Everything a test builds is tiny: a 60-case synthetic dataset and a tiny LLaVA pre-trained for
+one epoch on 30 cases. Tests that start `run.py` in a subprocess point MEDVQA_CACHE at the same
+cache so the model is built once.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+
+# Overrides that make any composed config small enough for a test.
+SMALL = [
+    "dataset.n_cases=60",
+    "model.builder.pretrain.data.n_cases=30",
+    "model.builder.pretrain.epochs=1",
+    "model.builder.pretrain.progress_bar=false",
+]
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("medvqa-cache")
+
+
+def compose(overrides: Sequence[str] = (), cache: Path | None = None):
+    """Compose the real config (as run.py would) without running it."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    import medvqa.config  # noqa: F401
+
+    extra = [f"paths.cache_dir={cache}"] if cache is not None else []
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return hydra_compose("config", overrides=[*overrides, *extra], return_hydra_config=True)
+
+
+def run_main(
+    args: Sequence[str], run_dir: Path, cache: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """Run `python run.py` as a user would, in a subprocess, with a given run directory."""
+    full_env = {
+        **os.environ,
+        "MEDVQA_CACHE": str(cache),
+        "WANDB_MODE": "offline",
+        "WANDB_SILENT": "true",
+        **(env or {}),
+    }
+    cmd = [sys.executable, str(ROOT / "run.py"), *args, *SMALL, f"hydra.run.dir={run_dir}"]
+    return subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(cache_dir: Path) -> Path:
+    """The tiny LLaVA built (and briefly pre-trained) exactly as `model=tiny` builds it."""
+    from hydra.utils import instantiate
+
+    cfg = compose(SMALL, cache_dir)
+    return Path(instantiate(cfg.model.builder).build())

@@ -1,0 +1,94 @@
+"""The config tree composes for every experiment x method, and typos fail at compose time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ConfigKeyError, ValidationError
+
+from tests.conftest import CONF, compose
+
+EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+PEFTS = sorted(p.stem for p in (CONF / "peft").glob("*.yaml"))
+
+
+def test_groups_exist() -> None:
+    assert {"full", "lora", "prompt_tuning", "ia3", "none"} <= set(PEFTS)
+    for group in (
+        "dataset",
+        "shift",
+        "model",
+        "peft",
+        "metric",
+        "trainer",
+        "logger",
+        "callbacks",
+        "paths",
+        "experiment",
+        "debug",
+        "hydra",
+        "task",
+    ):
+        assert (CONF / group).is_dir(), group
+
+
+@pytest.mark.parametrize("peft", PEFTS)
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_composes_with_every_method(experiment: str, peft: str) -> None:
+    cfg = compose([f"+experiment={experiment}", f"peft={peft}"])
+    assert cfg.peft.name == peft
+    assert cfg.shift.name == experiment.removeprefix("synthetic_")
+    assert cfg.task.name == "train_eval"
+
+
+def test_debug_smoke_shrinks_the_run() -> None:
+    cfg = compose(["debug=smoke"])
+    assert cfg.trainer.max_steps == 3
+    assert cfg.data.limit.train == 32 and cfg.data.limit.test_ood == 12
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "shift.ood_valuez=[ct]",  # misspelled key in a typed group
+        "peft.lrr=0.1",
+        "trainer.max_epoch=1",
+        "model.max_new_token=3",
+        "seeed=1",
+    ],
+)
+def test_misspelled_key_is_rejected(override: str) -> None:
+    with pytest.raises((ConfigCompositionException, ConfigKeyError, ValidationError)) as err:
+        compose([override])
+    key = override.split("=")[0].lstrip("+").split(".")[-1]
+    assert key in str(err.value) or key in str(err.value.__cause__)
+
+
+def test_misspelled_key_in_a_yaml_file_is_rejected(tmp_path: Path) -> None:
+    """A user's own shift file with a typo fails at compose time, naming the key."""
+    (tmp_path / "shift").mkdir()
+    (tmp_path / "shift" / "typo.yaml").write_text(
+        "defaults:\n  - shift_schema\n  - _self_\nname: typo\nfield: modality\n"
+        "ood_valuez: [x-ray]\n"
+    )
+    with pytest.raises(ConfigCompositionException) as err:
+        compose([f"hydra.searchpath=[file://{tmp_path}]", "shift=typo"])
+    assert "ood_valuez" in str(err.value) + str(err.value.__cause__)
+
+
+def test_wrong_type_is_rejected() -> None:
+    with pytest.raises((ConfigCompositionException, ValidationError)):
+        compose(["peft.lr=fast"])
+
+
+def test_unknown_choice_names_the_options() -> None:
+    with pytest.raises(ConfigCompositionException) as err:
+        compose(["peft=lorra"])
+    assert "lorra" in str(err.value)
+    assert "lora" in str(err.value)  # Hydra lists the available options
+
+
+def test_task_choice() -> None:
+    assert compose(["task=splits"]).task.name == "splits"

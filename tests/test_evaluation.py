@@ -1,0 +1,118 @@
+"""Generation is incremental and resumable; the chance baseline and the summary are exact."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from omegaconf import OmegaConf
+
+from medvqa.analysis.summary import summary_table
+from medvqa.evaluation.baselines import chance_scores, expected_chance_accuracy
+from medvqa.evaluation.evaluate import split_metrics
+from medvqa.evaluation.generation import generate_predictions, read_predictions
+from medvqa.models.loading import load_vlm
+from medvqa.record import RunRecord, read_record
+from tests.conftest import SMALL, compose
+
+METRIC = OmegaConf.create({"primary_closed": "closed_acc", "primary_open": "open_f1"})
+
+
+def test_generation_resumes_without_repeating(
+    tiny_model_dir: Path, cache_dir: Path, tmp_path: Path
+) -> None:
+    from hydra.utils import instantiate
+
+    source = instantiate(compose(SMALL, cache_dir).dataset)
+    frame = source.table().head(10)
+    model, processor = load_vlm(
+        OmegaConf.create({"name": "tiny", "pretrained": str(tiny_model_dir), "dtype": "float32"})
+    )
+    out = tmp_path / "predictions.jsonl"
+    # a previous, interrupted run predicted the first 4 (and tore its last line)
+    first = generate_predictions(
+        model,
+        processor,
+        frame.head(4),
+        source,
+        out,
+        "test_iid",
+        batch_size=3,
+        max_new_tokens=3,
+        progress=False,
+    )
+    with out.open("a") as fh:
+        fh.write('{"id": "torn')
+    calls = []
+    original = model.generate
+    model.generate = lambda **kw: calls.append(kw["input_ids"].shape[0]) or original(**kw)
+    preds = generate_predictions(
+        model,
+        processor,
+        frame,
+        source,
+        out,
+        "test_iid",
+        batch_size=3,
+        max_new_tokens=3,
+        progress=False,
+    )
+    assert sum(calls) == 6  # only the 6 missing examples were generated
+    assert len(preds) == 10 and preds["id"].is_unique
+    assert set(first["id"]) <= set(preds["id"])
+    assert len(read_predictions(out)) == 10  # the torn line is skipped, not fatal
+
+
+def test_chance_is_mean_inverse_option_count() -> None:
+    assert expected_chance_accuracy([["yes", "no"], ["a", "b", "c", "d"]]) == pytest.approx(0.375)
+    assert math.isnan(expected_chance_accuracy([]))
+    frame = pd.DataFrame(
+        {
+            "answer_type": ["closed", "open", "closed"],
+            "candidates": [["a", "b"], None, ["a", "b", "c"]],
+        }
+    )
+    assert chance_scores({"test_iid": frame})["test_iid"]["closed_acc"] == pytest.approx(5 / 12)
+
+
+def test_split_metrics_names_and_rr() -> None:
+    scores = {
+        "test_iid": {"closed_acc": 0.8, "open_f1": 0.5, "n": 10.0},
+        "test_ood": {"closed_acc": 0.6, "open_f1": 0.25, "n": 5.0},
+    }
+    metrics = split_metrics(scores, METRIC)
+    assert metrics["test_iid/closed_acc"] == 0.8
+    assert metrics["robustness/rr_closed"] == pytest.approx(0.75)
+    assert metrics["robustness/rr_open"] == pytest.approx(0.5)
+    assert metrics["robustness/rr_closed_acc"] == pytest.approx(0.75)
+    assert "robustness/rr_n" not in metrics
+
+
+def test_summary_marks_missing_cells() -> None:
+    metrics = {
+        "test_iid/closed_acc": 0.8,
+        "robustness/rr_closed": 0.75,
+        "chance/test_iid/closed_acc": 0.5,
+    }
+    table = summary_table(metrics, [("lora", ""), ("Chance", "chance/")], "closed_acc", "open_f1")
+    assert table.loc[0, "closed i.i.d."] == 0.8 and table.loc[0, "closed RR"] == 0.75
+    assert math.isnan(table.loc[0, "open i.i.d."]) and math.isnan(table.loc[1, "closed OoD"])
+
+
+def test_run_record_roundtrip(tmp_path: Path) -> None:
+    cfg = OmegaConf.create({"seed": 3, "task": {"name": "train_eval"}})
+    path = RunRecord(tmp_path, cfg).write(
+        "finished", {"test_iid/closed_acc": 0.5, "x": float("nan")}
+    )
+    record = read_record(path)
+    assert record["status"] == "finished" and record["seed"] == 3
+    assert record["metrics"] == {"test_iid/closed_acc": 0.5, "x": None}
+    assert record["config"] == {"seed": 3, "task": {"name": "train_eval"}}
+    with pytest.raises(ValueError):
+        RunRecord(tmp_path, cfg).write("done")
+    (tmp_path / "bad.json").write_text(json.dumps({"a": 1}))
+    with pytest.raises(ValueError, match=r"bad\.json"):
+        read_record(tmp_path / "bad.json")

@@ -1,0 +1,117 @@
+"""The main job end to end, as a user runs it: `python run.py ...` in a subprocess."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tests.conftest import run_main
+
+
+@pytest.fixture(scope="module")
+def smoke_run(
+    tmp_path_factory: pytest.TempPathFactory, cache_dir: Path, tiny_model_dir: Path
+) -> Path:
+    run_dir = tmp_path_factory.mktemp("smoke")
+    proc = run_main(["debug=smoke", "logger=wandb"], run_dir, cache_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run_dir
+
+
+def test_results_record(smoke_run: Path) -> None:
+    record = json.loads((smoke_run / "results.json").read_text())
+    assert record["status"] == "finished"
+    assert record["seed"] == 0
+    assert record["config"]["peft"]["name"] == "lora"
+    metrics = record["metrics"]
+    for key in (
+        "test_iid/closed_acc",
+        "test_ood/closed_acc",
+        "test_iid/open_f1",
+        "test_ood/open_bleu1",
+        "robustness/rr_closed",
+        "robustness/rr_open",
+        "zero_shot/test_iid/closed_acc",
+        "chance/test_iid/closed_acc",
+    ):
+        assert key in metrics, key
+    assert all(v is None or isinstance(v, float) for v in metrics.values())
+    assert metrics["test_iid/n"] == 12 and metrics["test_ood/n"] == 12
+    assert metrics["train/global_step"] == 3
+
+
+def test_splits_report(smoke_run: Path) -> None:
+    report = json.loads((smoke_run / "splits.json").read_text())
+    assert set(report["source"]) == {"train", "validate", "test"}
+    assert set(report["splits"]) == {"train", "val", "test_iid", "test_ood"}
+    for counts in report["splits"].values():
+        assert counts["n"] == counts["open"] + counts["closed"] > 0
+
+
+def test_predictions_and_summary(smoke_run: Path) -> None:
+    lines = (smoke_run / "predictions.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines]
+    assert len(rows) == 24 and {r["split"] for r in rows} == {"test_iid", "test_ood"}
+    assert all("prediction" in r and "answer" in r for r in rows)
+    assert (smoke_run / "predictions_zero_shot.jsonl").is_file()
+    summary = pd.read_csv(smoke_run / "summary.csv")
+    assert list(summary["method"]) == ["lora", "No fine-tuning (base)", "Chance (1/k)"]
+    assert summary.loc[2, "closed i.i.d."] == pytest.approx(0.5)
+    assert "closed RR" in (smoke_run / "summary.md").read_text()
+
+
+def test_wandb_offline_run_holds_the_tables(smoke_run: Path) -> None:
+    runs = list((smoke_run / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    tables = list((runs[0] / "files" / "media" / "table").rglob("*.table.json"))
+    names = {p.name.split("_")[0] for p in tables}
+    assert {"summary", "predictions"} <= names, tables
+    predictions = next(p for p in tables if p.name.startswith("predictions"))
+    data = json.loads(predictions.read_text())
+    assert len(data["data"]) == 24 and "prediction" in data["columns"]
+
+
+def test_splits_task_needs_no_model(tmp_path: Path, cache_dir: Path) -> None:
+    proc = run_main(["task=splits", "logger=csv", "shift=age"], tmp_path, cache_dir)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    record = json.loads((tmp_path / "results.json").read_text())
+    assert record["status"] == "finished" and record["task"] == "splits"
+    report = json.loads((tmp_path / "splits.json").read_text())
+    assert record["metrics"]["splits/test_ood/n"] == report["splits"]["test_ood"]["n"]
+    assert not (tmp_path / "predictions.jsonl").exists()
+
+
+def test_bad_ood_value_fails_clearly_and_is_recorded(tmp_path: Path, cache_dir: Path) -> None:
+    proc = run_main(["task=splits", "logger=csv", "shift.ood_values=[pet]"], tmp_path, cache_dir)
+    assert proc.returncode != 0
+    assert "pet" in proc.stderr and "x-ray" in proc.stderr  # lists the values that exist
+    record = json.loads((tmp_path / "results.json").read_text())
+    assert record["status"] == "failed" and "pet" in record["error"]
+
+
+def test_unwritable_cache_dir_is_named(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    proc = run_main(["task=splits", "logger=csv"], tmp_path / "run", blocker / "cache")
+    assert proc.returncode != 0
+    assert "paths.cache_dir" in proc.stderr
+
+
+def test_multirun_goes_on_after_a_failed_job(tmp_path: Path, cache_dir: Path) -> None:
+    proc = run_main(
+        [
+            "-m",
+            "task=splits",
+            "logger=csv",
+            "shift.ood_values=[pet],[x-ray]",
+            f"hydra.sweep.dir={tmp_path}",
+        ],
+        tmp_path / "unused",
+        cache_dir,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    statuses = sorted(json.loads(p.read_text())["status"] for p in tmp_path.rglob("results.json"))
+    assert statuses == ["failed", "finished"]

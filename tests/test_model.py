@@ -1,0 +1,162 @@
+"""The tiny VLM reloads through the Auto classes and generates; methods train what they say."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from omegaconf import OmegaConf
+from PIL import Image
+
+from medvqa.config import ModuleRoles
+from medvqa.data.datamodule import META_KEY, VQADataset, make_loader
+from medvqa.models.adapters import apply_method
+from medvqa.models.loading import load_vlm, roles
+from medvqa.models.prompting import IGNORE_INDEX, encode, prompt_text
+from medvqa.training.module import VQAModule
+from tests.conftest import CONF, compose
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_model_dir: Path):
+    cfg = OmegaConf.create({"name": "tiny", "pretrained": str(tiny_model_dir), "dtype": "float32"})
+    return load_vlm(cfg)
+
+
+def test_reload_from_directory_and_generate(loaded, tiny_model_dir: Path) -> None:
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    model, processor = loaded
+    assert (tiny_model_dir / "config.json").is_file()
+    assert type(processor).__name__ == "LlavaProcessor"
+    again = AutoModelForImageTextToText.from_pretrained(tiny_model_dir)
+    for (n, a), (_, b) in zip(model.state_dict().items(), again.state_dict().items(), strict=True):
+        assert torch.equal(a, b), n
+    image = Image.new("RGB", (64, 64), (90, 90, 90))
+    enc = processor(
+        images=[image], text=[prompt_text(processor, "what modality is this?")], return_tensors="pt"
+    )
+    out = model.generate(**enc, max_new_tokens=5, do_sample=False)
+    assert out.shape[1] > enc["input_ids"].shape[1]
+    assert isinstance(AutoProcessor.from_pretrained(tiny_model_dir).tokenizer.decode(out[0]), str)
+
+
+def test_labels_cover_only_the_answer(loaded) -> None:
+    _, processor = loaded
+    image = Image.new("RGB", (64, 64))
+    train = encode(processor, "is there a lesion?", image, answer="yes")
+    infer = encode(processor, "is there a lesion?", image)
+    n = infer["input_ids"].shape[0]
+    # training and inference share the prompt token for token
+    assert torch.equal(train["input_ids"][:n], infer["input_ids"])
+    assert (train["labels"][:n] == IGNORE_INDEX).all()
+    answer_ids = train["labels"][n:]
+    assert (answer_ids != IGNORE_INDEX).all()
+    text = processor.tokenizer.decode(answer_ids, skip_special_tokens=True).strip()
+    assert text == "yes"
+    assert answer_ids[-1].item() == processor.tokenizer.eos_token_id
+
+
+def _batches(processor, source_table, source, n: int = 3):
+    ds = VQADataset(source_table.head(4 * n), source, processor, with_answer=True)
+    return make_loader(ds, 4, shuffle=False, padding_side="right")
+
+
+@pytest.mark.parametrize("method", ["lora", "ia3", "full"])
+def test_method_trains_what_it_says(method: str, tiny_model_dir: Path, cache_dir: Path) -> None:
+    """TRL-style: a few steps, then base weights unchanged / adapter (or base) changed."""
+    from hydra.utils import instantiate
+
+    from tests.conftest import SMALL
+
+    cfg = compose([*SMALL, f"peft={method}"], cache_dir)
+    model, processor = load_vlm(
+        OmegaConf.create({"name": "tiny", "pretrained": str(tiny_model_dir), "dtype": "float32"})
+    )
+    source = instantiate(cfg.dataset)
+    table = source.table()
+    part_roles = roles(cfg.model)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    model = apply_method(model, cfg.peft, part_roles)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable, "the method must train something"
+    assert not any(part_roles["vision"] in n for n in trainable), "vision tower stays frozen"
+    module = VQAModule(model, lr=1e-2)
+    trainer = L.Trainer(
+        max_steps=3,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(module, train_dataloaders=_batches(processor, table, source))
+
+    after = dict(model.named_parameters())
+    base_changed, adapter_changed = [], []
+    for name, param in after.items():
+        base_name = name.replace("base_model.model.", "").replace(".base_layer", "")
+        if base_name in before and param.shape == before[base_name].shape:
+            if not torch.equal(param.detach(), before[base_name]):
+                base_changed.append(base_name)
+        else:
+            assert param.requires_grad, f"new parameter {name} should be the trainable adapter"
+            adapter_changed.append(name)
+    projector = part_roles["projector"]
+    if method == "full":
+        assert any(part_roles["language"] in n for n in base_changed)
+    else:
+        assert adapter_changed, "adapter weights must change"
+        changed_adapter = [
+            n
+            for n in adapter_changed
+            if not torch.equal(after[n].detach(), _init_value(n, after[n]))
+        ]
+        assert changed_adapter
+        # the frozen language model and vision tower are untouched; only the projector trains
+        assert base_changed and all(projector in n for n in base_changed), base_changed
+    assert not any(part_roles["vision"] in n for n in base_changed)
+
+
+def _init_value(name: str, param: torch.Tensor) -> torch.Tensor:
+    """peft's init: LoRA B = 0, (IA)^3 vectors = 1; LoRA A is random (compare with B only)."""
+    if "lora_B" in name:
+        return torch.zeros_like(param)
+    if "ia3_l" in name:
+        return torch.ones_like(param)
+    return param.detach()  # LoRA A: no known init value; judged through B
+
+
+def test_adapter_stays_out_of_the_vision_tower(loaded) -> None:
+    from peft import LoraConfig
+
+    from medvqa.models.adapters import build_adapter_config
+
+    adapter = OmegaConf.create(
+        {"_target_": "peft.LoraConfig", "r": 2, "target_modules": ["q_proj", "v_proj"]}
+    )
+    config = build_adapter_config(adapter, "language", vars(ModuleRoles()))
+    assert isinstance(config, LoraConfig)
+    from peft import get_peft_model
+    from transformers import AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_config(loaded[0].config)
+    wrapped = get_peft_model(model, config)
+    adapted = [n for n, _ in wrapped.named_modules() if n.endswith("lora_A")]
+    assert adapted and all("language_model" in n for n in adapted)
+    assert not any("vision_tower" in n for n in adapted)
+
+
+def test_batch_carries_record_ids(loaded, cache_dir: Path) -> None:
+    from hydra.utils import instantiate
+
+    from tests.conftest import SMALL
+
+    cfg = compose(SMALL, cache_dir)
+    source = instantiate(cfg.dataset)
+    batch = next(iter(_batches(loaded[1], source.table(), source, n=1)))
+    assert batch[META_KEY] == source.table().head(4)["id"].tolist()
+    assert batch["input_ids"].shape == batch["labels"].shape
+    assert (CONF / "model" / "tiny.yaml").is_file()
