@@ -9,6 +9,7 @@ generation samples/s (the evaluation path, batched).
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -35,12 +36,15 @@ TRAIN_STEPS = 40
 EVAL_SAMPLES = 256
 
 
+CACHE = Path(os.environ.get("MEDVQA_CACHE", ROOT / ".cache"))
+
+
 def _cfg(overrides: list[str]):
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return compose("config", overrides=[f"paths.cache_dir={ROOT / '.cache'}", *overrides])
+        return compose("config", overrides=[f"paths.cache_dir={CACHE}", *overrides])
 
 
-def train_rate(cfg, method: str) -> float:
+def train_rate(method: str) -> float:
     cfg = _cfg([f"peft={method}", *sys.argv[1:]])
     source = instantiate(cfg.dataset)
     splits = make_splits(source.table(), Shift.from_config(dict(cfg.shift)), seed=0)
@@ -96,9 +100,8 @@ def eval_rate(tmp: Path) -> float:
 
 
 def main() -> None:
-    torch.set_num_threads(torch.get_num_threads())
-    results = {f"train_samples_per_s/{m}": train_rate(None, m) for m in ("lora", "full", "ia3")}
-    results["eval_samples_per_s/greedy"] = eval_rate(ROOT / ".cache")
+    results = {f"train_samples_per_s/{m}": train_rate(m) for m in ("lora", "full", "ia3")}
+    results["eval_samples_per_s/greedy"] = eval_rate(CACHE)
     table = Table(title=f"tiny model throughput ({torch.get_num_threads()} threads)")
     table.add_column("measure")
     table.add_column("samples/s", justify="right")

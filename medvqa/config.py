@@ -65,6 +65,7 @@ class PeftSchema:
     """
 
     name: str = MISSING
+    label: str = ""  # how tables name the method, e.g. "LoRA"
     adapter: Any = None
     adapter_scope: str | None = "language"
     train_modules: list[str] = dataclasses.field(default_factory=list)

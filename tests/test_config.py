@@ -46,6 +46,7 @@ def test_every_experiment_composes_with_every_method(experiment: str, peft: str)
 def test_debug_smoke_shrinks_the_run() -> None:
     cfg = compose(["debug=smoke"])
     assert cfg.trainer.max_steps == 3
+    assert cfg.data.batch_size == 4  # debug overrides the primary config
     assert cfg.data.limit.train == 32 and cfg.data.limit.test_ood == 12
 
 

@@ -58,7 +58,7 @@ def test_predictions_and_summary(smoke_run: Path) -> None:
     assert all("prediction" in r and "answer" in r for r in rows)
     assert (smoke_run / "predictions_zero_shot.jsonl").is_file()
     summary = pd.read_csv(smoke_run / "summary.csv")
-    assert list(summary["method"]) == ["lora", "No fine-tuning (base)", "Chance (1/k)"]
+    assert list(summary["method"]) == ["LoRA", "zero-shot base", "chance (1/k)"]
     assert summary.loc[2, "closed i.i.d."] == pytest.approx(0.5)
     assert "closed RR" in (smoke_run / "summary.md").read_text()
 

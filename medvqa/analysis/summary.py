@@ -60,7 +60,7 @@ def write_summary(table: pd.DataFrame, out_dir: Path) -> tuple[Path, Path]:
 def print_summary(table: pd.DataFrame, title: str, console: Console | None = None) -> None:
     """Render the summary in the terminal with rich."""
     view = Table(title=title, title_style="bold")
-    view.add_column("method", style="bold")
+    view.add_column("method", style="bold", no_wrap=True)
     for col in COLUMNS:
         view.add_column(col, justify="right")
     for _, row in table.iterrows():

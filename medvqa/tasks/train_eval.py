@@ -25,7 +25,7 @@ from medvqa.training.module import VQAModule
 
 log = logging.getLogger(__name__)
 
-REFERENCES = {"zero_shot": "No fine-tuning (base)", "chance": "Chance (1/k)"}
+REFERENCES = {"zero_shot": "zero-shot base", "chance": "chance (1/k)"}
 
 
 def train_eval(
@@ -59,7 +59,7 @@ def train_eval(
         max_new_tokens=int(cfg.model.max_new_tokens),
     )
     metrics: dict[str, float] = {}
-    rows = [(cfg.peft.name, "")]
+    rows = [(cfg.peft.label or cfg.peft.name, "")]
     if "zero_shot" in references and cfg.peft.fit:
         zero_shot, _ = run_eval(model, out_path=out_dir / "predictions_zero_shot.jsonl")
         metrics.update(prefixed("zero_shot/", zero_shot))
