@@ -32,6 +32,21 @@ class ShiftSchema:
 
 
 @dataclass
+class SyntheticDatasetSchema:
+    """`dataset=synthetic`: see `medvqa.data.synthetic.SyntheticVQA`."""
+
+    _target_: str = "medvqa.data.synthetic.SyntheticVQA"
+    cache_dir: str = MISSING
+    seed: int = 0
+    n_cases: int = 500
+    images_per_case: list[int] = dataclasses.field(default_factory=lambda: [1, 2])
+    image_size: int = 64
+    questions_per_image: int = 8
+    question_set: str = "vqa"
+    split_fractions: list[float] = dataclasses.field(default_factory=lambda: [0.7, 0.15, 0.15])
+
+
+@dataclass
 class ModuleRoles:
     """Where the parts of a VLM live, as module-name fragments (they differ per family)."""
 
@@ -159,6 +174,7 @@ def register() -> None:
     """Put the schemas in Hydra's ConfigStore (safe to call more than once)."""
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
+    cs.store(group="dataset", name="synthetic_schema", node=SyntheticDatasetSchema)
     cs.store(group="shift", name="shift_schema", node=ShiftSchema)
     cs.store(group="model", name="model_schema", node=ModelSchema)
     cs.store(group="peft", name="peft_schema", node=PeftSchema)

@@ -58,6 +58,7 @@ def test_debug_smoke_shrinks_the_run() -> None:
         "trainer.max_epoch=1",
         "model.max_new_token=3",
         "seeed=1",
+        "dataset.n_case=10",
     ],
 )
 def test_misspelled_key_is_rejected(override: str) -> None:

@@ -115,3 +115,19 @@ def test_multirun_goes_on_after_a_failed_job(tmp_path: Path, cache_dir: Path) ->
     assert proc.returncode == 0, proc.stderr[-2000:]
     statuses = sorted(json.loads(p.read_text())["status"] for p in tmp_path.rglob("results.json"))
     assert statuses == ["failed", "finished"]
+
+
+@pytest.mark.parametrize("method", ["full", "ia3", "prompt_tuning", "none"])
+def test_every_method_runs(
+    method: str, tmp_path: Path, cache_dir: Path, tiny_model_dir: Path
+) -> None:
+    proc = run_main(["debug=smoke", "logger=csv", f"peft={method}"], tmp_path, cache_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads((tmp_path / "results.json").read_text())
+    assert record["status"] == "finished"
+    assert record["metrics"]["test_ood/n"] == 12
+    if method == "none":  # zero-shot: nothing trained, and no duplicate zero-shot reference
+        assert "train/global_step" not in record["metrics"]
+        assert not any(k.startswith("zero_shot/") for k in record["metrics"])
+    else:
+        assert record["metrics"]["train/global_step"] == 3

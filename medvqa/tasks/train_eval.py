@@ -100,7 +100,7 @@ def train_eval(
     table = summary_table(metrics, rows, cfg.metric.primary_closed, cfg.metric.primary_open)
     write_summary(table, out_dir)
     print_summary(
-        table, title=f"{source.name} · shift {cfg.shift.name} · {cfg.peft.name} · seed {cfg.seed}"
+        table, title=f"{source.name} · shift {cfg.shift.name} · {rows[0][0]} · seed {cfg.seed}"
     )
     log_metrics(loggers, finite(metrics))
     log_table(loggers, "summary", table)
