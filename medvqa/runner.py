@@ -29,16 +29,19 @@ def run(cfg: DictConfig) -> dict[str, float] | None:
     record = RunRecord(out_dir, cfg)
     record.write("running")
     loggers = []
+    status = "failed"
     try:
         loggers = instantiate_group(cfg.logger)
         task = instantiate(cfg.task)
         metrics = task(cfg=cfg, out_dir=out_dir, loggers=loggers)
         record.write("finished", metrics)
+        status = "success"
         log.info("finished; record at %s", record.path)
         return metrics
     except Diverged as err:
         log.error("%s", err)
         record.write("diverged", diverged_step=err.step, error=str(err))
+        status = "success"  # a recorded result, not a crash
         return None
     except Exception as err:
         log.exception("run failed")
@@ -49,4 +52,4 @@ def run(cfg: DictConfig) -> dict[str, float] | None:
             raise
         return None
     finally:
-        finish(loggers)
+        finish(loggers, status)

@@ -57,17 +57,17 @@ def log_table(loggers: Sequence[Logger], key: str, df: pd.DataFrame) -> None:
             log.debug("logger %s has no table support; %s not logged", type(lg).__name__, key)
 
 
-def finish(loggers: Sequence[Logger]) -> None:
+def finish(loggers: Sequence[Logger], status: str = "success") -> None:
     """Close every logger (W&B runs especially), also after a crash."""
     for lg in loggers:
         try:
-            lg.finalize("success")
+            lg.finalize(status)
         except Exception:  # a failing logger must not hide the run's own error
             log.exception("could not finalize logger %s", type(lg).__name__)
     try:
         import wandb
 
         if wandb.run is not None:
-            wandb.finish()
+            wandb.finish(exit_code=0 if status == "success" else 1)
     except ImportError:
         pass

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from medvqa.analysis.summary import summary_table
@@ -64,6 +65,24 @@ def test_generation_resumes_without_repeating(
     assert len(preds) == 10 and preds["id"].is_unique
     assert set(first["id"]) <= set(preds["id"])
     assert len(read_predictions(out)) == 10  # the torn line is skipped, not fatal
+
+    # other weights (e.g. a restarted job whose training re-ran): nothing is reused
+    with torch.no_grad():
+        next(model.parameters()).add_(1.0)
+    calls.clear()
+    again = generate_predictions(
+        model,
+        processor,
+        frame,
+        source,
+        out,
+        "test_iid",
+        batch_size=5,
+        max_new_tokens=3,
+        progress=False,
+    )
+    assert sum(calls) == 10 and len(again) == 10
+    assert again["model"].nunique() == 1 and again["model"].iloc[0] != preds["model"].iloc[0]
 
 
 def test_chance_is_mean_inverse_option_count() -> None:

@@ -160,3 +160,20 @@ def test_batch_carries_record_ids(loaded, cache_dir: Path) -> None:
     assert batch[META_KEY] == source.table().head(4)["id"].tolist()
     assert batch["input_ids"].shape == batch["labels"].shape
     assert (CONF / "model" / "tiny.yaml").is_file()
+
+
+def test_nan_loss_raises_diverged() -> None:
+    from medvqa.training.module import Diverged
+
+    class NaNModel(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(1))
+
+        def forward(self, **_: object) -> object:
+            return type("Out", (), {"loss": self.w * float("nan")})()
+
+    module = VQAModule(NaNModel())
+    with pytest.raises(Diverged) as err:
+        module.training_step({"input_ids": torch.ones(2, 3)}, 0)
+    assert err.value.step == 0 and "diverged" in str(err.value)

@@ -5,6 +5,7 @@ A killed run loses at most one batch: on restart the ids already in the file are
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from pathlib import Path
@@ -23,6 +24,23 @@ from medvqa.evaluation.metrics import PREDICTION
 log = logging.getLogger(__name__)
 
 SPLIT = "split"
+MODEL = "model"  # fingerprint of the weights that produced a prediction
+
+
+def weights_fingerprint(model: torch.nn.Module, probe: int = 4096) -> str:
+    """Identify the weights cheaply: shapes plus the first `probe` values of trainable tensors.
+
+    Resuming must only reuse predictions of the same weights: a restarted job whose training
+    re-ran (and may differ) must not mix its answers with the previous model's.
+    """
+    digest = hashlib.sha256()
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    for name, param in params or list(model.named_parameters()):
+        flat = param.detach().reshape(-1)[:probe].float().cpu()
+        digest.update(name.encode())
+        digest.update(str(tuple(param.shape)).encode())
+        digest.update(flat.numpy().tobytes())
+    return digest.hexdigest()[:16]
 
 
 def read_predictions(path: Path) -> pd.DataFrame:
@@ -75,9 +93,13 @@ def generate_predictions(
     image_mode: str = "image",
     progress: bool = True,
 ) -> pd.DataFrame:
-    """Generate answers for `frame`, append them to `out_path`, return this split's records."""
-    done = read_predictions(out_path)
-    done_ids: set[str] = set(done.loc[done[SPLIT] == split, R.ID]) if not done.empty else set()
+    """Generate answers for `frame`, append them to `out_path`, return this split's records.
+
+    Records already in the file for this split and these weights are kept, not regenerated.
+    """
+    model_id = weights_fingerprint(model)
+    done = _ours(read_predictions(out_path), split, model_id)
+    done_ids: set[str] = set(done[R.ID])
     todo = frame.loc[~frame[R.ID].isin(done_ids)]
     if done_ids:
         log.info("%s: resuming, %d of %d already predicted", split, len(done_ids), len(frame))
@@ -116,11 +138,22 @@ def generate_predictions(
                 )
                 for rid, text in zip(ids, texts, strict=True):
                     record = {k: _jsonable(v) for k, v in by_id.loc[rid].items()}
-                    record.update({R.ID: rid, SPLIT: split, PREDICTION: text.strip()})
+                    record.update(
+                        {R.ID: rid, SPLIT: split, MODEL: model_id, PREDICTION: text.strip()}
+                    )
                     fh.write(json.dumps(record) + "\n")
                 fh.flush()
                 bar.advance(task, len(ids))
         model.train(was_training)
-    preds = read_predictions(out_path)
-    preds = preds.loc[preds[SPLIT] == split]
+    preds = _ours(read_predictions(out_path), split, model_id)
     return preds.drop_duplicates(subset=[R.ID], keep="last").reset_index(drop=True)
+
+
+def _ours(preds: pd.DataFrame, split: str, model_id: str) -> pd.DataFrame:
+    """The records of `split` made by the weights `model_id` (others are kept but ignored)."""
+    if preds.empty:
+        return pd.DataFrame(columns=[R.ID, SPLIT, MODEL, PREDICTION])
+    mine = (preds[SPLIT] == split) & (preds.get(MODEL) == model_id)
+    if (preds[SPLIT] == split).any() and not mine.any():
+        log.warning("%s: predictions in the file come from other weights; regenerating", split)
+    return preds.loc[mine]
