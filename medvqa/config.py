@@ -167,6 +167,7 @@ class Config:
     experiment: Any = None
     seed: int = 0
     force: bool = False
+    ckpt_path: str | None = None
     tags: list[str] = dataclasses.field(default_factory=list)
 
 

@@ -19,6 +19,8 @@ from omegaconf import DictConfig, OmegaConf
 
 RESULTS_FILE = "results.json"
 STATUSES = ("running", "finished", "diverged", "failed")
+# Keys that say how to run a job, not what it computes: they never make a finished job stale.
+_HOW_TO_RUN = ("force", "ckpt_path")
 
 
 def _json_number(value: Any) -> Any:
@@ -36,6 +38,21 @@ class RunRecord:
         self.seed = int(cfg.seed)
         self.task = str(cfg.task.get("name", "")) if cfg.get("task") is not None else ""
         self.started = time.time()
+
+    def finished_before(self) -> dict[str, Any] | None:
+        """The existing record if it is `finished` for the same config (else None).
+
+        Decided from the record's status and config, never from a file merely existing: a
+        failed, diverged or half-written job, or one with another config, is run again.
+        """
+        if not self.path.is_file():
+            return None
+        try:
+            previous = read_record(self.path)
+        except ValueError:
+            return None
+        same = _what(previous.get("config", {})) == _what(self.config)
+        return previous if previous["status"] == "finished" and same else None
 
     def write(self, status: str, metrics: Mapping[str, float] | None = None, **extra: Any) -> Path:
         if status not in STATUSES:
@@ -55,6 +72,12 @@ class RunRecord:
         tmp.write_text(json.dumps(record, indent=2, default=str))
         os.replace(tmp, self.path)
         return self.path
+
+
+def _what(config: Any) -> Any:
+    if not isinstance(config, dict):
+        return config
+    return {k: v for k, v in config.items() if k not in _HOW_TO_RUN}
 
 
 def read_record(path: Path) -> dict[str, Any]:

@@ -27,6 +27,12 @@ def run(cfg: DictConfig) -> dict[str, float] | None:
     hydra_cfg = HydraConfig.get()
     out_dir = Path(hydra_cfg.runtime.output_dir)
     record = RunRecord(out_dir, cfg)
+    previous = None if cfg.force else record.finished_before()
+    if previous is not None:
+        log.info(
+            "already finished with this config (%s); skipping. force=true re-runs it.", record.path
+        )
+        return previous["metrics"]
     record.write("running")
     loggers = []
     status = "failed"

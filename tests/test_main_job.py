@@ -131,3 +131,30 @@ def test_every_method_runs(
         assert not any(k.startswith("zero_shot/") for k in record["metrics"])
     else:
         assert record["metrics"]["train/global_step"] == 3
+
+
+def test_finished_job_is_skipped_and_checkpoint_resumes(
+    tmp_path: Path, cache_dir: Path, tiny_model_dir: Path
+) -> None:
+    import torch
+
+    args = ["debug=smoke", "logger=csv", "task.references=[]"]
+    first = run_main(args, tmp_path, cache_dir)
+    assert first.returncode == 0, first.stderr[-2000:]
+    record = json.loads((tmp_path / "results.json").read_text())
+    trained = json.loads((tmp_path / "trained" / "trainable.json").read_text())
+    # the Lightning checkpoint holds only the trained tensors, not the frozen base
+    ckpt = torch.load(
+        tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False
+    )
+    assert len(ckpt["state_dict"]) == trained["n_tensors"]
+
+    again = run_main(args, tmp_path, cache_dir)
+    assert again.returncode == 0 and "already finished" in again.stderr + again.stdout
+    assert json.loads((tmp_path / "results.json").read_text())["started_at"] == record["started_at"]
+
+    resumed = run_main([*args, "trainer.max_steps=5", "trainer.max_epochs=3", "ckpt_path=last"], tmp_path, cache_dir)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    metrics = json.loads((tmp_path / "results.json").read_text())["metrics"]
+    assert metrics["train/global_step"] == 5  # continued from step 3, not from 0
+    assert "Restoring states from the checkpoint" in resumed.stderr + resumed.stdout

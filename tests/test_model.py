@@ -177,3 +177,43 @@ def test_nan_loss_raises_diverged() -> None:
     with pytest.raises(Diverged) as err:
         module.training_step({"input_ids": torch.ones(2, 3)}, 0)
     assert err.value.step == 0 and "diverged" in str(err.value)
+
+
+@pytest.mark.parametrize("method", ["lora", "prompt_tuning"])
+def test_saved_weights_reload_to_identical_outputs(
+    method: str, tiny_model_dir: Path, cache_dir: Path, tmp_path: Path
+) -> None:
+    from hydra.utils import instantiate
+
+    from medvqa.models.saving import load_trainable, save_trainable
+    from tests.conftest import SMALL
+
+    cfg = compose([*SMALL, f"peft={method}"], cache_dir)
+    spec = OmegaConf.create({"name": "tiny", "pretrained": str(tiny_model_dir), "dtype": "float32"})
+    source = instantiate(cfg.dataset)
+    model, processor = load_vlm(spec)
+    model = apply_method(model, cfg.peft, roles(cfg.model))
+    loader = _batches(processor, source.table(), source, n=2)
+    trainer = L.Trainer(
+        max_steps=2,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(VQAModule(model, lr=1e-2), train_dataloaders=loader)
+    save_trainable(model, tmp_path, method)
+
+    fresh, _ = load_vlm(spec)
+    fresh = apply_method(fresh, cfg.peft, roles(cfg.model))
+    load_trainable(fresh, tmp_path, method)
+    batch = {k: v for k, v in next(iter(loader)).items() if k not in (META_KEY, "labels")}
+    model.eval()
+    fresh.eval()
+    with torch.no_grad():
+        assert torch.equal(model(**batch).logits, fresh(**batch).logits)
+
+    other, _ = load_vlm(spec)  # a model without the method applied cannot take the weights
+    with pytest.raises(ValueError, match="does not match"):
+        load_trainable(apply_method(other, compose(["peft=full"]).peft, roles(cfg.model)), tmp_path)

@@ -19,12 +19,14 @@ from medvqa.evaluation.baselines import chance_scores
 from medvqa.evaluation.evaluate import evaluate, finite, prefixed, split_metrics
 from medvqa.models.adapters import apply_method, build_adapter_config
 from medvqa.models.loading import load_vlm, roles
+from medvqa.models.saving import save_trainable
 from medvqa.tasks.common import prepare_splits
 from medvqa.tracking import instantiate_group, log_config, log_metrics, log_table
 from medvqa.training.module import VQAModule
 
 log = logging.getLogger(__name__)
 
+TRAINED_DIR = "trained"
 REFERENCES = {"zero_shot": "zero-shot base", "chance": "chance (1/k)"}
 
 
@@ -91,8 +93,9 @@ def train_eval(
             callbacks=instantiate_group(cfg.callbacks),
             default_root_dir=str(out_dir),
         )
-        trainer.fit(module, datamodule=datamodule)
+        trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
         metrics["train/global_step"] = float(trainer.global_step)
+        save_trainable(model, out_dir / TRAINED_DIR, cfg.peft.name)
 
     results, predictions = run_eval(model, out_path=out_dir / "predictions.jsonl")
     metrics.update(results)

@@ -41,6 +41,14 @@ class VQAModule(L.LightningModule):
         self.weight_decay = weight_decay
         self.warmup_ratio = warmup_ratio
         self.save_hyperparameters(ignore=["model"])
+        # Checkpoints hold only the trained weights (the frozen base is reloaded from
+        # `model.pretrained`), so loading them must not demand the frozen keys.
+        self.strict_loading = False
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        trainable = {f"model.{n}" for n, p in self.model.named_parameters() if p.requires_grad}
+        state = checkpoint["state_dict"]
+        checkpoint["state_dict"] = {k: v for k, v in state.items() if k in trainable}
 
     def on_fit_start(self) -> None:
         # from_pretrained() leaves modules in eval mode; dropout (e.g. LoRA's) must be active.
