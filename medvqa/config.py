@@ -135,6 +135,13 @@ class DataSchema:
     batch_size: int = 16
     eval_batch_size: int = 32
     num_workers: int = 0
+    # What the model sees (baselines change these): "image", "none" (no image, no image
+    # tokens) or "blank" (a black image of the same size).
+    train_image: str = "image"
+    eval_image: str = "image"
+    # Further evaluations with other image modes, recorded as `<mode>/...` plus
+    # `delta_<mode>/... = main - <mode>` (e.g. [blank]: the blind ablation).
+    extra_eval_images: list[str] = dataclasses.field(default_factory=list)
     limit: dict[str, int | None] = dataclasses.field(
         default_factory=lambda: {"train": None, "val": None, "test_iid": None, "test_ood": None}
     )
@@ -163,11 +170,10 @@ class Config:
     callbacks: Any = None
     paths: PathsSchema = MISSING
     data: DataSchema = dataclasses.field(default_factory=DataSchema)
-    debug: Any = None
-    experiment: Any = None
     seed: int = 0
     force: bool = False
     ckpt_path: str | None = None
+    label: str | None = None  # how tables name this run (baselines set it); default: peft.label
     tags: list[str] = dataclasses.field(default_factory=list)
 
 

@@ -32,8 +32,13 @@ def _json_number(value: Any) -> Any:
 class RunRecord:
     """Writes `results.json`: status, seed, resolved config and `split/metric` numbers."""
 
-    def __init__(self, out_dir: Path, cfg: DictConfig) -> None:
+    def __init__(
+        self, out_dir: Path, cfg: DictConfig, choices: Mapping[str, Any] | None = None
+    ) -> None:
         self.path = Path(out_dir) / RESULTS_FILE
+        # Which option of each config group ran (peft=lora, shift=age, baseline=blind, ...):
+        # what aggregation groups by, rather than parsing directory names.
+        self.choices = {k: v for k, v in (choices or {}).items() if not k.startswith("hydra")}
         self.config = OmegaConf.to_container(cfg, resolve=True)
         self.seed = int(cfg.seed)
         self.task = str(cfg.task.get("name", "")) if cfg.get("task") is not None else ""
@@ -61,6 +66,7 @@ class RunRecord:
             "status": status,
             "task": self.task,
             "seed": self.seed,
+            "choices": self.choices,
             "metrics": {k: _json_number(float(v)) for k, v in sorted((metrics or {}).items())},
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.started)),
             "duration_s": round(time.time() - self.started, 2),

@@ -26,7 +26,7 @@ log = logging.getLogger("medvqa")
 def run(cfg: DictConfig) -> dict[str, float] | None:
     hydra_cfg = HydraConfig.get()
     out_dir = Path(hydra_cfg.runtime.output_dir)
-    record = RunRecord(out_dir, cfg)
+    record = RunRecord(out_dir, cfg, choices=dict(hydra_cfg.runtime.choices))
     previous = None if cfg.force else record.finished_before()
     if previous is not None:
         log.info(

@@ -135,3 +135,41 @@ def test_run_record_roundtrip(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text(json.dumps({"a": 1}))
     with pytest.raises(ValueError, match=r"bad\.json"):
         read_record(tmp_path / "bad.json")
+
+
+def test_most_frequent_with_ties_and_unseen_questions() -> None:
+    from medvqa.evaluation.baselines import most_frequent_answers, most_frequent_predictions
+
+    train = pd.DataFrame(
+        {
+            "question": ["Is it CT?", "is it ct? ", "is it ct?", "what organ?", "what organ?"],
+            "answer": ["yes", "no", "yes", "liver", "brain"],
+        }
+    )
+    table = most_frequent_answers(train)
+    assert table == {"is it ct?": "yes", "what organ?": "brain"}  # tie -> alphabetical
+    test = pd.DataFrame({"question": ["IS IT CT?", "what organ?", "never seen?", "never?"]})
+    preds, coverage = most_frequent_predictions(train, test)
+    assert preds["prediction"].tolist() == ["yes", "brain", "", ""]
+    assert coverage == 0.5
+
+
+def test_deltas_are_sighted_minus_other() -> None:
+    from medvqa.evaluation.evaluate import deltas
+
+    main = {
+        "test_iid/closed_acc": 0.8,
+        "test_ood/open_f1": 0.5,
+        "test_iid/n": 10.0,
+        "robustness/rr_closed": 0.9,
+    }
+    blank = {
+        "test_iid/closed_acc": 0.6,
+        "test_ood/open_f1": 0.5,
+        "test_iid/n": 10.0,
+        "robustness/rr_closed": 1.0,
+    }
+    assert deltas(main, blank, "delta_blank/") == {
+        "delta_blank/test_iid/closed_acc": pytest.approx(0.2),
+        "delta_blank/test_ood/open_f1": 0.0,
+    }

@@ -26,6 +26,8 @@ def test_results_record(smoke_run: Path) -> None:
     assert record["status"] == "finished"
     assert record["seed"] == 0
     assert record["config"]["peft"]["name"] == "lora"
+    assert record["choices"]["peft"] == "lora" and record["choices"]["shift"] == "modality"
+    assert record["choices"]["debug"] == "smoke"
     metrics = record["metrics"]
     for key in (
         "test_iid/closed_acc",
@@ -153,8 +155,38 @@ def test_finished_job_is_skipped_and_checkpoint_resumes(
     assert again.returncode == 0 and "already finished" in again.stderr + again.stdout
     assert json.loads((tmp_path / "results.json").read_text())["started_at"] == record["started_at"]
 
-    resumed = run_main([*args, "trainer.max_steps=5", "trainer.max_epochs=3", "ckpt_path=last"], tmp_path, cache_dir)
+    resumed = run_main(
+        [*args, "trainer.max_steps=5", "trainer.max_epochs=3", "ckpt_path=last"],
+        tmp_path,
+        cache_dir,
+    )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     metrics = json.loads((tmp_path / "results.json").read_text())["metrics"]
     assert metrics["train/global_step"] == 5  # continued from step 3, not from 0
     assert "Restoring states from the checkpoint" in resumed.stderr + resumed.stdout
+
+
+@pytest.mark.parametrize("baseline", ["most_frequent", "random", "blind", "no_image", "zero_shot"])
+def test_baselines_write_the_same_schema(
+    baseline: str, tmp_path: Path, cache_dir: Path, tiny_model_dir: Path
+) -> None:
+    proc = run_main(["debug=smoke", "logger=csv", f"baseline={baseline}"], tmp_path, cache_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads((tmp_path / "results.json").read_text())
+    metrics = record["metrics"]
+    assert record["status"] == "finished"
+    assert {"test_iid/closed_acc", "test_ood/closed_acc", "robustness/rr_closed"} <= set(metrics)
+    if baseline == "most_frequent":
+        assert 0.0 <= metrics["test_iid/coverage"] <= 1.0 and "test_ood/coverage" in metrics
+        assert metrics["test_iid/n"] == 12  # debug limits apply to baselines too
+    if baseline == "random":
+        assert metrics["test_iid/closed_acc"] == pytest.approx(0.5)
+    if baseline == "blind":
+        delta = metrics["delta_blank/test_iid/closed_acc"]
+        sighted, blind = metrics["test_iid/closed_acc"], metrics["blank/test_iid/closed_acc"]
+        assert delta == pytest.approx(sighted - blind)
+    if baseline == "no_image":
+        assert record["config"]["data"]["train_image"] == "none"
+        assert pd.read_csv(tmp_path / "summary.csv")["method"][0] == "no image (train + eval)"
+    if baseline == "zero_shot":
+        assert record["config"]["peft"]["name"] == "none"

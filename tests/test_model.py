@@ -217,3 +217,27 @@ def test_saved_weights_reload_to_identical_outputs(
     other, _ = load_vlm(spec)  # a model without the method applied cannot take the weights
     with pytest.raises(ValueError, match="does not match"):
         load_trainable(apply_method(other, compose(["peft=full"]).peft, roles(cfg.model)), tmp_path)
+
+
+def test_image_modes(loaded, cache_dir: Path) -> None:
+    """none: no image and no image tokens; blank: an image of the same size, all black."""
+    from hydra.utils import instantiate
+
+    from tests.conftest import SMALL
+
+    _, processor = loaded
+    source = instantiate(compose(SMALL, cache_dir).dataset)
+    frame = source.table().head(2)
+    image_id = processor.tokenizer.convert_tokens_to_ids("<image>")
+    sighted = VQADataset(frame, source, processor, with_answer=True)[0]
+    none = VQADataset(frame, source, processor, with_answer=True, image_mode="none")[0]
+    blank = VQADataset(frame, source, processor, with_answer=True, image_mode="blank")[0]
+    assert (sighted["input_ids"] == image_id).sum() > 0
+    assert (none["input_ids"] == image_id).sum() == 0 and "pixel_values" not in none
+    assert torch.equal(blank["input_ids"], sighted["input_ids"])
+    assert blank["pixel_values"].shape == sighted["pixel_values"].shape
+    per_channel = blank["pixel_values"][0].flatten(1).std(dim=1)  # constant within each channel
+    assert per_channel.max() < 1e-6 < sighted["pixel_values"].std()
+    assert torch.equal(
+        none["labels"][none["labels"] != -100], sighted["labels"][sighted["labels"] != -100]
+    )

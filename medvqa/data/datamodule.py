@@ -9,6 +9,7 @@ from typing import Any
 import lightning as L
 import pandas as pd
 import torch
+from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from medvqa.data import records as R
@@ -16,13 +17,15 @@ from medvqa.data.base import VQASource
 from medvqa.models.prompting import encode, pad_batch
 
 META_KEY = "record_ids"
+IMAGE_MODES = ("image", "none", "blank")
 
 
 class VQADataset(Dataset):
     """Examples of one split, tokenised on access (images are read lazily).
 
     `with_answer=True` gives training examples (prompt + answer, labels on the answer);
-    `False` gives generation prompts. `image_mode` is "image" or "none" (no image at all).
+    `False` gives generation prompts. `image_mode`: "image"; "none" (no image and no image
+    tokens: the no-image baseline); "blank" (a black image of the same size: the blind test).
     """
 
     def __init__(
@@ -33,8 +36,8 @@ class VQADataset(Dataset):
         with_answer: bool,
         image_mode: str = "image",
     ) -> None:
-        if image_mode not in ("image", "none"):
-            raise ValueError(f"image_mode must be 'image' or 'none', got {image_mode!r}")
+        if image_mode not in IMAGE_MODES:
+            raise ValueError(f"image_mode must be one of {IMAGE_MODES}, got {image_mode!r}")
         self.frame = frame.reset_index(drop=True)
         self.source = source
         self.processor = processor
@@ -46,9 +49,11 @@ class VQADataset(Dataset):
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         row = self.frame.iloc[i]
-        image = (
-            self.source.load_image(row[R.IMAGE], row[R.ID]) if self.image_mode == "image" else None
-        )
+        image = None
+        if self.image_mode != "none":
+            image = self.source.load_image(row[R.IMAGE], row[R.ID])
+            if self.image_mode == "blank":
+                image = Image.new("RGB", image.size)
         features: dict[str, Any] = encode(
             self.processor,
             row[R.QUESTION],

@@ -23,3 +23,34 @@ def chance_scores(frames: Mapping[str, pd.DataFrame]) -> dict[str, dict[str, flo
         closed = frame.loc[frame[R.ANSWER_TYPE] == "closed", R.CANDIDATES]
         out[split] = {"closed_acc": expected_chance_accuracy(closed.tolist())}
     return out
+
+
+def question_key(question: str) -> str:
+    """Questions count as "the same" up to case and surrounding whitespace."""
+    return " ".join(str(question).lower().split())
+
+
+def most_frequent_answers(train: pd.DataFrame) -> dict[str, str]:
+    """For each training question text, its most frequent answer.
+
+    Ties are broken by the alphabetically first answer, so the baseline is deterministic.
+    """
+    counts = (
+        train.assign(_q=train[R.QUESTION].map(question_key))
+        .groupby(["_q", R.ANSWER])
+        .size()
+        .reset_index(name="n")
+        .sort_values(["_q", "n", R.ANSWER], ascending=[True, False, True])
+    )
+    return dict(counts.drop_duplicates("_q")[["_q", R.ANSWER]].itertuples(index=False, name=None))
+
+
+def most_frequent_predictions(
+    train: pd.DataFrame, frame: pd.DataFrame
+) -> tuple[pd.DataFrame, float]:
+    """Predictions for `frame` (empty where the question never occurs in training), coverage."""
+    table = most_frequent_answers(train)
+    keys = frame[R.QUESTION].map(question_key)
+    seen = keys.isin(table.keys())
+    preds = frame.assign(prediction=keys.map(table).fillna(""))
+    return preds, float(seen.mean()) if len(frame) else float("nan")

@@ -82,6 +82,17 @@ def evaluate(
     return split_metrics(scores, metric_cfg), pd.concat(scored_all, ignore_index=True)
 
 
+def deltas(main: Mapping[str, float], other: Mapping[str, float], prefix: str) -> dict[str, float]:
+    """`prefix + key` = main - other for the per-split performance numbers both runs have."""
+    return {
+        f"{prefix}{key}": main[key] - other[key]
+        for key in main
+        if key in other
+        and key.split("/", 1)[0] in (IID, OOD)
+        and key.rsplit("/", 1)[-1] not in _NOT_PERFORMANCE
+    }
+
+
 def finite(metrics: Mapping[str, float]) -> dict[str, float]:
     """Drop NaN/inf (loggers reject them; results.json keeps them as null)."""
     return {

@@ -16,7 +16,7 @@ def splits(
     cfg: DictConfig, out_dir: Path, loggers: Sequence[Logger] = (), name: str = "splits"
 ) -> dict[str, float]:
     """Return the split sizes as metrics (`splits/<split>/n`), so results.json records them."""
-    _, built = prepare_splits(cfg, out_dir)
+    _, built = prepare_splits(cfg, out_dir, limit=False)
     report = built.report()
     metrics = {
         f"splits/{split}/{key}": float(value)

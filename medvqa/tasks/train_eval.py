@@ -10,13 +10,12 @@ from pathlib import Path
 import lightning as L
 from hydra.utils import instantiate
 from lightning.pytorch.loggers import Logger
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from medvqa.analysis.summary import print_summary, summary_table, write_summary
 from medvqa.data.datamodule import VQADataModule
-from medvqa.data.shifts import limit_splits
 from medvqa.evaluation.baselines import chance_scores
-from medvqa.evaluation.evaluate import evaluate, finite, prefixed, split_metrics
+from medvqa.evaluation.evaluate import deltas, evaluate, finite, prefixed, split_metrics
 from medvqa.models.adapters import apply_method, build_adapter_config
 from medvqa.models.loading import load_vlm, roles
 from medvqa.models.saving import save_trainable
@@ -46,7 +45,6 @@ def train_eval(
     build_adapter_config(cfg.peft.adapter, cfg.peft.adapter_scope, roles_)  # fail fast on typos
 
     source, splits = prepare_splits(cfg, out_dir)
-    splits = limit_splits(splits, OmegaConf.to_container(cfg.data.limit), int(cfg.seed))  # type: ignore[arg-type]
     frames = {s: splits[s] for s in eval_splits}
     log_config(loggers, cfg)
 
@@ -60,10 +58,13 @@ def train_eval(
         batch_size=int(cfg.data.eval_batch_size),
         max_new_tokens=int(cfg.model.max_new_tokens),
     )
+    eval_image = str(cfg.data.eval_image)
     metrics: dict[str, float] = {}
-    rows = [(cfg.peft.label or cfg.peft.name, "")]
+    rows = [(cfg.label or cfg.peft.label or cfg.peft.name, "")]
     if "zero_shot" in references and cfg.peft.fit:
-        zero_shot, _ = run_eval(model, out_path=out_dir / "predictions_zero_shot.jsonl")
+        zero_shot, _ = run_eval(
+            model, out_path=out_dir / "predictions_zero_shot.jsonl", image_mode=eval_image
+        )
         metrics.update(prefixed("zero_shot/", zero_shot))
         rows.append((REFERENCES["zero_shot"], "zero_shot/"))
     if "chance" in references:
@@ -86,6 +87,7 @@ def train_eval(
             eval_batch_size=int(cfg.data.eval_batch_size),
             num_workers=int(cfg.data.num_workers),
             seed=int(cfg.seed),
+            image_mode=str(cfg.data.train_image),
         )
         trainer: L.Trainer = instantiate(
             cfg.trainer,
@@ -97,8 +99,15 @@ def train_eval(
         metrics["train/global_step"] = float(trainer.global_step)
         save_trainable(model, out_dir / TRAINED_DIR, cfg.peft.name)
 
-    results, predictions = run_eval(model, out_path=out_dir / "predictions.jsonl")
+    results, predictions = run_eval(
+        model, out_path=out_dir / "predictions.jsonl", image_mode=eval_image
+    )
     metrics.update(results)
+    for mode in cfg.data.extra_eval_images:  # e.g. the blind ablation: Δ = sighted − blank
+        other, _ = run_eval(model, out_path=out_dir / f"predictions_{mode}.jsonl", image_mode=mode)
+        metrics.update(prefixed(f"{mode}/", other))
+        metrics.update(deltas(results, other, prefix=f"delta_{mode}/"))
+        rows.append((f"{rows[0][0]}, {mode} image", f"{mode}/"))
 
     table = summary_table(metrics, rows, cfg.metric.primary_closed, cfg.metric.primary_open)
     write_summary(table, out_dir)

@@ -1,0 +1,71 @@
+"""Baselines that need no model: most frequent answer and random guessing.
+
+They write the same results.json schema as a model run (`test_iid/closed_acc`, ...,
+`robustness/rr_*`), so tables put them in the same rows and columns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from lightning.pytorch.loggers import Logger
+from omegaconf import DictConfig
+
+from medvqa.analysis.summary import print_summary, summary_table, write_summary
+from medvqa.evaluation.baselines import chance_scores, most_frequent_predictions
+from medvqa.evaluation.evaluate import finite, split_metrics
+from medvqa.evaluation.metrics import per_sample_scores, score_predictions
+from medvqa.tasks.common import prepare_splits
+from medvqa.tracking import log_config, log_metrics, log_table
+
+
+def _report(
+    cfg: DictConfig, out_dir: Path, loggers: Sequence[Logger], metrics: dict[str, float], label: str
+) -> dict[str, float]:
+    table = summary_table(
+        metrics, [(label, "")], cfg.metric.primary_closed, cfg.metric.primary_open
+    )
+    write_summary(table, out_dir)
+    print_summary(table, title=f"shift {cfg.shift.name} · {label}")
+    log_config(loggers, cfg)
+    log_metrics(loggers, finite(metrics))
+    log_table(loggers, "summary", table)
+    return metrics
+
+
+def most_frequent(
+    cfg: DictConfig,
+    out_dir: Path,
+    loggers: Sequence[Logger] = (),
+    name: str = "most_frequent",
+    eval_splits: Sequence[str] = ("test_iid", "test_ood"),
+) -> dict[str, float]:
+    """Answer each test question with its most frequent training answer; record coverage."""
+    _, splits = prepare_splits(cfg, out_dir)
+    scores, coverage = {}, {}
+    for split in eval_splits:
+        preds, coverage[split] = most_frequent_predictions(splits["train"], splits[split])
+        scored = per_sample_scores(preds, list(cfg.metric.open_metrics))
+        scores[split] = score_predictions(
+            preds, list(cfg.metric.open_metrics), list(cfg.metric.breakdown), scored=scored
+        )
+        scores[split]["coverage"] = coverage[split]
+        scored.assign(split=split).to_json(
+            out_dir / "predictions.jsonl", orient="records", lines=True, mode="a"
+        )
+    metrics = split_metrics(scores, cfg.metric)
+    return _report(cfg, out_dir, loggers, metrics, cfg.label or "most frequent answer")
+
+
+def chance(
+    cfg: DictConfig,
+    out_dir: Path,
+    loggers: Sequence[Logger] = (),
+    name: str = "chance",
+    eval_splits: Sequence[str] = ("test_iid", "test_ood"),
+) -> dict[str, float]:
+    """Expected accuracy of a uniform guess among each closed question's candidates."""
+    _, splits = prepare_splits(cfg, out_dir)
+    metrics = split_metrics(chance_scores({s: splits[s] for s in eval_splits}), cfg.metric)
+    return _report(cfg, out_dir, loggers, metrics, cfg.label or "random (1/k)")
