@@ -100,7 +100,9 @@ def eval_rate(tmp: Path) -> float:
 
 
 def main() -> None:
-    results = {f"train_samples_per_s/{m}": train_rate(m) for m in ("lora", "full", "ia3")}
+    results = {
+        f"train_samples_per_s/{m}": train_rate(m) for m in ("lora", "full", "ia3", "prompt_tuning")
+    }
     results["eval_samples_per_s/greedy"] = eval_rate(CACHE)
     table = Table(title=f"tiny model throughput ({torch.get_num_threads()} threads)")
     table.add_column("measure")

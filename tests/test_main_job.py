@@ -190,3 +190,12 @@ def test_baselines_write_the_same_schema(
         assert pd.read_csv(tmp_path / "summary.csv")["method"][0] == "no image (train + eval)"
     if baseline == "zero_shot":
         assert record["config"]["peft"]["name"] == "none"
+
+
+def test_deepspeed_without_cuda_fails_at_once(tmp_path: Path, cache_dir: Path) -> None:
+    proc = run_main(["debug=smoke", "logger=csv", "trainer=deepspeed_zero2"], tmp_path, cache_dir)
+    assert proc.returncode != 0
+    assert "needs CUDA GPUs" in proc.stderr and "trainer=cpu" in proc.stderr
+    record = json.loads((tmp_path / "results.json").read_text())
+    assert record["status"] == "failed" and "HardwareError" in record["error"]
+    assert not (tmp_path / "predictions_zero_shot.jsonl").exists()  # nothing ran before the check

@@ -241,3 +241,16 @@ def test_image_modes(loaded, cache_dir: Path) -> None:
     assert torch.equal(
         none["labels"][none["labels"] != -100], sighted["labels"][sighted["labels"] != -100]
     )
+
+
+def test_check_trainer() -> None:
+    from medvqa.training.hardware import HardwareError, check_trainer
+
+    cpu, gpu = compose(["trainer=cpu"]).trainer, compose(["trainer=gpu"]).trainer
+    zero2 = compose(["trainer=deepspeed_zero2"]).trainer
+    assert zero2.strategy == "deepspeed_stage_2" and zero2.precision == "bf16-mixed"
+    check_trainer(cpu, cuda_available=False)
+    check_trainer(zero2, cuda_available=True)
+    for trainer in (gpu, zero2):
+        with pytest.raises(HardwareError, match="trainer=cpu"):
+            check_trainer(trainer, cuda_available=False)

@@ -21,6 +21,7 @@ from medvqa.models.loading import load_vlm, roles
 from medvqa.models.saving import save_trainable
 from medvqa.tasks.common import prepare_splits
 from medvqa.tracking import instantiate_group, log_config, log_metrics, log_table
+from medvqa.training.hardware import check_trainer
 from medvqa.training.module import VQAModule
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,8 @@ def train_eval(
     unknown = [r for r in references if r not in REFERENCES]
     if unknown:
         raise ValueError(f"task.references: unknown {unknown}; choose from {list(REFERENCES)}")
+    if cfg.peft.fit:
+        check_trainer(cfg.trainer)  # before any data or model is loaded
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
     roles_ = roles(cfg.model)
     build_adapter_config(cfg.peft.adapter, cfg.peft.adapter_scope, roles_)  # fail fast on typos
