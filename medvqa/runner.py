@@ -17,7 +17,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from medvqa.record import RunRecord
-from medvqa.tracking import finish, instantiate_group
+from medvqa.tracking import finish, instantiate_group, log_config
 from medvqa.training.module import Diverged
 
 log = logging.getLogger("medvqa")
@@ -38,6 +38,7 @@ def run(cfg: DictConfig) -> dict[str, float] | None:
     status = "failed"
     try:
         loggers = instantiate_group(cfg.logger)
+        log_config(loggers, cfg)  # first, so even a crashed run shows its config
         task = instantiate(cfg.task)
         metrics = task(cfg=cfg, out_dir=out_dir, loggers=loggers)
         record.write("finished", metrics)

@@ -12,26 +12,10 @@ from pathlib import Path
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig
 
-from medvqa.analysis.summary import print_summary, summary_table, write_summary
 from medvqa.evaluation.baselines import chance_scores, most_frequent_predictions
-from medvqa.evaluation.evaluate import finite, split_metrics
+from medvqa.evaluation.evaluate import split_metrics
 from medvqa.evaluation.metrics import per_sample_scores, score_predictions
-from medvqa.tasks.common import prepare_splits
-from medvqa.tracking import log_config, log_metrics, log_table
-
-
-def _report(
-    cfg: DictConfig, out_dir: Path, loggers: Sequence[Logger], metrics: dict[str, float], label: str
-) -> dict[str, float]:
-    table = summary_table(
-        metrics, [(label, "")], cfg.metric.primary_closed, cfg.metric.primary_open
-    )
-    write_summary(table, out_dir)
-    print_summary(table, title=f"shift {cfg.shift.name} · {label}")
-    log_config(loggers, cfg)
-    log_metrics(loggers, finite(metrics))
-    log_table(loggers, "summary", table)
-    return metrics
+from medvqa.tasks.common import prepare_splits, report_run
 
 
 def most_frequent(
@@ -55,7 +39,8 @@ def most_frequent(
             out_dir / "predictions.jsonl", orient="records", lines=True, mode="a"
         )
     metrics = split_metrics(scores, cfg.metric)
-    return _report(cfg, out_dir, loggers, metrics, cfg.label or "most frequent answer")
+    report_run(cfg, out_dir, loggers, metrics, [(cfg.label or "most frequent answer", "")])
+    return metrics
 
 
 def chance(
@@ -68,4 +53,5 @@ def chance(
     """Expected accuracy of a uniform guess among each closed question's candidates."""
     _, splits = prepare_splits(cfg, out_dir)
     metrics = split_metrics(chance_scores({s: splits[s] for s in eval_splits}), cfg.metric)
-    return _report(cfg, out_dir, loggers, metrics, cfg.label or "random (1/k)")
+    report_run(cfg, out_dir, loggers, metrics, [(cfg.label or "random (1/k)", "")])
+    return metrics

@@ -9,7 +9,7 @@ from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig
 
 from medvqa.tasks.common import prepare_splits
-from medvqa.tracking import log_config, log_metrics
+from medvqa.tracking import log_metrics
 
 
 def splits(
@@ -23,6 +23,5 @@ def splits(
         for split, counts in report["splits"].items()
         for key, value in counts.items()
     }
-    log_config(loggers, cfg)
     log_metrics(loggers, metrics)
     return metrics

@@ -12,15 +12,14 @@ from hydra.utils import instantiate
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig
 
-from medvqa.analysis.summary import print_summary, summary_table, write_summary
 from medvqa.data.datamodule import VQADataModule
 from medvqa.evaluation.baselines import chance_scores
-from medvqa.evaluation.evaluate import deltas, evaluate, finite, prefixed, split_metrics
+from medvqa.evaluation.evaluate import deltas, evaluate, prefixed, split_metrics
 from medvqa.models.adapters import apply_method, build_adapter_config
 from medvqa.models.loading import load_vlm, roles
 from medvqa.models.saving import save_trainable
-from medvqa.tasks.common import prepare_splits
-from medvqa.tracking import instantiate_group, log_config, log_metrics, log_table
+from medvqa.tasks.common import prepare_splits, report_run
+from medvqa.tracking import instantiate_group
 from medvqa.training.hardware import check_trainer
 from medvqa.training.module import VQAModule
 
@@ -49,7 +48,6 @@ def train_eval(
 
     source, splits = prepare_splits(cfg, out_dir)
     frames = {s: splits[s] for s in eval_splits}
-    log_config(loggers, cfg)
 
     model, processor = load_vlm(cfg.model)
     run_eval = partial(
@@ -112,12 +110,5 @@ def train_eval(
         metrics.update(deltas(results, other, prefix=f"delta_{mode}/"))
         rows.append((f"{rows[0][0]}, {mode} image", f"{mode}/"))
 
-    table = summary_table(metrics, rows, cfg.metric.primary_closed, cfg.metric.primary_open)
-    write_summary(table, out_dir)
-    print_summary(
-        table, title=f"{source.name} · shift {cfg.shift.name} · {rows[0][0]} · seed {cfg.seed}"
-    )
-    log_metrics(loggers, finite(metrics))
-    log_table(loggers, "summary", table)
-    log_table(loggers, "predictions", predictions)
+    report_run(cfg, out_dir, loggers, metrics, rows, predictions)
     return metrics
