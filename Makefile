@@ -31,6 +31,7 @@ test-slow: install  ## only the slow end-to-end tests
 
 bench: install  ## throughput figures (not tests): see benchmarks/
 	$(BIN)/python benchmarks/throughput.py
+	$(BIN)/python benchmarks/lightning_overhead.py
 
 lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

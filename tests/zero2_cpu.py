@@ -1,0 +1,22 @@
+"""Test-only: DeepSpeed ZeRO stage 2 on CPU, to test the wiring without GPUs.
+
+Lightning's DeepSpeedStrategy refuses anything but CUDA; this subclass skips that check and
+runs one process on `cpu:0` with the gloo backend. Never use it for real training.
+"""
+
+from __future__ import annotations
+
+import torch
+from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
+
+
+class CPUZero2Strategy(DeepSpeedStrategy):
+    def __init__(self) -> None:
+        super().__init__(
+            stage=2,
+            parallel_devices=[torch.device("cpu", 0)],
+            process_group_backend="gloo",
+        )
+
+    def setup_environment(self) -> None:
+        DDPStrategy.setup_environment(self)  # skip DeepSpeedStrategy's CUDA-only check
