@@ -199,3 +199,29 @@ def test_deepspeed_without_cuda_fails_at_once(tmp_path: Path, cache_dir: Path) -
     record = json.loads((tmp_path / "results.json").read_text())
     assert record["status"] == "failed" and "HardwareError" in record["error"]
     assert not (tmp_path / "predictions_zero_shot.jsonl").exists()  # nothing ran before the check
+
+
+def test_diverged_job_is_recorded_and_the_sweep_goes_on(
+    tmp_path: Path, cache_dir: Path, tiny_model_dir: Path
+) -> None:
+    proc = run_main(
+        [
+            "-m",
+            "debug=smoke",
+            "logger=csv",
+            "peft=full",
+            "task.references=[]",
+            "peft.lr=1e12,1e-3",
+            f"hydra.sweep.dir={tmp_path}",
+        ],
+        tmp_path / "unused",
+        cache_dir,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    records = {
+        json.loads(p.read_text())["config"]["peft"]["lr"]: json.loads(p.read_text())
+        for p in tmp_path.rglob("results.json")
+    }
+    assert records[1e12]["status"] == "diverged" and records[1e12]["diverged_step"] >= 0
+    assert "nan" in records[1e12]["error"] or "inf" in records[1e12]["error"]
+    assert records[1e-3]["status"] == "finished"
