@@ -1,0 +1,572 @@
+"""Tiny randomly initialised VLMs of each supported family, built offline from configs.
+
+The real models (`conf/model/<family>.yaml`) are hub checkpoints far too large for a CPU test;
+`TinyFamilyBuilder(family, cache_dir)` makes a ~1M-parameter model of the *same architecture*
+(same transformers classes, module names, processor and special tokens, a chat template of the
+family's shape) so every code path (loading, adapters, training, generation, saving) is tested
+offline. Nothing is pre-trained: these models only have to run, not to answer.
+
+Importing this module also registers torchvision-free processors for the families whose stock
+processor insists on a video processor (Qwen2-VL, Qwen2.5-VL, SmolVLM): without torchvision,
+`AutoProcessor.from_pretrained` could not build them (see OFFLINE-NOTES).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import (
+    AutoProcessor,
+    ProcessorMixin,
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLProcessor,
+    Qwen2VLConfig,
+    Qwen2VLProcessor,
+    SmolVLMConfig,
+    SmolVLMProcessor,
+)
+
+from medvqa.data.base import DataError
+from medvqa.models import tiny
+
+log = logging.getLogger(__name__)
+
+BUILDER_VERSION = 1
+DONE_FILE = tiny.DONE_FILE
+
+
+# --- torchvision-free processors ---------------------------------------------------------------
+# Explicit parameters (no *args/**kwargs): ProcessorMixin saves and restores what __init__ lists.
+
+
+class ImageOnlyQwen2VLProcessor(Qwen2VLProcessor):
+    """Qwen2-VL processor without the (torchvision-backed) video processor."""
+
+    def __init__(self, image_processor=None, tokenizer=None, chat_template=None) -> None:
+        super().__init__(
+            image_processor=image_processor,
+            tokenizer=tokenizer,
+            video_processor=None,
+            chat_template=chat_template,
+        )
+
+
+class ImageOnlyQwen2_5_VLProcessor(Qwen2_5_VLProcessor):
+    """Qwen2.5-VL processor without the (torchvision-backed) video processor."""
+
+    def __init__(self, image_processor=None, tokenizer=None, chat_template=None) -> None:
+        super().__init__(
+            image_processor=image_processor,
+            tokenizer=tokenizer,
+            video_processor=None,
+            chat_template=chat_template,
+        )
+
+
+class ImageOnlySmolVLMProcessor(SmolVLMProcessor):
+    """SmolVLM processor without the (torchvision-backed) video processor."""
+
+    def __init__(
+        self, image_processor=None, tokenizer=None, image_seq_len: int = 169, chat_template=None
+    ) -> None:
+        super().__init__(
+            image_processor=image_processor,
+            tokenizer=tokenizer,
+            video_processor=None,
+            image_seq_len=image_seq_len,
+            chat_template=chat_template,
+        )
+
+    def apply_chat_template(self, conversation, chat_template=None, **kwargs):
+        # SmolVLMProcessor's override only adds video defaults (and reads the video processor)
+        return ProcessorMixin.apply_chat_template(self, conversation, chat_template, **kwargs)
+
+
+AutoProcessor.register(Qwen2VLConfig, ImageOnlyQwen2VLProcessor, exist_ok=True)
+AutoProcessor.register(Qwen2_5_VLConfig, ImageOnlyQwen2_5_VLProcessor, exist_ok=True)
+AutoProcessor.register(SmolVLMConfig, ImageOnlySmolVLMProcessor, exist_ok=True)
+
+
+# --- chat templates: the family's turn markers, content lists of image/text items -------------
+
+
+def _content(image: str) -> str:
+    return (
+        "{% for c in m['content'] %}{% if c['type'] == 'image' %}" + image + "{% elif c['type'] "
+        "== 'text' %}{{ c['text'] }}{% endif %}{% endfor %}"
+    )
+
+
+QWEN_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    + _content("<|vision_start|><|image_pad|><|vision_end|>")
+    + "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+GEMMA3_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<start_of_turn>"
+    "{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
+    + _content("<start_of_image>")
+    + "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+IDEFICS3_TEMPLATE = (
+    "<|im_start|>{% for m in messages %}{{ m['role'] | capitalize }}:"
+    "{% if m['role'] == 'assistant' %} {% endif %}"
+    + _content("<image>")
+    + "<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}"
+)
+
+# PaliGemma's processor itself puts the image tokens and <bos> first and "\n" after the prompt;
+# the answer (its `suffix`) follows and ends with <eos>.
+PALIGEMMA_TEMPLATE = (
+    "{% for m in messages %}{% for c in m['content'] %}{% if c['type'] == 'text' %}"
+    "{{ c['text'] }}{% endif %}{% endfor %}{% if m['role'] == 'assistant' %}{{ eos_token }}"
+    "{% endif %}{% endfor %}"
+)
+ROW_COL_TOKENS = [f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7)]
+
+# Per family: special tokens (the first is padding), bos/eos, tokenizer extras, chat template.
+TOKENS: dict[str, dict[str, Any]] = {
+    "llava": {
+        "special": tiny.SPECIAL_TOKENS,
+        "bos": "<s>",
+        "eos": "</s>",
+        "extra": {"image_token": "<image>"},
+        "template": tiny.CHAT_TEMPLATE,
+    },
+    "qwen2_vl": {
+        "special": [
+            "<|endoftext|>",
+            "<|im_start|>",
+            "<|im_end|>",
+            "<|vision_start|>",
+            "<|vision_end|>",
+            "<|image_pad|>",
+            "<|video_pad|>",
+        ],
+        "bos": None,
+        "eos": "<|im_end|>",
+        "extra": {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>"},
+        "template": QWEN_TEMPLATE,
+    },
+    "gemma3": {
+        "special": [
+            "<pad>",
+            "<eos>",
+            "<bos>",
+            "<start_of_turn>",
+            "<end_of_turn>",
+            "<start_of_image>",
+            "<end_of_image>",
+            "<image_soft_token>",
+        ],
+        "bos": "<bos>",
+        "eos": "<end_of_turn>",
+        "extra": {
+            "boi_token": "<start_of_image>",
+            "eoi_token": "<end_of_image>",
+            "image_token": "<image_soft_token>",
+        },
+        "template": GEMMA3_TEMPLATE,
+    },
+    "idefics3": {
+        "special": [
+            "<|endoftext|>",
+            "<|im_start|>",
+            "<end_of_utterance>",
+            "<fake_token_around_image>",
+            "<global-img>",
+            "<image>",
+            *ROW_COL_TOKENS,
+        ],
+        "bos": "<|im_start|>",
+        "eos": "<end_of_utterance>",
+        "extra": {
+            "image_token": "<image>",
+            "fake_image_token": "<fake_token_around_image>",
+            "global_image_token": "<global-img>",
+            "end_of_utterance_token": "<end_of_utterance>",
+        },
+        "template": IDEFICS3_TEMPLATE,
+    },
+    "paligemma": {
+        "special": ["<pad>", "<eos>", "<bos>", "<image>"],
+        "bos": "<bos>",
+        "eos": "<eos>",
+        "extra": {"image_token": "<image>"},
+        "template": PALIGEMMA_TEMPLATE,
+    },
+}
+TOKENS["qwen2_5_vl"] = TOKENS["qwen2_vl"]
+TOKENS["smolvlm"] = TOKENS["idefics3"]
+# paligemma builds, but has no model config yet: see `tests/test_families.py` (token_type_ids)
+FAMILIES = ("llava", "qwen2_vl", "qwen2_5_vl", "gemma3", "idefics3", "smolvlm", "paligemma")
+
+CORPUS = [
+    "USER: ASSISTANT: User: Assistant: user model assistant system",
+    "what modality is this image? is there a lesion? which organ is shown? yes no",
+    "the image shows a ct scan of the chest with an abnormality in the left lung",
+    "mri x-ray ultrasound brain liver kidney heart abdomen normal abnormal",
+]
+
+
+def build_tokenizer(family: str, vocab_size: int) -> Any:
+    """A byte-level BPE (any text tokenises) with the family's special tokens and template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    spec = TOKENS[family]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(
+        CORPUS,
+        trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=list(spec["special"]),
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        bos_token=spec["bos"],
+        eos_token=spec["eos"],
+        pad_token=spec["special"][0],
+        extra_special_tokens=dict(spec["extra"]),
+        chat_template=spec["template"],
+    )
+
+
+class TinyFamilyBuilder:
+    """Build (once) and return the directory of a tiny random VLM of `family`."""
+
+    def __init__(
+        self,
+        family: str,
+        cache_dir: str | Path,
+        seed: int = 0,
+        image_size: int = 32,
+        patch_size: int = 8,
+        vision_hidden: int = 32,
+        text_hidden: int = 64,
+        text_layers: int = 2,
+        vocab_size: int = 400,
+    ) -> None:
+        if family not in FAMILIES:
+            raise ValueError(f"unknown tiny family {family!r}; choose one of {FAMILIES}")
+        self.cache_dir = Path(cache_dir).expanduser()
+        self.params: dict[str, Any] = {
+            "family": family,
+            "seed": int(seed),
+            "image_size": int(image_size),
+            "patch_size": int(patch_size),
+            "vision_hidden": int(vision_hidden),
+            "text_hidden": int(text_hidden),
+            "text_layers": int(text_layers),
+            "vocab_size": int(vocab_size),
+            "version": BUILDER_VERSION,
+        }
+
+    @property
+    def key(self) -> str:
+        blob = json.dumps(self.params, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def build(self) -> Path:
+        """Return the model directory, building it if absent (a done-marker is written last)."""
+        target = self.cache_dir / "models" / f"tiny-{self.params['family']}-{self.key}"
+        if (target / DONE_FILE).is_file():
+            return target
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
+        except OSError as err:
+            raise DataError(
+                f"cannot write the model cache {target.parent}: {err}. Set paths.cache_dir "
+                "(or the MEDVQA_CACHE environment variable) to a writable directory."
+            ) from err
+        try:
+            model, processor = self.make()
+            model.save_pretrained(tmp)
+            processor.save_pretrained(tmp)
+            (tmp / DONE_FILE).write_text(json.dumps(self.params, indent=2))
+            if (target / DONE_FILE).is_file():  # another job finished first
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                shutil.rmtree(target, ignore_errors=True)
+                os.replace(tmp, target)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        log.info("tiny %s ready at %s", self.params["family"], target)
+        return target
+
+    def make(self) -> tuple[torch.nn.Module, Any]:
+        """(model, processor), randomly initialised, not saved."""
+        p = self.params
+        family = p["family"]
+        tokenizer = build_tokenizer(family, p["vocab_size"])
+        torch.manual_seed(p["seed"])
+        model, processor = getattr(self, f"_{family}")(tokenizer)
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+        model.generation_config.eos_token_id = tokenizer.eos_token_id
+        model.generation_config.bos_token_id = tokenizer.bos_token_id
+        return model, processor
+
+    # -- per family -------------------------------------------------------------------------
+
+    def _text(self, tokenizer: Any, **extra: Any) -> dict[str, Any]:
+        p = self.params
+        return {
+            "vocab_size": len(tokenizer),
+            "hidden_size": p["text_hidden"],
+            "intermediate_size": 2 * p["text_hidden"],
+            "num_hidden_layers": p["text_layers"],
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 512,
+            "bos_token_id": tokenizer.bos_token_id,
+            "eos_token_id": tokenizer.eos_token_id,
+            "pad_token_id": tokenizer.pad_token_id,
+            **extra,
+        }
+
+    def _vision(self, **extra: Any) -> dict[str, Any]:
+        p = self.params
+        return {
+            "hidden_size": p["vision_hidden"],
+            "intermediate_size": 2 * p["vision_hidden"],
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "image_size": p["image_size"],
+            "patch_size": p["patch_size"],
+            **extra,
+        }
+
+    def _llava(self, tokenizer: Any) -> tuple[torch.nn.Module, Any]:
+        from transformers import CLIPImageProcessorPil, LlavaProcessor
+
+        p = self.params
+        size = p["image_size"]
+        processor = LlavaProcessor(
+            image_processor=CLIPImageProcessorPil(
+                size={"shortest_edge": size}, crop_size={"height": size, "width": size}
+            ),
+            tokenizer=tokenizer,
+            patch_size=p["patch_size"],
+            vision_feature_select_strategy="default",
+            num_additional_image_tokens=1,
+            chat_template=tokenizer.chat_template,
+        )
+        model = tiny.build_model(
+            processor,
+            image_size=size,
+            patch_size=p["patch_size"],
+            vision_hidden=p["vision_hidden"],
+            vision_layers=1,
+            vision_heads=2,
+            text_hidden=p["text_hidden"],
+            text_layers=p["text_layers"],
+            text_heads=4,
+        )
+        return model, processor
+
+    def _qwen_image_processor(self) -> Any:
+        from transformers import Qwen2VLImageProcessorPil
+
+        p = self.params
+        pixels = p["image_size"] ** 2  # every image is resized to about image_size²
+        return Qwen2VLImageProcessorPil(
+            size={"shortest_edge": pixels, "longest_edge": pixels},
+            patch_size=p["patch_size"],
+            temporal_patch_size=2,
+            merge_size=2,
+        )
+
+    def _qwen_ids(self, tokenizer: Any) -> dict[str, int]:
+        ids = tokenizer.convert_tokens_to_ids
+        return {
+            "image_token_id": ids("<|image_pad|>"),
+            "video_token_id": ids("<|video_pad|>"),
+            "vision_start_token_id": ids("<|vision_start|>"),
+            "vision_end_token_id": ids("<|vision_end|>"),
+        }
+
+    def _qwen_text(self, tokenizer: Any) -> dict[str, Any]:
+        half_head = self.params["text_hidden"] // 4 // 2  # 4 heads; sections sum to head_dim/2
+        t, rest = half_head // 4, half_head - half_head // 4
+        section = [t, rest // 2, rest - rest // 2]
+        rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": section}
+        return self._text(tokenizer, rope_parameters=rope)
+
+    def _qwen2_vl(self, tokenizer: Any) -> tuple[torch.nn.Module, Any]:
+        from transformers import Qwen2VLForConditionalGeneration
+
+        p = self.params
+        config = Qwen2VLConfig(
+            text_config=self._qwen_text(tokenizer),
+            vision_config={
+                "depth": 1,
+                "embed_dim": p["vision_hidden"],
+                "hidden_size": p["text_hidden"],
+                "num_heads": 2,
+                "patch_size": p["patch_size"],
+                "spatial_merge_size": 2,
+                "temporal_patch_size": 2,
+            },
+            **self._qwen_ids(tokenizer),
+        )
+        processor = ImageOnlyQwen2VLProcessor(
+            image_processor=self._qwen_image_processor(),
+            tokenizer=tokenizer,
+            chat_template=tokenizer.chat_template,
+        )
+        return Qwen2VLForConditionalGeneration(config), processor
+
+    def _qwen2_5_vl(self, tokenizer: Any) -> tuple[torch.nn.Module, Any]:
+        from transformers import Qwen2_5_VLForConditionalGeneration
+
+        p = self.params
+        config = Qwen2_5_VLConfig(
+            text_config=self._qwen_text(tokenizer),
+            vision_config={
+                "depth": 2,
+                "hidden_size": p["vision_hidden"],
+                "intermediate_size": 2 * p["vision_hidden"],
+                "out_hidden_size": p["text_hidden"],
+                "num_heads": 2,
+                "patch_size": p["patch_size"],
+                "spatial_merge_size": 2,
+                "temporal_patch_size": 2,
+                "window_size": 4 * p["patch_size"],
+                "fullatt_block_indexes": [1],
+            },
+            **self._qwen_ids(tokenizer),
+        )
+        processor = ImageOnlyQwen2_5_VLProcessor(
+            image_processor=self._qwen_image_processor(),
+            tokenizer=tokenizer,
+            chat_template=tokenizer.chat_template,
+        )
+        return Qwen2_5_VLForConditionalGeneration(config), processor
+
+    def _gemma3(self, tokenizer: Any) -> tuple[torch.nn.Module, Any]:
+        from transformers import (
+            Gemma3Config,
+            Gemma3ForConditionalGeneration,
+            Gemma3ImageProcessorPil,
+            Gemma3Processor,
+        )
+
+        p = self.params
+        size = p["image_size"]
+        tokens_per_image = ((size // p["patch_size"]) // 2) ** 2  # pooled 2x2 per side
+        ids = tokenizer.convert_tokens_to_ids
+        head_dim = p["text_hidden"] // 4
+        config = Gemma3Config(
+            text_config=self._text(
+                tokenizer, head_dim=head_dim, query_pre_attn_scalar=head_dim, sliding_window=64
+            ),
+            vision_config=self._vision(model_type="siglip_vision_model"),
+            mm_tokens_per_image=tokens_per_image,
+            boi_token_index=ids("<start_of_image>"),
+            eoi_token_index=ids("<end_of_image>"),
+            image_token_index=ids("<image_soft_token>"),
+        )
+        processor = Gemma3Processor(
+            image_processor=Gemma3ImageProcessorPil(size={"height": size, "width": size}),
+            tokenizer=tokenizer,
+            chat_template=tokenizer.chat_template,
+            image_seq_length=tokens_per_image,
+        )
+        model = Gemma3ForConditionalGeneration(config)
+        # random init zero-fills this bare Parameter: the model would ignore images
+        weight = model.model.multi_modal_projector.mm_input_projection_weight
+        with torch.no_grad():
+            weight.normal_(0.0, p["vision_hidden"] ** -0.5)
+        return model, processor
+
+    def _idefics3_parts(self, tokenizer: Any, config_cls: Any, image_processor_cls: Any) -> Any:
+        p = self.params
+        scale = 2
+        seq_len = (p["image_size"] // p["patch_size"]) ** 2 // scale**2
+        config = config_cls(
+            vision_config=self._vision(),
+            text_config={"model_type": "llama", **self._text(tokenizer)},
+            scale_factor=scale,
+            image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        image_processor = image_processor_cls(
+            do_image_splitting=False,
+            size={"longest_edge": p["image_size"]},
+            max_image_size={"longest_edge": p["image_size"]},
+        )
+        return config, image_processor, seq_len
+
+    def _idefics3(self, tokenizer: Any) -> tuple[torch.nn.Module, Any]:
+        from transformers import (
+            Idefics3Config,
+            Idefics3ForConditionalGeneration,
+            Idefics3ImageProcessorPil,
+            Idefics3Processor,
+        )
+
+        config, image_processor, seq_len = self._idefics3_parts(
+            tokenizer, Idefics3Config, Idefics3ImageProcessorPil
+        )
+        processor = Idefics3Processor(
+            image_processor=image_processor,
+            tokenizer=tokenizer,
+            image_seq_len=seq_len,
+            chat_template=tokenizer.chat_template,
+        )
+        return Idefics3ForConditionalGeneration(config), processor
+
+    def _smolvlm(self, tokenizer: Any) -> tuple[torch.nn.Module, Any]:
+        from transformers import SmolVLMForConditionalGeneration, SmolVLMImageProcessorPil
+
+        config, image_processor, seq_len = self._idefics3_parts(
+            tokenizer, SmolVLMConfig, SmolVLMImageProcessorPil
+        )
+        processor = ImageOnlySmolVLMProcessor(
+            image_processor=image_processor,
+            tokenizer=tokenizer,
+            image_seq_len=seq_len,
+            chat_template=tokenizer.chat_template,
+        )
+        return SmolVLMForConditionalGeneration(config), processor
+
+    def _paligemma(self, tokenizer: Any) -> tuple[torch.nn.Module, Any]:
+        from transformers import (
+            PaliGemmaConfig,
+            PaliGemmaForConditionalGeneration,
+            PaliGemmaProcessor,
+            SiglipImageProcessorPil,
+        )
+
+        p = self.params
+        size = p["image_size"]
+        image_processor = SiglipImageProcessorPil(size={"height": size, "width": size})
+        image_processor.image_seq_length = (size // p["patch_size"]) ** 2
+        processor = PaliGemmaProcessor(
+            image_processor=image_processor,
+            tokenizer=tokenizer,
+            chat_template=tokenizer.chat_template,
+        )  # adds 1152 <loc>/<seg> tokens: size the vocabulary after this
+        head_dim = p["text_hidden"] // 4
+        config = PaliGemmaConfig(
+            vision_config=self._vision(model_type="siglip_vision_model"),
+            text_config={"model_type": "gemma", **self._text(tokenizer, head_dim=head_dim)},
+            projection_dim=p["text_hidden"],
+            image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
+        )
+        return PaliGemmaForConditionalGeneration(config), processor

@@ -1,0 +1,187 @@
+"""Every shipped model config works end to end, tested offline on a tiny model of its family.
+
+The real config (`model=<name>`) is composed as a user would; only `model.builder` swaps the hub
+checkpoint for `TinyFamilyBuilder` (same transformers classes, module names and processor) and
+`model.dtype` is float32. Each method then trains one step, generates, and reloads its weights.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+
+from medvqa.data.datamodule import META_KEY, VQADataset, make_loader
+from medvqa.models.adapters import apply_method
+from medvqa.models.loading import load_vlm, roles
+from medvqa.models.saving import load_trainable, save_trainable
+from medvqa.training.module import VQAModule
+from tests.conftest import CONF, compose
+
+# (config name, tiny family override or None for the config's own `family`)
+SLOW = pytest.mark.slow  # same architecture as a case that runs by default
+CASES = [
+    ("llava_med", None),
+    pytest.param("llava", None, marks=SLOW),
+    ("qwen2_vl", None),
+    ("qwen2_5_vl", None),
+    ("medgemma", None),
+    ("smolvlm", None),  # the checkpoint is Idefics3 architecture
+    # SmolVLM architecture (SmolVLM2 checkpoints), same module names
+    pytest.param("smolvlm", "smolvlm", marks=SLOW),
+]
+CONFIGS = ["llava_med", "llava", "qwen2_vl", "qwen2_5_vl", "medgemma", "smolvlm"]
+METHODS = ["lora", "ia3", "full"]
+ADAPTER_MARKERS = ("lora_", "ia3_l")
+
+
+def model_cfg(name: str, cache: Path, family: str | None = None):
+    """The real `model=<name>` config with the hub id swapped for the offline tiny builder."""
+    fam = family or compose([f"model={name}"], cache).model.family
+    builder = (
+        f"model.builder={{_target_: medvqa.models.families.TinyFamilyBuilder, "
+        f"family: {fam}, cache_dir: '{cache}'}}"
+    )
+    return compose([f"model={name}", builder, "model.dtype=float32"], cache).model
+
+
+@pytest.fixture(scope="module")
+def source(cache_dir: Path):
+    from medvqa.data.synthetic import SyntheticVQA
+
+    return SyntheticVQA(cache_dir, n_cases=6, image_size=32, questions_per_image=2)
+
+
+def _loader(processor, source, with_answer: bool, padding_side: str):
+    ds = VQADataset(source.table().head(4), source, processor, with_answer=with_answer)
+    return make_loader(ds, 4, shuffle=False, padding_side=padding_side)
+
+
+def _base_name(name: str) -> str:
+    return name.replace("base_model.model.", "").replace(".base_layer", "")
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_config_names_its_hub_checkpoint(name: str) -> None:
+    from medvqa.models.families import FAMILIES
+
+    assert (CONF / "model" / f"{name}.yaml").is_file()
+    cfg = compose([f"model={name}"]).model
+    assert cfg.name == name and cfg.family in FAMILIES
+    assert "/" in cfg.pretrained and cfg.builder is None
+    assert cfg.dtype == "bfloat16" and cfg.trust_remote_code is False
+    assert set(roles(cfg)) == {"vision", "projector", "language", "lm_head"}
+    if cfg.family == "llava":
+        assert roles(cfg) == roles(compose(["model=llava_med"]).model)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize(("name", "family"), CASES)
+def test_family_trains_generates_and_reloads(
+    name: str, family: str | None, method: str, cache_dir: Path, source, tmp_path: Path
+) -> None:
+    cfg = model_cfg(name, cache_dir, family)
+    part = roles(cfg)
+    model, processor = load_vlm(cfg)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    vision, projector = f"{part['vision']}.", f"{part['projector']}."
+    # the vision tower proper (Qwen's projector lives inside `visual`)
+    is_vision = lambda n: vision in n and projector not in n  # noqa: E731
+    assert any(is_vision(n) for n in before), f"no parameter under vision role {vision!r}"
+
+    peft_cfg = compose([f"peft={method}"]).peft
+    model = apply_method(model, peft_cfg, part)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and not any(is_vision(n) for n in trainable)
+    adapted = [n for n, _ in model.named_modules() if n.endswith(("lora_A", "ia3_l"))]
+    assert not any(is_vision(n) for n in adapted), "no adapter in the vision tower"
+    if method != "full":
+        assert adapted and all(f"{part['language']}." in n for n in adapted)
+
+    train = _loader(processor, source, with_answer=True, padding_side="right")
+    trainer = L.Trainer(
+        max_steps=1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(VQAModule(model, lr=1e-2, warmup_ratio=0.0), train_dataloaders=train)
+
+    changed, adapters_changed = set(), []
+    for n, p in model.named_parameters():
+        base = _base_name(n)
+        if any(m in n for m in ADAPTER_MARKERS):
+            init = torch.zeros_like(p) if "lora_B" in n else torch.ones_like(p)
+            if "lora_A" not in n and not torch.equal(p.detach(), init):
+                adapters_changed.append(n)
+        elif not torch.equal(p.detach(), before[base]):
+            changed.add(base)
+    assert not any(is_vision(n) for n in changed), "the vision tower must stay unchanged"
+    if method == "full":
+        assert any(f"{part['language']}." in n for n in changed)
+    else:
+        assert adapters_changed, "adapter weights must change"
+        assert all(projector in n for n in changed), sorted(changed)[:5]
+
+    model.eval()
+    prompts = next(iter(_loader(processor, source, with_answer=False, padding_side="left")))
+    prompts = {k: v for k, v in prompts.items() if k != META_KEY}
+    with torch.no_grad():
+        out = model.generate(**prompts, max_new_tokens=3, do_sample=False)
+    assert out.shape[0] == 4 and out.shape[1] > prompts["input_ids"].shape[1]
+    assert all(isinstance(t, str) for t in processor.batch_decode(out[:, -3:]))
+
+    save_trainable(model, tmp_path, method)
+    fresh, _ = load_vlm(cfg)
+    fresh = apply_method(fresh, peft_cfg, part)
+    load_trainable(fresh, tmp_path, method)
+    fresh.eval()
+    batch = {k: v for k, v in next(iter(train)).items() if k not in (META_KEY, "labels")}
+    with torch.no_grad():
+        assert torch.equal(model(**batch).logits, fresh(**batch).logits)
+
+
+@pytest.fixture(scope="module")
+def paligemma(cache_dir: Path):
+    from omegaconf import OmegaConf
+
+    from medvqa.models.families import TinyFamilyBuilder
+
+    path = TinyFamilyBuilder("paligemma", cache_dir).build()
+    return load_vlm(
+        OmegaConf.create({"name": "paligemma", "pretrained": str(path), "dtype": "float32"})
+    )
+
+
+def _paligemma_pair(processor) -> tuple[dict, dict]:
+    from PIL import Image
+
+    from medvqa.models.prompting import encode
+
+    image = Image.new("RGB", (32, 32), (40, 80, 120))
+    ours = encode(processor, "is there a lesion?", image, answer="yes")
+    ref = processor(
+        text=["is there a lesion?"], images=[image], suffix=["yes"], return_tensors="pt"
+    )
+    return ours, {k: v[0] for k, v in ref.items() if k != "pixel_values"}
+
+
+def test_paligemma_shared_prompt_matches_its_suffix_format(paligemma) -> None:
+    """PaliGemma (no config yet): the chat-template path gives its own `suffix=` token ids."""
+    ours, ref = _paligemma_pair(paligemma[1])
+    assert torch.equal(ours["input_ids"], ref["input_ids"])
+    assert torch.equal(ours["labels"], ref["labels"])
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="prompting.encode fills the answer's token_type_ids with 0 (prefix, bidirectional "
+    "attention) where PaliGemma marks the suffix 1 (causal): needs a fix in prompting.py",
+)
+def test_paligemma_answer_is_causal(paligemma) -> None:
+    ours, ref = _paligemma_pair(paligemma[1])
+    assert torch.equal(ours["token_type_ids"], ref["token_type_ids"])
