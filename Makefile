@@ -35,6 +35,7 @@ test-slow: install  ## only the slow end-to-end tests
 bench: install  ## throughput figures (not tests): see benchmarks/
 	$(BIN)/python benchmarks/throughput.py
 	$(BIN)/python benchmarks/lightning_overhead.py
+	$(BIN)/python benchmarks/smollm2_throughput.py
 
 lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
