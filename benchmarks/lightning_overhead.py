@@ -50,7 +50,7 @@ def main() -> None:
         cfg = compose("config", overrides=[f"paths.cache_dir={CACHE}", *sys.argv[1:]])
     source = instantiate(cfg.dataset)
     base, processor = load_vlm(cfg.model)
-    base = apply_method(base, cfg.peft, roles(cfg.model))
+    base = apply_method(base, cfg.peft, roles(cfg.model), processor)
     batch_size = int(cfg.data.batch_size)
     loader = make_loader(
         VQADataset(source.table().head(STEPS * batch_size), source, processor, with_answer=True),

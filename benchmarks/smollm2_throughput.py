@@ -62,7 +62,7 @@ def train_rate(method: str) -> dict[str, float]:
     source = instantiate(cfg.dataset)
     splits = make_splits(source.table(), Shift.from_config(dict(cfg.shift)), seed=0)
     model, processor = load_vlm(cfg.model)
-    model = apply_method(model, cfg.peft, roles(cfg.model))
+    model = apply_method(model, cfg.peft, roles(cfg.model), processor)
     trainable, total = count_parameters(model)
     batch = int(cfg.data.batch_size)
     dm = VQADataModule(splits.frames, source, processor, batch_size=batch)

@@ -49,7 +49,7 @@ def train_rate(method: str) -> float:
     source = instantiate(cfg.dataset)
     splits = make_splits(source.table(), Shift.from_config(dict(cfg.shift)), seed=0)
     model, processor = load_vlm(cfg.model)
-    model = apply_method(model, cfg.peft, roles(cfg.model))
+    model = apply_method(model, cfg.peft, roles(cfg.model), processor)
     dm = VQADataModule(splits.frames, source, processor, batch_size=int(cfg.data.batch_size))
     trainer = L.Trainer(
         accelerator="cpu",

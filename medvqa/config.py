@@ -84,6 +84,7 @@ class PeftSchema:
     adapter: Any = None
     adapter_scope: str | None = "language"
     train_modules: list[str] = dataclasses.field(default_factory=list)
+    virtual_tokens: int = 0  # prompt tuning: trainable tokens put before every question
     fit: bool = True
     lr: float = 3e-4
     weight_decay: float = 0.0

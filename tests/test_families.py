@@ -33,8 +33,8 @@ CASES = [
     pytest.param("smolvlm", "smolvlm", marks=SLOW),
 ]
 CONFIGS = ["llava_med", "llava", "qwen2_vl", "qwen2_5_vl", "medgemma", "smolvlm"]
-METHODS = ["lora", "ia3", "full"]
-ADAPTER_MARKERS = ("lora_", "ia3_l")
+METHODS = ["lora", "ia3", "full", "prompt_tuning"]
+ADAPTER_MARKERS = ("lora_", "ia3_l", "trainable_tokens_delta")
 
 
 def model_cfg(name: str, cache: Path, family: str | None = None):
@@ -85,17 +85,23 @@ def test_family_trains_generates_and_reloads(
     cfg = model_cfg(name, cache_dir, family)
     part = roles(cfg)
     model, processor = load_vlm(cfg)
-    before = {n: p.detach().clone() for n, p in model.named_parameters()}
     vision, projector = f"{part['vision']}.", f"{part['projector']}."
     # the vision tower proper (Qwen's projector lives inside `visual`)
     is_vision = lambda n: vision in n and projector not in n  # noqa: E731
-    assert any(is_vision(n) for n in before), f"no parameter under vision role {vision!r}"
+    assert any(is_vision(n) for n, _ in model.named_parameters()), f"no vision role {vision!r}"
 
     peft_cfg = compose([f"peft={method}"]).peft
-    model = apply_method(model, peft_cfg, part)
+    model = apply_method(model, peft_cfg, part, processor)
+    # the state training starts from (prompt tuning has already added its token rows)
+    before = {_base_name(n): p.detach().clone() for n, p in model.named_parameters()}
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and not any(is_vision(n) for n in trainable)
-    adapted = [n for n, _ in model.named_modules() if n.endswith(("lora_A", "ia3_l"))]
+    adapted = [
+        n
+        for n, _ in model.named_modules()
+        if n.endswith(("lora_A", "ia3_l", "embed_tokens"))
+        and any(m in n2 for n2 in trainable if n2.startswith(n) for m in ADAPTER_MARKERS)
+    ]
     assert not any(is_vision(n) for n in adapted), "no adapter in the vision tower"
     if method != "full":
         assert adapted and all(f"{part['language']}." in n for n in adapted)
@@ -115,7 +121,7 @@ def test_family_trains_generates_and_reloads(
     for n, p in model.named_parameters():
         base = _base_name(n)
         if any(m in n for m in ADAPTER_MARKERS):
-            init = torch.zeros_like(p) if "lora_B" in n else torch.ones_like(p)
+            init = torch.ones_like(p) if "ia3_l" in n else torch.zeros_like(p)
             if "lora_A" not in n and not torch.equal(p.detach(), init):
                 adapters_changed.append(n)
         elif not torch.equal(p.detach(), before[base]):
@@ -136,13 +142,62 @@ def test_family_trains_generates_and_reloads(
     assert all(isinstance(t, str) for t in processor.batch_decode(out[:, -3:]))
 
     save_trainable(model, tmp_path, method)
-    fresh, _ = load_vlm(cfg)
-    fresh = apply_method(fresh, peft_cfg, part)
+    fresh, fresh_processor = load_vlm(cfg)
+    fresh = apply_method(fresh, peft_cfg, part, fresh_processor)
     load_trainable(fresh, tmp_path, method)
     fresh.eval()
     batch = {k: v for k, v in next(iter(train)).items() if k not in (META_KEY, "labels")}
     with torch.no_grad():
         assert torch.equal(model(**batch).logits, fresh(**batch).logits)
+
+
+@pytest.mark.parametrize(("name", "family"), CASES)
+def test_prompt_tuning_keeps_image_positions_and_attention(
+    name: str, family: str | None, cache_dir: Path, source
+) -> None:
+    """Virtual tokens go after the image: image-token positions, token types, position ids
+    (Qwen's 3D M-RoPE) and the image embeddings reaching the LM are those without them."""
+    cfg = model_cfg(name, cache_dir, family)
+    part = roles(cfg)
+    model, processor = load_vlm(cfg)
+    model.eval()
+    frame = source.table().head(1)
+
+    def lm_inputs(m: torch.nn.Module) -> tuple[dict, dict]:
+        features = VQADataset(frame, source, processor, with_answer=False)[0]
+        features.pop(META_KEY)
+        batch = {k: (v[None] if v.dim() == 1 else v) for k, v in features.items()}
+        seen: dict = {}
+        language = next(mod for n, mod in m.named_modules() if n.endswith(part["language"]))
+        hook = language.register_forward_pre_hook(
+            lambda _m, args, kwargs: seen.update(kwargs), with_kwargs=True
+        )
+        with torch.no_grad():
+            m(**batch)
+        hook.remove()
+        return batch, seen
+
+    plain, plain_lm = lm_inputs(model)
+    tuned_model = apply_method(model, compose(["peft=prompt_tuning"]).peft, part, processor)
+    tuned, tuned_lm = lm_inputs(tuned_model)
+    n_virtual = tuned["input_ids"].shape[1] - plain["input_ids"].shape[1]
+    assert n_virtual == compose(["peft=prompt_tuning"]).peft.virtual_tokens
+
+    image_id = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
+    where = (plain["input_ids"][0] == image_id).nonzero().flatten()
+    assert len(where) > 0
+    assert torch.equal(where, (tuned["input_ids"][0] == image_id).nonzero().flatten())
+    last = int(where.max()) + 1  # everything up to the image's end is unchanged
+    for key in plain:
+        if plain[key].shape[:2] == plain["input_ids"].shape:  # per-token: ids, masks, types
+            assert torch.equal(plain[key][:, :last], tuned[key][:, :last]), key
+        else:  # pixel values, grids: the image itself
+            assert torch.equal(plain[key], tuned[key]), key
+    embeds_plain, embeds_tuned = plain_lm["inputs_embeds"], tuned_lm["inputs_embeds"]
+    assert torch.allclose(embeds_plain[:, where], embeds_tuned[:, where])
+    pos_plain, pos_tuned = plain_lm.get("position_ids"), tuned_lm.get("position_ids")
+    if pos_plain is not None:  # Qwen2-VL/2.5-VL: M-RoPE indices of the image tokens
+        assert torch.equal(pos_plain[..., where], pos_tuned[..., where])
 
 
 @pytest.fixture(scope="module")

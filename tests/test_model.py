@@ -192,7 +192,7 @@ def test_saved_weights_reload_to_identical_outputs(
     spec = OmegaConf.create({"name": "tiny", "pretrained": str(tiny_model_dir), "dtype": "float32"})
     source = instantiate(cfg.dataset)
     model, processor = load_vlm(spec)
-    model = apply_method(model, cfg.peft, roles(cfg.model))
+    model = apply_method(model, cfg.peft, roles(cfg.model), processor)
     loader = _batches(processor, source.table(), source, n=2)
     trainer = L.Trainer(
         max_steps=2,
@@ -205,8 +205,8 @@ def test_saved_weights_reload_to_identical_outputs(
     trainer.fit(VQAModule(model, lr=1e-2), train_dataloaders=loader)
     save_trainable(model, tmp_path, method)
 
-    fresh, _ = load_vlm(spec)
-    fresh = apply_method(fresh, cfg.peft, roles(cfg.model))
+    fresh, fresh_processor = load_vlm(spec)
+    fresh = apply_method(fresh, cfg.peft, roles(cfg.model), fresh_processor)
     load_trainable(fresh, tmp_path, method)
     batch = {k: v for k, v in next(iter(loader)).items() if k not in (META_KEY, "labels")}
     model.eval()

@@ -16,6 +16,8 @@ import torch
 from hydra.utils import instantiate
 from peft import PeftConfig, get_peft_model
 
+from medvqa.models.prompting import VIRTUAL_TOKEN
+
 log = logging.getLogger(__name__)
 
 
@@ -37,7 +39,7 @@ def build_adapter_config(
                 f"peft.adapter_scope={scope!r} is not a model role; roles: {list(roles)}"
             )
         names = "|".join(re.escape(t) for t in sorted(targets))
-        config.target_modules = rf".*{re.escape(roles[scope])}\..*\.({names})"
+        config.target_modules = rf".*{re.escape(roles[scope])}\.(.*\.)?({names})"
     return config
 
 
@@ -61,12 +63,51 @@ def set_trainable(
             p.requires_grad_(True)
 
 
+def add_virtual_tokens(model: torch.nn.Module, processor: Any, n: int, seed: int = 0) -> list[int]:
+    """Add `n` virtual tokens to the tokenizer (and embedding rows to the model); return ids.
+
+    Deterministic: the same base gets the same ids and initial rows (copies of existing token
+    embeddings, as PEFT's prompt tuning initialises), so saved rows reload onto the same tokens.
+    """
+    tok = processor.tokenizer
+    names = [VIRTUAL_TOKEN.format(i) for i in range(n)]
+    tok.add_tokens(names, special_tokens=True)
+    ids = tok.convert_tokens_to_ids(names)
+    embeddings = model.get_input_embeddings()
+    if max(ids) >= embeddings.weight.shape[0]:  # some families pad the vocabulary: no resize
+        model.resize_token_embeddings(max(ids) + 1, mean_resizing=False)  # rows set below
+        embeddings = model.get_input_embeddings()
+    generator = torch.Generator().manual_seed(seed)
+    donors = torch.randint(0, min(ids), (n,), generator=generator)
+    output = model.get_output_embeddings()
+    with torch.no_grad():
+        embeddings.weight[ids] = embeddings.weight[donors].clone()
+        if output is not None and output.weight is not embeddings.weight:  # untied lm_head
+            output.weight[ids] = output.weight[donors].clone()
+    generation = getattr(model, "generation_config", None)
+    if generation is not None:  # prompt material, never an answer
+        generation.suppress_tokens = sorted({*(generation.suppress_tokens or []), *ids})
+    return list(ids)
+
+
 def apply_method(
-    model: torch.nn.Module, peft_cfg: Any, roles: Mapping[str, str]
+    model: torch.nn.Module, peft_cfg: Any, roles: Mapping[str, str], processor: Any = None
 ) -> torch.nn.Module:
-    """Freeze the base, wrap it with the method's adapter, unfreeze its full-weight parts."""
+    """Freeze the base, wrap it with the method's adapter, unfreeze its full-weight parts.
+
+    Methods with `virtual_tokens` (prompt tuning) also add their tokens to `processor`, so
+    every prompt built from it afterwards carries them.
+    """
+    n_virtual = int(peft_cfg.get("virtual_tokens", 0))
+    token_ids: list[int] = []
+    if n_virtual:
+        if processor is None:
+            raise ValueError(f"method {peft_cfg.name!r} adds virtual tokens: pass the processor")
+        token_ids = add_virtual_tokens(model, processor, n_virtual)
     model.requires_grad_(False)
     adapter = build_adapter_config(peft_cfg.adapter, peft_cfg.adapter_scope, roles)
+    if adapter is not None and token_ids and hasattr(adapter, "token_indices"):
+        adapter.token_indices = token_ids
     if adapter is not None:
         model = get_peft_model(model, adapter)
     set_trainable(model, list(peft_cfg.train_modules), roles)

@@ -8,12 +8,34 @@ rendered, so end-of-turn markers are learnt exactly as the template writes them.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
 from PIL import Image
 
 IGNORE_INDEX = -100
+# Prompt tuning's virtual tokens: real added tokens placed right before the question text (after
+# the image), so image-token positions, M-RoPE indices and token types are those of a prompt
+# without them, in every family (PEFT's own prompt tuning breaks Qwen2-VL and Gemma3).
+VIRTUAL_TOKEN = "<medvqa_vt_{}>"
+_VIRTUAL = re.compile(r"^<medvqa_vt_(\d+)>$")
+
+
+def virtual_prefix(processor: Any) -> str:
+    """The virtual tokens the tokenizer carries (none unless prompt tuning added them)."""
+    tok = processor.tokenizer
+    cached = getattr(tok, "_medvqa_prefix", None)
+    if cached is not None and cached[0] == len(tok):
+        return cached[1]
+    found = sorted(
+        (int(m.group(1)), name)
+        for name in tok.get_added_vocab()
+        if (m := _VIRTUAL.match(name)) is not None
+    )
+    prefix = "".join(name for _, name in found)
+    tok._medvqa_prefix = (len(tok), prefix)
+    return prefix
 
 
 def build_messages(question: str, with_image: bool = True) -> list[dict[str, Any]]:
@@ -26,7 +48,9 @@ def build_messages(question: str, with_image: bool = True) -> list[dict[str, Any
 def prompt_text(processor: Any, question: str, with_image: bool = True) -> str:
     """The prompt up to and including the assistant's generation prompt."""
     return processor.apply_chat_template(
-        build_messages(question, with_image), add_generation_prompt=True, tokenize=False
+        build_messages(virtual_prefix(processor) + question, with_image),
+        add_generation_prompt=True,
+        tokenize=False,
     )
 
 
@@ -34,7 +58,7 @@ def answer_text(processor: Any, question: str, answer: str, with_image: bool = T
     """What the template renders after the generation prompt for `answer` (incl. end marker)."""
     prompt = prompt_text(processor, question, with_image)
     messages = [
-        *build_messages(question, with_image),
+        *build_messages(virtual_prefix(processor) + question, with_image),
         {"role": "assistant", "content": [{"type": "text", "text": answer}]},
     ]
     full = processor.apply_chat_template(messages, tokenize=False)

@@ -77,7 +77,7 @@ def train_eval(
         metrics.update(prefixed("chance/", split_metrics(chance_scores(frames), cfg.metric)))
         rows.append((REFERENCES["chance"], "chance/"))
 
-    model = apply_method(model, cfg.peft, roles_)
+    model = apply_method(model, cfg.peft, roles_, processor)
     if cfg.peft.fit:
         module = VQAModule(
             model,
