@@ -31,8 +31,9 @@ CASES = [
     ("smolvlm", None),  # the checkpoint is Idefics3 architecture
     # SmolVLM architecture (SmolVLM2 checkpoints), same module names
     pytest.param("smolvlm", "smolvlm", marks=SLOW),
+    ("paligemma", None),
 ]
-CONFIGS = ["llava_med", "llava", "qwen2_vl", "qwen2_5_vl", "medgemma", "smolvlm"]
+CONFIGS = ["llava_med", "llava", "qwen2_vl", "qwen2_5_vl", "medgemma", "smolvlm", "paligemma"]
 METHODS = ["lora", "ia3", "full", "prompt_tuning"]
 ADAPTER_MARKERS = ("lora_", "ia3_l", "trainable_tokens_delta")
 
@@ -226,17 +227,13 @@ def _paligemma_pair(processor) -> tuple[dict, dict]:
 
 
 def test_paligemma_shared_prompt_matches_its_suffix_format(paligemma) -> None:
-    """PaliGemma (no config yet): the chat-template path gives its own `suffix=` token ids."""
+    """PaliGemma: the chat-template path gives its own `suffix=` token ids and labels."""
     ours, ref = _paligemma_pair(paligemma[1])
     assert torch.equal(ours["input_ids"], ref["input_ids"])
     assert torch.equal(ours["labels"], ref["labels"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="prompting.encode fills the answer's token_type_ids with 0 (prefix, bidirectional "
-    "attention) where PaliGemma marks the suffix 1 (causal): needs a fix in prompting.py",
-)
 def test_paligemma_answer_is_causal(paligemma) -> None:
+    """Answer tokens are typed 1 (causal suffix), as PaliGemma's own `suffix=` path types them."""
     ours, ref = _paligemma_pair(paligemma[1])
     assert torch.equal(ours["token_type_ids"], ref["token_type_ids"])

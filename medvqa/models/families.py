@@ -206,7 +206,6 @@ TOKENS: dict[str, dict[str, Any]] = {
 }
 TOKENS["qwen2_5_vl"] = TOKENS["qwen2_vl"]
 TOKENS["smolvlm"] = TOKENS["idefics3"]
-# paligemma builds, but has no model config yet: see `tests/test_families.py` (token_type_ids)
 FAMILIES = ("llava", "qwen2_vl", "qwen2_5_vl", "gemma3", "idefics3", "smolvlm", "paligemma")
 
 CORPUS = [

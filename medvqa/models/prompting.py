@@ -8,6 +8,7 @@ rendered, so end-of-turn markers are learnt exactly as the template writes them.
 
 from __future__ import annotations
 
+import inspect
 import re
 from typing import Any
 
@@ -98,14 +99,22 @@ def encode(
         ans = processor.tokenizer(suffix, add_special_tokens=False, return_tensors="pt")
         ans_ids = ans["input_ids"][0]
         out["input_ids"] = torch.cat([out["input_ids"], ans_ids])
+        answer_type = _answer_token_type(processor)
         for key in per_token:
-            fill = 1 if key == "attention_mask" else 0
+            fill = {"attention_mask": 1, "token_type_ids": answer_type}.get(key, 0)
             out[key] = torch.cat([out[key], torch.full_like(ans_ids, fill, dtype=out[key].dtype)])
         out["labels"] = torch.cat(
             [torch.full((n_prompt,), IGNORE_INDEX, dtype=torch.long), ans_ids.long()]
         )
     out.update(other)
     return out
+
+
+def _answer_token_type(processor: Any) -> int:
+    """The token type of answer tokens: PaliGemma types its answer (`suffix`) 1, which makes
+    it causal; typed 0 it would be prefix and see the tokens after it in training. Every other
+    family types text 0 (Gemma3 uses 1 for image tokens)."""
+    return 1 if "suffix" in inspect.signature(type(processor).__call__).parameters else 0
 
 
 def _is_per_token(value: Any, input_ids: torch.Tensor) -> bool:
