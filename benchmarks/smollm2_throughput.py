@@ -80,7 +80,7 @@ def train_rate(method: str) -> dict[str, float]:
 
 
 def main() -> None:
-    results = {method: train_rate(method) for method in ("lora", "full")}
+    results = {m: train_rate(m) for m in ("lora", "full", "ia3", "prompt_tuning")}
     table = Table(
         title=f"smollm2_llava training throughput, batch {BATCH_SIZE}, {TRAIN_STEPS} steps "
         f"({torch.get_num_threads()} threads)"

