@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import shutil
 import tempfile
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
+from functools import cached_property
 from pathlib import Path
 from typing import Any
+
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
 
 from medvqa.data.base import DataError
 
@@ -53,3 +59,61 @@ def build_cached(
             shutil.rmtree(tmp, ignore_errors=True)
     log.info("%s ready in %.1fs at %s", target.name, time.perf_counter() - start, target)
     return target
+
+
+def plain(value: Any) -> Any:
+    """A Hydra node as plain Python (so it can be hashed and written as JSON)."""
+    if isinstance(value, DictConfig):
+        return OmegaConf.to_container(value, resolve=True)
+    return value
+
+
+def hashable(value: Any) -> Any:
+    """Drop cache locations from hashed parameters: moving the cache must not rebuild."""
+    if isinstance(value, Mapping):
+        return {k: hashable(v) for k, v in sorted(value.items()) if k != "cache_dir"}
+    if isinstance(value, list | tuple):
+        return [hashable(v) for v in value]
+    return value
+
+
+class CachedModelBuilder(ABC):
+    """An offline model builder: `params` (and, with `params["pretrain"]`, the pre-training
+    data's content) decide a cache key; `build()` makes `<cache>/models/<name>-<key>` once."""
+
+    def __init__(self, cache_dir: str | Path, params: Mapping[str, Any]) -> None:
+        self.cache_dir = Path(cache_dir).expanduser()
+        self.params: dict[str, Any] = dict(params)
+
+    @property
+    @abstractmethod
+    def name(self) -> str:
+        """Directory name prefix, e.g. `tiny-llava`."""
+
+    @abstractmethod
+    def _build_into(self, out: Path) -> None:
+        """Create the model and processor and `save_pretrained` them into `out`."""
+
+    def key_extra(self) -> dict[str, Any]:
+        """Further inputs of the build that are not parameters (e.g. a weights file)."""
+        return {}
+
+    @property
+    def key(self) -> str:
+        """Hash of the parameters, `key_extra()` and the pre-training data's content, so a
+        changed data generator rebuilds the model instead of reusing a stale one."""
+        data = self._pretrain_source.fingerprint() if self.params.get("pretrain") else None
+        blob = {"params": hashable(self.params), "data": data, **self.key_extra()}
+        text = json.dumps(blob, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def build(self) -> Path:
+        """Return the model directory, building it if absent."""
+        target = self.cache_dir / "models" / f"{self.name}-{self.key}"
+        return build_cached(target, self._build_into, {**self.params, **self.key_extra()})
+
+    @cached_property
+    def _pretrain_source(self) -> Any:
+        data = dict(self.params["pretrain"]["data"])
+        data.setdefault("cache_dir", str(self.cache_dir))
+        return instantiate(data)

@@ -13,8 +13,6 @@ processor insists on a video processor (Qwen2-VL, Qwen2.5-VL, SmolVLM): without 
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -32,7 +30,7 @@ from transformers import (
 )
 
 from medvqa.models import tiny
-from medvqa.models.cache import build_cached
+from medvqa.models.cache import CachedModelBuilder
 
 log = logging.getLogger(__name__)
 
@@ -240,7 +238,7 @@ def build_tokenizer(family: str, vocab_size: int) -> Any:
     )
 
 
-class TinyFamilyBuilder:
+class TinyFamilyBuilder(CachedModelBuilder):
     """Build (once) and return the directory of a tiny random VLM of `family`."""
 
     def __init__(
@@ -257,28 +255,24 @@ class TinyFamilyBuilder:
     ) -> None:
         if family not in FAMILIES:
             raise ValueError(f"unknown tiny family {family!r}; choose one of {FAMILIES}")
-        self.cache_dir = Path(cache_dir).expanduser()
-        self.params: dict[str, Any] = {
-            "family": family,
-            "seed": int(seed),
-            "image_size": int(image_size),
-            "patch_size": int(patch_size),
-            "vision_hidden": int(vision_hidden),
-            "text_hidden": int(text_hidden),
-            "text_layers": int(text_layers),
-            "vocab_size": int(vocab_size),
-            "version": BUILDER_VERSION,
-        }
+        super().__init__(
+            cache_dir,
+            {
+                "family": family,
+                "seed": int(seed),
+                "image_size": int(image_size),
+                "patch_size": int(patch_size),
+                "vision_hidden": int(vision_hidden),
+                "text_hidden": int(text_hidden),
+                "text_layers": int(text_layers),
+                "vocab_size": int(vocab_size),
+                "version": BUILDER_VERSION,
+            },
+        )
 
     @property
-    def key(self) -> str:
-        blob = json.dumps(self.params, sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-    def build(self) -> Path:
-        """Return the model directory, building it if absent."""
-        target = self.cache_dir / "models" / f"tiny-{self.params['family']}-{self.key}"
-        return build_cached(target, self._build_into, self.params)
+    def name(self) -> str:
+        return f"tiny-{self.params['family']}"
 
     def _build_into(self, out: Path) -> None:
         model, processor = self.make()

@@ -15,20 +15,17 @@ paid once.
 from __future__ import annotations
 
 import copy
-import hashlib
 import importlib.util
-import json
 import logging
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import torch
-from hydra.utils import instantiate
 
 from medvqa.data.base import DataError
-from medvqa.models.cache import build_cached
-from medvqa.models.tiny import _hashable, _plain, _pretrain
+from medvqa.models.cache import CachedModelBuilder, plain
+from medvqa.models.tiny import pretrain_stage
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +77,7 @@ def load_smollm2(gguf: Path | None = None) -> tuple[Any, torch.nn.Module]:
     return tokenizer, model
 
 
-class SmolLM2LlavaBuilder:
+class SmolLM2LlavaBuilder(CachedModelBuilder):
     """Build (once) and return the directory of a LLaVA with SmolLM2-135M-Instruct inside."""
 
     def __init__(
@@ -94,45 +91,29 @@ class SmolLM2LlavaBuilder:
         seed: int = 0,
         pretrain: Any = None,
     ) -> None:
-        self.cache_dir = Path(cache_dir).expanduser()
-        self.params: dict[str, Any] = {
-            "image_size": image_size,
-            "patch_size": patch_size,
-            "vision_hidden": vision_hidden,
-            "vision_layers": vision_layers,
-            "vision_heads": vision_heads,
-            "seed": seed,
-            "pretrain": _plain(pretrain),
-            "version": BUILDER_VERSION,
-        }
+        super().__init__(
+            cache_dir,
+            {
+                "image_size": image_size,
+                "patch_size": patch_size,
+                "vision_hidden": vision_hidden,
+                "vision_layers": vision_layers,
+                "vision_heads": vision_heads,
+                "seed": seed,
+                "pretrain": plain(pretrain),
+                "version": BUILDER_VERSION,
+            },
+        )
+
+    name = "smollm2-llava"
 
     @cached_property
     def gguf(self) -> Path:
         return find_gguf()
 
-    @property
-    def key(self) -> str:
-        """Hash of the architecture, the GGUF file (name and size), the pre-training recipe and
-        the pre-training data's content."""
-        data = self._pretrain_source.fingerprint() if self.params["pretrain"] else None
-        gguf = {"name": self.gguf.name, "size": self.gguf.stat().st_size}
-        blob = json.dumps(
-            {"params": _hashable(self.params), "gguf": gguf, "data": data},
-            sort_keys=True,
-            default=str,
-        )
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-    def build(self) -> Path:
-        """Return the model directory, converting (and aligning) it if absent."""
-        target = self.cache_dir / "models" / f"smollm2-llava-{self.key}"
-        return build_cached(target, self._build_into, {**self.params, "gguf": self.gguf.name})
-
-    @cached_property
-    def _pretrain_source(self) -> Any:
-        data = dict(self.params["pretrain"]["data"])
-        data.setdefault("cache_dir", str(self.cache_dir))
-        return instantiate(data)
+    def key_extra(self) -> dict[str, Any]:
+        """The GGUF file (name and size) is an input of the build."""
+        return {"gguf": {"name": self.gguf.name, "size": self.gguf.stat().st_size}}
 
     def _build_into(self, out: Path) -> None:
         p = self.params
@@ -244,7 +225,7 @@ def align_projector(
     for param in frozen:
         param.requires_grad_(False)
     try:
-        _pretrain(model, processor, source, cfg, seed)
+        pretrain_stage(model, processor, source, cfg, seed)
     finally:
         for param in frozen:
             param.requires_grad_(True)

@@ -10,20 +10,15 @@ load a hub model. The result is cached under a hash of the builder's parameters.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 from collections.abc import Mapping
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import torch
-from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
 
 from medvqa.data import records as R
-from medvqa.models.cache import build_cached
+from medvqa.models.cache import CachedModelBuilder, plain
 
 log = logging.getLogger(__name__)
 
@@ -40,22 +35,7 @@ CHAT_TEMPLATE = (
 )
 
 
-def _plain(value: Any) -> Any:
-    if isinstance(value, DictConfig):
-        return OmegaConf.to_container(value, resolve=True)
-    return value
-
-
-def _hashable(value: Any) -> Any:
-    """Drop cache locations from the hashed parameters: moving the cache must not rebuild."""
-    if isinstance(value, Mapping):
-        return {k: _hashable(v) for k, v in sorted(value.items()) if k != "cache_dir"}
-    if isinstance(value, list | tuple):
-        return [_hashable(v) for v in value]
-    return value
-
-
-class TinyLlavaBuilder:
+class TinyLlavaBuilder(CachedModelBuilder):
     """Build (once) and return the directory of a tiny pre-trained LLaVA."""
 
     def __init__(
@@ -73,42 +53,25 @@ class TinyLlavaBuilder:
         seed: int = 0,
         pretrain: Mapping[str, Any] | None = None,
     ) -> None:
-        self.cache_dir = Path(cache_dir).expanduser()
-        self.params: dict[str, Any] = {
-            "image_size": image_size,
-            "patch_size": patch_size,
-            "vision_hidden": vision_hidden,
-            "vision_layers": vision_layers,
-            "vision_heads": vision_heads,
-            "text_hidden": text_hidden,
-            "text_layers": text_layers,
-            "text_heads": text_heads,
-            "vocab_size": vocab_size,
-            "seed": seed,
-            "pretrain": _plain(pretrain),
-            "version": BUILDER_VERSION,
-        }
-
-    @property
-    def key(self) -> str:
-        """Hash of the architecture, the pre-training recipe and the pre-training data's content
-        (so a changed data generator rebuilds the model instead of reusing a stale one)."""
-        data = self._pretrain_source.fingerprint() if self.params["pretrain"] else None
-        blob = json.dumps(
-            {"params": _hashable(self.params), "data": data}, sort_keys=True, default=str
+        super().__init__(
+            cache_dir,
+            {
+                "image_size": image_size,
+                "patch_size": patch_size,
+                "vision_hidden": vision_hidden,
+                "vision_layers": vision_layers,
+                "vision_heads": vision_heads,
+                "text_hidden": text_hidden,
+                "text_layers": text_layers,
+                "text_heads": text_heads,
+                "vocab_size": vocab_size,
+                "seed": seed,
+                "pretrain": plain(pretrain),
+                "version": BUILDER_VERSION,
+            },
         )
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
-    def build(self) -> Path:
-        """Return the model directory, building and pre-training it if absent."""
-        target = self.cache_dir / "models" / f"tiny-llava-{self.key}"
-        return build_cached(target, self._build_into, self.params)
-
-    @cached_property
-    def _pretrain_source(self) -> Any:
-        data = dict(self.params["pretrain"]["data"])
-        data.setdefault("cache_dir", str(self.cache_dir))
-        return instantiate(data)
+    name = "tiny-llava"
 
     def _build_into(self, out: Path) -> None:
         p = self.params
@@ -118,7 +81,7 @@ class TinyLlavaBuilder:
         torch.manual_seed(p["seed"])
         model = build_model(processor, **{k: p[k] for k in _MODEL_KEYS})
         if source is not None:
-            _pretrain(model, processor, source, self.params["pretrain"], p["seed"])
+            pretrain_stage(model, processor, source, self.params["pretrain"], p["seed"])
         model.save_pretrained(out)
         processor.save_pretrained(out)
 
@@ -234,10 +197,11 @@ def build_model(
     return model
 
 
-def _pretrain(
+def pretrain_stage(
     model: torch.nn.Module, processor: Any, source: Any, cfg: Mapping[str, Any], seed: int
 ) -> None:
-    """Train every weight on the broad synthetic distribution (captions, generic questions)."""
+    """Train the model's trainable weights on the broad synthetic distribution (captions,
+    generic questions): every weight for the tiny base, vision + projector for SmolLM2."""
     import lightning as L
 
     from medvqa.data.datamodule import VQADataModule
