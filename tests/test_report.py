@@ -20,7 +20,7 @@ import pytest
 
 from medvqa.analysis.aggregate import collect, collect_wandb, record_rows, wandb_run_record
 from medvqa.analysis.report import build_report, log_report, main
-from medvqa.analysis.tables import long_table
+from medvqa.analysis.tables import long_table, write_tables
 from tests.conftest import run_main
 
 PEFT_LABELS = {
@@ -246,7 +246,11 @@ def test_extra_image_rows_come_from_their_prefix(tmp_path: Path) -> None:
         0,
         baseline="blind",
         extra_images=["blank"],
-        metrics={**sighted, **{f"blank/{k}": v for k, v in blank.items()}},
+        metrics={
+            **sighted,
+            **{f"blank/{k}": v for k, v in blank.items()},
+            **{f"delta_blank/{k}": sighted[k] - blank[k] for k in sighted if k.startswith("test_")},
+        },
     )
     long = long_table(collect([tmp_path]))
     assert cell(long, "LoRA (blind baseline)", "closed i.i.d.")["mean"] == pytest.approx(
@@ -255,6 +259,16 @@ def test_extra_image_rows_come_from_their_prefix(tmp_path: Path) -> None:
     assert cell(long, "LoRA (blind baseline), blank image", "closed i.i.d.")["mean"] == (
         pytest.approx(blank["test_iid/closed_acc"])
     )
+    delta = "LoRA (blind baseline), Δ sighted − blank"
+    assert cell(long, delta, "open OoD")["mean"] == pytest.approx(
+        sighted["test_ood/open_f1"] - blank["test_ood/open_f1"]
+    )
+    # A difference has no RR of its own, and none of these rows is a method to rank.
+    assert cell(long, delta, "closed RR")["text"] == "n/a"
+    assert set(long.loc[long["method"].str.contains("blank"), "role"]) == {"baseline"}
+    # pdflatex without unicode packages: every symbol the rows and footnote use is escaped.
+    tex = write_tables(long, pd.DataFrame(), tmp_path / "out")["latex"].read_text()
+    assert tex.isascii() and r"$\Delta$ sighted $-$ blank" in tex
 
 
 def test_files_figures_and_self_contained_html(tmp_path: Path) -> None:

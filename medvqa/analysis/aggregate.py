@@ -7,7 +7,9 @@ Rows the run scored for context become rows of their own, marked by `kind`:
 - `run`: the run itself (its label: `label`, else `peft.label`);
 - `reference`: the untuned base (`zero_shot/...`) and chance (`chance/...`) scored inside a
   run; the tables use them only when no run of that kind exists for the setting;
-- `extra image`: evaluation with another image (`blank/...` for the blind ablation).
+- `extra image`: evaluation with another image (`blank/...` for the blind ablation);
+- `delta`: the paired difference the run recorded, sighted − other image per seed
+  (`delta_blank/...`: SPEC's blind Δ), so its mean ± std is over per-seed differences.
 """
 
 from __future__ import annotations
@@ -214,6 +216,8 @@ def record_rows(record: Mapping[str, Any], source: str) -> list[dict[str, Any]]:
     for mode in _get(config, "data.extra_eval_images", []) or []:
         if f"{mode}/" in prefixes:
             derived.append(("extra image", f"{ident['label']}, {mode} image", f"{mode}/"))
+        if f"delta_{mode}/" in prefixes:
+            derived.append(("delta", f"{ident['label']}, Δ sighted − {mode}", f"delta_{mode}/"))
     taken = tuple(prefix for _, _, prefix in derived if prefix)
     what = _what(config)
     rows = []
@@ -305,7 +309,7 @@ def _mark_variants(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def _method(label: str, run_label: str, kind: str) -> str:
-    if kind == "extra image":
+    if kind in ("extra image", "delta"):
         head, _, tail = label.rpartition(", ")
         return f"{display_label(head)}, {tail}"
     return display_label(label)

@@ -27,7 +27,8 @@ FOOTNOTE = (
     "Cells: mean ± std over seeds (ddof 1), n = seeds with a value. “(CI)”: a single seed, "
     "± is its bootstrap CI half-width (resampling cases). failed / diverged (k/n seeds): k of "
     "the cell's n seeds ended so; —: no run; n/a: recorded as not measurable (e.g. RR with a "
-    "zero i.i.d. score)."
+    "zero i.i.d. score). “Δ sighted − blank”: the per-seed paired difference between the "
+    "run's score with its images and with black images (the blind ablation)."
 )
 BAD = ("failed", "diverged", "running", "unreadable")
 
@@ -102,7 +103,8 @@ def role(row: pd.Series) -> str:
     and the variance comparison are about methods, so baselines are left out of them."""
     baseline = row.get("baseline")
     is_baseline = isinstance(baseline, str) and baseline != "zero_shot"
-    if is_baseline or row.get("kind") == "extra image" or row.get("label") == "chance (1/k)":
+    derived = row.get("kind") in ("extra image", "delta")
+    if is_baseline or derived or row.get("label") == "chance (1/k)":
         return "baseline"
     return "method"
 
@@ -231,7 +233,17 @@ _LATEX_ESCAPES = {
     "~": r"\textasciitilde{}",
     "^": r"\textasciicircum{}",
 }
-_LATEX_SYMBOLS = {"±": r"$\pm$", "³": r"\textsuperscript{3}", "—": "---", "·": r"$\cdot$"}
+_LATEX_SYMBOLS = {
+    "±": r"$\pm$",
+    "³": r"\textsuperscript{3}",
+    "—": "---",
+    "·": r"$\cdot$",
+    "Δ": r"$\Delta$",
+    "−": r"$-$",
+    "“": "``",
+    "”": "''",
+    "∅": r"$\emptyset$",
+}
 
 
 def latex_escape(text: str) -> str:
