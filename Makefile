@@ -7,7 +7,7 @@ TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.medvqa-installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-slow test-slurm bench lint format clean
+.PHONY: install demo test test-slow test-slurm bench bench-study lint format clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,11 @@ bench: install  ## throughput figures (not tests): see benchmarks/
 	$(BIN)/python benchmarks/smollm2_throughput.py
 	$(BIN)/python benchmarks/dataset_tables.py
 	$(BIN)/python benchmarks/evaluation.py
+
+STUDY_DIR ?= logs/synthetic_study
+bench-study: install  ## the whole synthetic study on CPU (about 1 h on 2 cores), then its per-job times
+	PYTHON=$(BIN)/python bash experiments/synthetic_study/run.sh $(STUDY_DIR)
+	$(BIN)/python benchmarks/study_wallclock.py $(STUDY_DIR)/methods $(STUDY_DIR)/baselines
 
 lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

@@ -19,6 +19,7 @@ import pandas as pd
 import pytest
 
 from medvqa.analysis.aggregate import collect, collect_wandb, record_rows, wandb_run_record
+from medvqa.analysis.figures import methods_with_rr, palette
 from medvqa.analysis.report import build_report, log_report, main
 from medvqa.analysis.tables import long_table, write_tables
 from tests.conftest import run_main
@@ -266,9 +267,17 @@ def test_extra_image_rows_come_from_their_prefix(tmp_path: Path) -> None:
     # A difference has no RR of its own, and none of these rows is a method to rank.
     assert cell(long, delta, "closed RR")["text"] == "n/a"
     assert set(long.loc[long["method"].str.contains("blank"), "role"]) == {"baseline"}
+    # The RR figure draws no bar (and no legend entry) for a row that has no RR.
+    assert delta not in methods_with_rr(long)
+    assert "LoRA (blind baseline), blank image" in methods_with_rr(long)
     # pdflatex without unicode packages: every symbol the rows and footnote use is escaped.
     tex = write_tables(long, pd.DataFrame(), tmp_path / "out")["latex"].read_text()
     assert tex.isascii() and r"$\Delta$ sighted $-$ blank" in tex
+
+
+@pytest.mark.parametrize("n", [3, 11, 25])
+def test_palette_never_repeats_a_colour(n: int) -> None:
+    assert len(set(palette(n))) == n
 
 
 def test_files_figures_and_self_contained_html(tmp_path: Path) -> None:

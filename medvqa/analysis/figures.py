@@ -15,6 +15,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
@@ -58,12 +59,29 @@ def rr_matrix(long: pd.DataFrame, column: str, role: str | None = "method") -> p
     return matrix.loc[_ordered(list(matrix.index))] if not matrix.empty else matrix
 
 
+def palette(n: int) -> list[tuple[float, ...]]:
+    """n distinct colours: tab10, then tab20, then evenly spaced hues (never a repeat)."""
+    if n <= 10:
+        return [matplotlib.colormaps["tab10"](i) for i in range(n)]
+    if n <= 20:
+        return [matplotlib.colormaps["tab20"](i) for i in range(n)]
+    return [matplotlib.colormaps["hsv"](i / n) for i in range(n)]
+
+
+def methods_with_rr(long: pd.DataFrame) -> list[str]:
+    """Methods with at least one RR value, in the paper's order. Rows without any (a Δ row)
+    get no bar and no legend entry, so the legend lists only what is drawn."""
+    with_rr = long[long["column"].isin(RR_COLUMNS.values()) & long["mean"].notna()]
+    return _ordered(with_rr["method"].tolist())
+
+
 def rr_bars(long: pd.DataFrame, out_dir: Path) -> Path | str:
     """Grouped bars: one group per shift, one bar per method, whiskers as in the tables."""
     tables = sorted(long["table"].unique())
-    methods = _ordered(long.loc[long["column"].isin(RR_COLUMNS.values()), "method"].tolist())
+    methods = methods_with_rr(long)
     if not tables or not methods:
         return "no RR values"
+    colours = palette(len(methods))
     fig = Figure(figsize=(max(6.0, 1.2 * len(tables) * max(1, len(methods)) / 3), 6.5))
     width = 0.8 / len(methods)
     x = np.arange(len(tables))
@@ -82,6 +100,7 @@ def rr_bars(long: pd.DataFrame, out_dir: Path) -> Path | str:
                 yerr=error_bar(cells.fillna({"n": 0})),
                 capsize=2,
                 label=method,
+                color=colours[j],
             )
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
         ax.set_ylabel(f"{kind} RR")
