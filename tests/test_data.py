@@ -49,11 +49,11 @@ def test_fingerprint_follows_content(tmp_path: Path) -> None:
 
 def test_model_cache_key_follows_the_pretraining_data(tmp_path: Path, monkeypatch) -> None:
     """A changed data generator must rebuild the tiny model, never reuse a stale one."""
-    import medvqa.data.synthetic as synthetic
+    import medvqa.data.sources.synthetic as synthetic
 
     pretrain = {
         "data": {
-            "_target_": "medvqa.data.synthetic.SyntheticVQA",
+            "_target_": "medvqa.data.sources.synthetic.SyntheticVQA",
             "n_cases": 4,
             "question_set": "pretrain",
         },

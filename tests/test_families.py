@@ -50,7 +50,7 @@ def model_cfg(name: str, cache: Path, family: str | None = None):
 
 @pytest.fixture(scope="module")
 def source(cache_dir: Path):
-    from medvqa.data.synthetic import SyntheticVQA
+    from medvqa.data.sources.synthetic import SyntheticVQA
 
     return SyntheticVQA(cache_dir, n_cases=6, image_size=32, questions_per_image=2)
 

@@ -12,11 +12,12 @@ from omegaconf import OmegaConf
 
 from medvqa.data import records as R
 from medvqa.data.base import DataError
-from medvqa.data.kvasir import KvasirVqaX1, class_list, yes_no
 from medvqa.data.shifts import IMAGE_TRANSFORM, Shift, make_splits, transform_spec
+from medvqa.data.sources.kvasir_vqa_x1 import KvasirVqaX1, class_list, yes_no
 from medvqa.data.transforms import apply_transform, kvasir_variant
 from tests.conftest import compose
-from tests.native.kvasir import ANNOTATION_DIR, write_kvasir
+from tests.native.kvasir_vqa_x1 import ANNOTATION_DIR
+from tests.native.kvasir_vqa_x1 import write as write_kvasir
 
 TRAIN_FILE = f"{ANNOTATION_DIR}/data/train-00000-of-00001.parquet"
 

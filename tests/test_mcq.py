@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from medvqa.evaluation.mcq import MCQ_CHOICE, McqMetric, resolve_prediction
+from medvqa.evaluation.families.mcq import MCQ_CHOICE, McqMetric, resolve_prediction
 from medvqa.evaluation.statistics import cluster_bootstrap
 
 # (case, options, answer, prediction, resolved option or None)
@@ -164,10 +164,10 @@ def test_resolve_prediction(prediction, expected) -> None:
 def test_real_records_through_the_configured_family(tmp_path) -> None:
     """Oncology records from the native fixture, scored by the family `metric=mcq` builds:
     answering each question by its letter is always valid and right."""
-    from medvqa.data.oncology import LETTERS, OncologyMcq
+    from medvqa.data.sources.oncology_mcq import LETTERS, OncologyMcq
     from medvqa.evaluation.scoring import build_metrics, score_frame
     from tests.conftest import compose
-    from tests.native.oncology import write_oncology
+    from tests.native.oncology_mcq import write as write_oncology
 
     table = OncologyMcq(write_oncology(tmp_path / "onc").root).table()
     (metric,) = build_metrics(compose(["metric=mcq"]).metric)

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torchmetrics.functional.text import bleu_score
 
-from medvqa.evaluation.metrics import (
+from medvqa.evaluation.families.traditional import (
     OPEN_METRICS,
     bleu1,
     closed_choice,

@@ -11,17 +11,18 @@ from omegaconf import OmegaConf
 
 from medvqa.data import records as R
 from medvqa.data.base import DataError
-from medvqa.data.mimic import (
+from medvqa.data.shifts import Shift, make_splits
+from medvqa.data.sources.mimic_cxr_vqa import (
     MimicCxrVqa,
     choose_options,
     interpret,
     race_category,
     subject_ethnicity,
 )
-from medvqa.data.shifts import Shift, make_splits
 from tests.conftest import compose
 from tests.native import edit_json_row
-from tests.native.mimic import ANNOTATIONS, HOSP, IMAGES, KINDS, SUBJECTS, write_mimic
+from tests.native.mimic_cxr_vqa import ANNOTATIONS, HOSP, IMAGES, KINDS, SUBJECTS
+from tests.native.mimic_cxr_vqa import write as write_mimic
 
 
 @pytest.fixture

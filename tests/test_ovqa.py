@@ -10,11 +10,12 @@ from omegaconf import OmegaConf
 
 from medvqa.data import records as R
 from medvqa.data.base import DataError
-from medvqa.data.ovqa import Ovqa, closed_candidates, keep_closed, modality_options
 from medvqa.data.shifts import Shift, make_splits
+from medvqa.data.sources.ovqa import Ovqa, closed_candidates, keep_closed, modality_options
 from tests.conftest import compose
 from tests.native import edit_json_row
-from tests.native.ovqa import ROW_KINDS, write_ovqa
+from tests.native.ovqa import ROW_KINDS
+from tests.native.ovqa import write as write_ovqa
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import pytest
 
 from medvqa.analysis import rater
 from medvqa.analysis.rater import RatingError, analyze, export, main, read_items, read_ratings
-from medvqa.evaluation.metrics import bleu1, exact_match, ref_word_precision, token_f1
+from medvqa.evaluation.families.traditional import bleu1, exact_match, ref_word_precision, token_f1
 
 WORDS = [
     "liver",

@@ -6,7 +6,6 @@ steps and the leakage audit; every experiment must run a debug fit on the tiny m
 
 from __future__ import annotations
 
-import importlib
 import json
 import shutil
 from pathlib import Path
@@ -18,17 +17,7 @@ from hydra.utils import instantiate
 
 from medvqa.data import records as R
 from tests.conftest import CONF, SMALL_MODEL, compose, run_main
-
-# dataset config name -> (fixture module under tests/native, writer function)
-WRITERS: dict[str, tuple[str, str]] = {
-    "slake": ("slake", "write_slake"),
-    "ovqa": ("ovqa", "write_ovqa"),
-    "mimic_cxr_vqa": ("mimic", "write_mimic"),
-    "vqa_rad": ("vqa_rad", "write_vqa_rad"),
-    "kvasir_vqa_x1": ("kvasir", "write_kvasir"),
-    "robosurg_vqa": ("robosurg", "write_robosurg"),
-    "oncology_mcq": ("oncology", "write_oncology"),
-}
+from tests.native import fixture_writer
 
 
 def _dataset_of(experiment: str) -> str:
@@ -42,24 +31,24 @@ def _dataset_of(experiment: str) -> str:
 REAL_EXPERIMENTS = sorted(
     p.stem
     for p in (CONF / "experiment").glob("*.yaml")
-    if _dataset_of(p.stem) in WRITERS
-    and importlib.util.find_spec(f"tests.native.{WRITERS[_dataset_of(p.stem)][0]}") is not None
+    if fixture_writer(_dataset_of(p.stem)) is not None
 )
 
 
 def write_fixture(dataset: str, root: Path) -> Any:
-    module, writer = WRITERS[dataset]
-    return getattr(importlib.import_module(f"tests.native.{module}"), writer)(root)
+    writer = fixture_writer(dataset)
+    assert writer is not None, f"no fixture module tests/native/{dataset}.py with write(root)"
+    return writer(root)
 
 
 def test_every_real_dataset_has_a_fixture_writer() -> None:
     datasets = {p.stem for p in (CONF / "dataset").glob("*.yaml")} - {"synthetic"}
-    assert datasets <= set(WRITERS)
+    assert all(fixture_writer(d) is not None for d in datasets), datasets
     assert {_dataset_of(e) for e in REAL_EXPERIMENTS} == datasets
 
 
 def test_splits_task_needs_only_annotations(tmp_path: Path, cache_dir: Path) -> None:
-    from tests.native.slake import write_slake
+    from tests.native.slake import write as write_slake
 
     fixture = write_slake(tmp_path / "slake")
     shutil.rmtree(fixture.root / "imgs")  # task=splits must not touch images
@@ -111,7 +100,7 @@ def _splits_report(experiment: str, root: Path, tmp_path: Path) -> dict[str, Any
 
 
 def test_question_type_shift_reports_shared_images(tmp_path: Path) -> None:
-    from tests.native.slake import write_slake
+    from tests.native.slake import write as write_slake
 
     fixture = write_slake(tmp_path / "slake")
     report = _splits_report("slake_question_type", fixture.root, tmp_path)
@@ -136,7 +125,7 @@ def test_question_type_shift_reports_shared_images(tmp_path: Path) -> None:
 def test_image_check_errors_or_skips(tmp_path: Path) -> None:
     from medvqa.data.base import DataError
     from medvqa.tasks.common import prepare_splits
-    from tests.native.slake import write_slake
+    from tests.native.slake import write as write_slake
 
     fixture = write_slake(tmp_path / "slake")
     (fixture.root / "imgs" / "xmlab0" / "source.jpg").unlink()
@@ -156,7 +145,7 @@ def test_image_check_errors_or_skips(tmp_path: Path) -> None:
 
 def test_unknown_ood_value_lists_existing_values(tmp_path: Path) -> None:
     from medvqa.data.base import DataError
-    from tests.native.slake import write_slake
+    from tests.native.slake import write as write_slake
 
     fixture = write_slake(tmp_path / "slake")
     with pytest.raises(DataError, match=r"'PET'.*values that exist: \['CT', 'MRI', 'X-Ray'\]"):
@@ -165,7 +154,7 @@ def test_unknown_ood_value_lists_existing_values(tmp_path: Path) -> None:
 
 def test_empty_split_is_a_clear_error(tmp_path: Path) -> None:
     from medvqa.data.base import DataError
-    from tests.native.slake import write_slake
+    from tests.native.slake import write as write_slake
 
     fixture = write_slake(tmp_path / "slake", images={"train": 3, "validate": 3, "test": 1})
     # The only test image is CT (image ids cycle CT, MRI, X-Ray): no i.i.d. test without CT/MRI.

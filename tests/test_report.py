@@ -367,7 +367,7 @@ def test_wandb_run_becomes_a_record() -> None:
             "_wandb": {"x": 1},
             "peft": {"name": "lora", "label": "LoRA"},
             "shift": {"name": "age"},
-            "dataset": {"_target_": "medvqa.data.synthetic.SyntheticVQA"},
+            "dataset": {"_target_": "medvqa.data.sources.synthetic.SyntheticVQA"},
             "model": {"name": "tiny"},
         },
         summary={**m, "_step": 4, "_runtime": 9.0, "report/table": {"_type": "table-file"}},

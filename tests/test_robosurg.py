@@ -14,16 +14,17 @@ from omegaconf import OmegaConf
 
 from medvqa.data import records as R
 from medvqa.data.base import DataError
-from medvqa.data.robosurg import (
+from medvqa.data.shifts import Shift, make_splits
+from medvqa.data.sources.robosurg_vqa import (
     ARTEFACT_SPACE,
     QUESTIONS,
     RoboSurgVqa,
     format_artefacts,
     parse_artefacts,
 )
-from medvqa.data.shifts import Shift, make_splits
 from tests.conftest import compose
-from tests.native.robosurg import COLUMNS, write_robosurg
+from tests.native.robosurg_vqa import COLUMNS
+from tests.native.robosurg_vqa import write as write_robosurg
 
 # Native spelling -> canonical answer (the fixture's aliases and case variants).
 CANONICAL = {

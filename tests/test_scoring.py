@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from medvqa.evaluation.metrics import TraditionalMetric
+from medvqa.evaluation.families.traditional import TraditionalMetric
 from medvqa.evaluation.scoring import build_metrics, counters, score_frame
 from tests.conftest import compose
 
@@ -81,7 +81,7 @@ def test_build_from_config_and_errors() -> None:
         OmegaConf.create(
             {
                 "traditional": {
-                    "_target_": "medvqa.evaluation.metrics.TraditionalMetric",
+                    "_target_": "medvqa.evaluation.families.traditional.TraditionalMetric",
                     "open_metrics": ["f1"],
                 }
             }
@@ -95,7 +95,7 @@ def test_build_from_config_and_errors() -> None:
             OmegaConf.create(
                 {
                     "traditional": {
-                        "_target_": "medvqa.evaluation.metrics.TraditionalMetric",
+                        "_target_": "medvqa.evaluation.families.traditional.TraditionalMetric",
                         "open_metrics": ["f2"],
                     }
                 }

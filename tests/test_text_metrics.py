@@ -1,4 +1,4 @@
-"""Known-answer tests for ROUGE, chrF++, BLEU-4 and METEOR (medvqa.evaluation.text_metrics)."""
+"""Known-answer tests for ROUGE, chrF++, BLEU-4 and METEOR (medvqa.evaluation.families.text)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from sacrebleu import corpus_chrf
 
-from medvqa.evaluation.text_metrics import TEXT_METRICS, TextMetric, find_wordnet
+from medvqa.evaluation.families.text import TEXT_METRICS, TextMetric, find_wordnet
 
 HAS_WORDNET = find_wordnet() is not None
 

@@ -12,10 +12,11 @@ from omegaconf import OmegaConf
 from medvqa.data import records as R
 from medvqa.data.base import DataError
 from medvqa.data.shifts import Shift, make_splits
-from medvqa.data.vqa_rad import VqaRad, answer_text, case_from_url, closed_options
+from medvqa.data.sources.vqa_rad import VqaRad, answer_text, case_from_url, closed_options
 from tests.conftest import compose
 from tests.native import edit_json_row
-from tests.native.vqa_rad import ANNOTATION_FILE, ROW_KINDS, split_of, write_vqa_rad
+from tests.native.vqa_rad import ANNOTATION_FILE, ROW_KINDS, split_of
+from tests.native.vqa_rad import write as write_vqa_rad
 
 
 @pytest.fixture

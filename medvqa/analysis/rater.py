@@ -42,7 +42,7 @@ import pandas as pd
 from scipy import stats
 
 from medvqa.data import records as R
-from medvqa.evaluation import metrics as M
+from medvqa.evaluation.families import traditional as M
 from medvqa.evaluation.generation import SPLIT, read_predictions
 
 log = logging.getLogger(__name__)
@@ -105,11 +105,11 @@ def _metric_scores(
             fn(p, a) for p, a in zip(sample[M.PREDICTION], sample[R.ANSWER], strict=True)
         ]
     if text:
-        from medvqa.evaluation.text_metrics import TextMetric
+        from medvqa.evaluation.families.text import TextMetric
 
         scores = scores.join(TextMetric().per_sample(sample))
     if embedding:
-        from medvqa.evaluation.embedding import EmbeddingMetric
+        from medvqa.evaluation.families.embedding import EmbeddingMetric
 
         scores = scores.join(EmbeddingMetric().per_sample(sample))
     for column in judge:

@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from medvqa.data.records import ANSWER, QUESTION
+from medvqa.evaluation.families.traditional import normalize_answer
 from medvqa.evaluation.judge import (
     INPUT_KEYS,
     PREDICTION,
@@ -45,7 +46,6 @@ from medvqa.evaluation.judge import (
 )
 from medvqa.evaluation.judge_backends import JudgeBackend
 from medvqa.evaluation.judge_cache import JudgeCache
-from medvqa.evaluation.metrics import normalize_answer
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from medvqa.data import records as R
 from medvqa.data.base import VQASource
 from medvqa.data.datamodule import META_KEY, VQADataset, make_loader
-from medvqa.evaluation.metrics import PREDICTION
+from medvqa.evaluation.families.traditional import PREDICTION
 
 log = logging.getLogger(__name__)
 

@@ -40,6 +40,7 @@ import numpy as np
 import pandas as pd
 
 from medvqa.data.records import ANSWER, ANSWER_TYPE, QUESTION
+from medvqa.evaluation.families.traditional import normalize_answer
 from medvqa.evaluation.judge_backends import (
     JudgeBackend,
     JudgeConfigError,
@@ -48,7 +49,6 @@ from medvqa.evaluation.judge_backends import (
     build_backend,
 )
 from medvqa.evaluation.judge_cache import JudgeCache
-from medvqa.evaluation.metrics import normalize_answer
 
 log = logging.getLogger(__name__)
 

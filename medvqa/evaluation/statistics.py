@@ -42,6 +42,19 @@ import pandas as pd
 
 from medvqa.data.records import CASE_ID
 
+
+def mean_or_nan(values: Any, skipna: bool = False) -> float:
+    """The mean of `values`; NaN (not 0, not a warning) when there is nothing to average.
+
+    A NaN value propagates unless `skipna`: a mean over items some of which failed is not a
+    number. Pass `skipna=True` only where NaN means "does not apply to this row".
+    """
+    arr = np.asarray(values, dtype=np.float64).ravel()
+    if skipna:
+        arr = arr[~np.isnan(arr)]
+    return float(arr.mean()) if arr.size else math.nan
+
+
 log = logging.getLogger(__name__)
 
 __all__ = [

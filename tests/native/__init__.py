@@ -7,7 +7,11 @@ the cleaning keeps, per split) so tests can check the loader against an independ
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -29,3 +33,14 @@ def edit_json_row(path: Path, index: int, **changes: object) -> None:
     for key in [k for k, v in changes.items() if v is None]:
         del rows[index][key]
     path.write_text(json.dumps(rows))
+
+
+def fixture_writer(dataset: str) -> Callable[[Path], Any] | None:
+    """The fixture writer of a dataset config, found by name: `tests/native/<dataset>.py::write`.
+
+    A new dataset gets its integration tests by dropping such a module here; nothing else in
+    the tests names it.
+    """
+    if importlib.util.find_spec(f"tests.native.{dataset}") is None:
+        return None
+    return getattr(importlib.import_module(f"tests.native.{dataset}"), "write", None)

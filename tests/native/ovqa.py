@@ -42,7 +42,7 @@ class OvqaFixture:
     rows: dict[str, list[dict]] = field(default_factory=dict)
 
 
-def write_ovqa(root: Path, images: dict[str, int] | None = None, kinds=ROW_KINDS) -> OvqaFixture:
+def write(root: Path, images: dict[str, int] | None = None, kinds=ROW_KINDS) -> OvqaFixture:
     """Every image gets one row of every kind; the organ cycles LEG, HAND, CHEST, HEAD."""
     images = images or {"train": 8, "validate": 4, "test": 4}
     fixture = OvqaFixture(root)

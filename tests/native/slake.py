@@ -50,7 +50,7 @@ class SlakeFixture:
     rows: dict[str, list[dict]] = field(default_factory=dict)
 
 
-def write_slake(root: Path, images: dict[str, int] | None = None, kinds=ROW_KINDS) -> SlakeFixture:
+def write(root: Path, images: dict[str, int] | None = None, kinds=ROW_KINDS) -> SlakeFixture:
     """Every image gets one row of every kind; modality cycles CT, MRI, X-Ray over images."""
     images = images or {"train": 6, "validate": 3, "test": 3}
     fixture = SlakeFixture(root)

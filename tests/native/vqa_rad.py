@@ -108,7 +108,7 @@ class VqaRadFixture:
     organ_of_image: dict[str, str] = field(default_factory=dict)
 
 
-def write_vqa_rad(root: Path, n_images: int = 6, kinds=ROW_KINDS) -> VqaRadFixture:
+def write(root: Path, n_images: int = 6, kinds=ROW_KINDS) -> VqaRadFixture:
     """Every image gets one row of every kind; organs cycle HEAD, CHEST, ABD over images."""
     fixture = VqaRadFixture(root)
     qid = 0

@@ -58,7 +58,7 @@ class OncologyFixture:
         return self.root / "questions.jsonl"
 
 
-def write_oncology(root: Path, with_val: bool = False) -> OncologyFixture:
+def write(root: Path, with_val: bool = False) -> OncologyFixture:
     """Per cohort: 4 train and 2 test cases (one image each), two questions per case.
 
     Images cycle through PNG, .npy, .nii.gz and .npz; answers alternate between option text

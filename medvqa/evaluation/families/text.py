@@ -1,12 +1,12 @@
 """Reference-based text-generation metrics for open answers: ROUGE, chrF++, BLEU-4, METEOR.
 
-SPEC §4 asks for these next to the token metrics of :mod:`medvqa.evaluation.metrics`. They are
+SPEC §4 asks for these next to the token metrics of :mod:`medvqa.evaluation.families.traditional`. They are
 computed with maintained implementations (``rouge-score``, ``sacrebleu``, ``nltk``) so that the
 numbers mean what the literature means by them; this module only fixes the choices those
 libraries leave open and documents them:
 
 * **Normalisation.** Prediction and reference first go through
-  :func:`~medvqa.evaluation.metrics.normalize_answer` (lower case, punctuation, number words,
+  :func:`~medvqa.evaluation.families.traditional.normalize_answer` (lower case, punctuation, number words,
   articles), exactly as for the token metrics, so "Two lesions." and "2 lesions" agree in every
   family and the families stay comparable. The normalised text is split on whitespace and that
   tokenisation is handed to every library (ROUGE's default tokenizer would otherwise split
@@ -49,7 +49,7 @@ from rouge_score import rouge_scorer
 from sacrebleu.metrics import BLEU, CHRF
 
 from medvqa.data.records import ANSWER, ANSWER_TYPE
-from medvqa.evaluation.metrics import PREDICTION, normalize_answer
+from medvqa.evaluation.families.traditional import PREDICTION, normalize_answer
 
 log = logging.getLogger(__name__)
 

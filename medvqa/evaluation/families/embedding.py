@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from medvqa.data.records import ANSWER, ANSWER_TYPE
-from medvqa.evaluation.metrics import PREDICTION
+from medvqa.evaluation.families.traditional import PREDICTION
 
 log = logging.getLogger(__name__)
 

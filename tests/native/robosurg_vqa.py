@@ -47,7 +47,7 @@ class RoboSurgFixture:
         return self.root / "manifest.csv"
 
 
-def write_robosurg(root: Path) -> RoboSurgFixture:
+def write(root: Path) -> RoboSurgFixture:
     """Six frames per site (3 train, 1 val, 2 test) plus one frame breaking the smoke rule.
 
     Answers cycle through every answer space; smoke = yes on every other frame, with a region.

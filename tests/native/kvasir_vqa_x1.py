@@ -74,7 +74,7 @@ def native_frame(img_ids: list[str], kinds=ROW_KINDS) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def write_kvasir(
+def write(
     root: Path,
     images: dict[str, int] | None = None,
     layout: str = "parquet",

@@ -19,7 +19,7 @@ Resolution rules (:func:`resolve_prediction`), first match wins:
    periods ("The answer is (C)." -> C);
 3. a letter followed by text, "B) liver": the letter's option, unless the text selects a
    *different* option (a contradiction, invalid);
-4. the option text inside prose, by :func:`medvqa.evaluation.metrics.closed_choice`
+4. the option text inside prose, by :func:`medvqa.evaluation.families.traditional.closed_choice`
    (normalised exact match or a unique whole-word containment; two options -> invalid).
 """
 
@@ -34,9 +34,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from medvqa.data.oncology import LETTERS, resolve_answer
 from medvqa.data.records import ANSWER, ANSWER_TYPE, CANDIDATES, CASE_ID
-from medvqa.evaluation.metrics import PREDICTION, closed_choice
+from medvqa.data.sources.oncology_mcq import LETTERS, resolve_answer
+from medvqa.evaluation.families.traditional import PREDICTION, closed_choice
 from medvqa.evaluation.statistics import cluster_bootstrap
 
 log = logging.getLogger(__name__)

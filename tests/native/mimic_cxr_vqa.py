@@ -217,7 +217,7 @@ class MimicFixture:
     truth: dict[str, tuple[Subject, Kind]] = field(default_factory=dict)
 
 
-def write_mimic(root: Path) -> MimicFixture:
+def write(root: Path) -> MimicFixture:
     """Each subject has one image per split it appears in, and every image every kind."""
     fixture = MimicFixture(root)
     by_id = {s.subject_id: s for s in SUBJECTS}

@@ -7,7 +7,7 @@ with equal weight over the labels that occur in the ground truth or the predicti
 overall score is the unweighted mean of the per-question macro-F1, so a question with few
 frames weighs as much as one with many.
 
-Parsing. A prediction selects a label by :func:`medvqa.evaluation.metrics.closed_choice`
+Parsing. A prediction selects a label by :func:`medvqa.evaluation.families.traditional.closed_choice`
 (normalised, case-insensitive exact match, else a unique whole-word containment: "Yes, there is
 glare" selects "yes", "yes or no" selects nothing). Whole words matter: a raw substring test
 would read "unknown" as containing "no". A prediction that selects no label or several is
@@ -16,7 +16,7 @@ accuracy) and is never dropped, and the invalid rate is reported.
 
 Q4 (artefact tuple). The answer is the canonical tuple ``bleeding=no, smoke=yes, occlusion=no``.
 A prediction in that key=value format is read with
-:func:`medvqa.data.robosurg.parse_artefacts` (any order, ``;`` or ``,``), otherwise by
+:func:`medvqa.data.sources.robosurg_vqa.parse_artefacts` (any order, ``;`` or ``,``), otherwise by
 containment of one of the eight tuple labels. The primary Q4 score is the tuple exact match;
 the bit-wise macro-F1 (macro-F1 per artefact over yes/no, then the mean of the three) is the
 Q4 entry of the overall macro-F1 because it credits partially right tuples. An invalid tuple
@@ -47,14 +47,14 @@ import numpy as np
 import pandas as pd
 
 from medvqa.data.records import ANSWER, ANSWER_TYPE, CANDIDATES, ID
-from medvqa.data.robosurg import (
+from medvqa.data.sources.robosurg_vqa import (
     ARTEFACTS,
     QUESTIONS,
     UNKNOWN,
     format_artefacts,
     parse_artefacts,
 )
-from medvqa.evaluation.metrics import PREDICTION, closed_choice
+from medvqa.evaluation.families.traditional import PREDICTION, closed_choice
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""Metric families: one module per family, each registering its metric class by subclassing."""

@@ -1,0 +1,1 @@
+"""Offline model builders: make small VLMs and judges from configs or shipped weights, cached."""
