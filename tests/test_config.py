@@ -102,3 +102,33 @@ def test_unknown_choice_names_the_options() -> None:
 
 def test_task_choice() -> None:
     assert compose(["task=splits"]).task.name == "splits"
+
+
+SCHEMA_GROUPS = ("dataset", "metric", "shift", "model", "peft", "trainer", "judge", "paths")
+
+
+def test_no_yaml_restates_a_schema_default() -> None:
+    """Every default is written once: in the schema (for plug-ins: the class's signature).
+
+    A YAML file of a group sets only what differs from its schema, so a default changed in
+    the code cannot be silently overridden by a stale copy in some YAML file.
+    """
+    import yaml
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    import medvqa.config  # noqa: F401
+
+    repo = ConfigStore.instance().repo
+    restated = []
+    for group in SCHEMA_GROUPS:
+        for path in sorted((CONF / group).glob("*.yaml")):
+            raw = yaml.safe_load(path.read_text()) or {}
+            schemas = [d for d in raw.pop("defaults", []) if str(d).endswith("_schema")]
+            assert schemas, f"{path} does not start from its group's schema"
+            node = repo[group][f"{schemas[0]}.yaml"].node
+            defaults = OmegaConf.to_container(node, resolve=False)
+            restated += [
+                f"{path.name}:{k}" for k, v in raw.items() if defaults.get(k, object()) == v
+            ]
+    assert not restated, f"YAML keys equal to their schema default (delete them): {restated}"

@@ -17,13 +17,8 @@ the rest the same way for all of them:
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
 import logging
-import os
-import shutil
-import uuid
 from abc import abstractmethod
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -33,9 +28,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from medvqa import plugins
+from medvqa.atomic import build_once, is_built
 from medvqa.data import records as R
 from medvqa.data.base import DataError, VQASource
 from medvqa.data.cleaning import CleaningLog
+from medvqa.hashing import Hasher, file_hash
 
 log = logging.getLogger(__name__)
 
@@ -91,14 +89,6 @@ def safe_relative(ref: str) -> bool:
         if depth < 0:
             return False
     return True
-
-
-def file_digest(path: Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while block := fh.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def read_json_rows(path: Path, source: str) -> list[dict[str, Any]]:
@@ -199,9 +189,17 @@ class AnnotatedSource(VQASource):
     def build(self, bad: BadRows, cleaning: CleaningLog) -> pd.DataFrame:
         """Read the annotation files and return the normalised, cleaned table."""
 
+    # Constructor parameters that are locations, not content: never part of the cache key.
+    _NOT_CONTENT = ("root", "cache_dir", "on_bad_row")
+
     def params(self) -> dict[str, Any]:
-        """Loader options that change the table (part of the cache key)."""
-        return {}
+        """The loader's options (part of the cache key): every constructor parameter except
+        the locations, read from the attribute of the same name (each loader stores them so)."""
+        return {
+            name: getattr(self, name)
+            for name in plugins.parameters(type(self))
+            if name not in self._NOT_CONTENT
+        }
 
     # -- shared machinery ---------------------------------------------------------------------
 
@@ -217,24 +215,18 @@ class AnnotatedSource(VQASource):
     def fingerprint(self) -> str:
         """The cache key: annotation files' content + loader version + parameters."""
         if self._key is None:
-            files = self.annotation_files()
-            digest = hashlib.sha256()
-            digest.update(
-                json.dumps(
-                    {
-                        "loader": f"{type(self).__module__}.{type(self).__qualname__}",
-                        "version": self.loader_version,
-                        "params": self.params(),
-                        "on_bad_row": self.on_bad_row,
-                    },
-                    sort_keys=True,
-                    default=str,
-                ).encode()
+            key = Hasher().update(
+                {
+                    "loader": f"{type(self).__module__}.{type(self).__qualname__}",
+                    "version": self.loader_version,
+                    "params": self.params(),
+                    "on_bad_row": self.on_bad_row,
+                }
             )
-            for path in files:
-                digest.update(str(path.relative_to(self.root)).encode())
-                digest.update(file_digest(self.require(path, "annotation file")).encode())
-            self._key = digest.hexdigest()[:20]
+            for path in self.annotation_files():
+                key.update(str(path.relative_to(self.root)))
+                key.update(file_hash(self.require(path, "annotation file")))
+            self._key = key.hexdigest(20)
         return self._key
 
     def table(self) -> pd.DataFrame:
@@ -254,7 +246,7 @@ class AnnotatedSource(VQASource):
 
     def _load_or_build(self) -> pd.DataFrame:
         entry = self._cache_entry()
-        if entry is not None and (entry / _REPORT_FILE).is_file():
+        if entry is not None and is_built(entry, _REPORT_FILE):
             table = _restore_lists(pd.read_parquet(entry / _TABLE_FILE))
             self._report = json.loads((entry / _REPORT_FILE).read_text())
             log.info("%s: normalised table from cache %s (%d rows)", self.name, entry, len(table))
@@ -265,21 +257,13 @@ class AnnotatedSource(VQASource):
         R.validate_table(table, self.name)
         self._report = {"cleaning": cleaning.report(), "skipped_rows": bad.report()}
         if entry is not None:
-            self._write_cache(entry, table)
-        return table
 
-    def _write_cache(self, entry: Path, table: pd.DataFrame) -> None:
-        """Write to a temp dir and rename, with the report last: a torn write is never read."""
-        tmp = entry.parent / f".tmp-{uuid.uuid4().hex}"
-        tmp.mkdir(parents=True)
-        try:
-            table.to_parquet(tmp / _TABLE_FILE, index=False)
-            (tmp / _REPORT_FILE).write_text(json.dumps(self._report, indent=2))
-            # If another process won the race, its entry is equally valid.
-            with contextlib.suppress(OSError):
-                os.replace(tmp, entry)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            def write(tmp: Path) -> None:  # the report last: it marks a complete entry
+                table.to_parquet(tmp / _TABLE_FILE, index=False)
+                (tmp / _REPORT_FILE).write_text(json.dumps(self._report, indent=2))
+
+            build_once(entry, write, marker=_REPORT_FILE, what=f"{self.name} table cache")
+        return table
 
     # -- helpers for `build` ------------------------------------------------------------------
 

@@ -5,24 +5,29 @@ from __future__ import annotations
 import hashlib
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pandas as pd
 from PIL import Image, UnidentifiedImageError
+
+from medvqa.plugins import Plugin
 
 
 class DataError(ValueError):
     """Bad input data: the message names the file/row/key and what to do."""
 
 
-class VQASource(ABC):
+class VQASource(Plugin, ABC):
     """A VQA dataset on disk.
 
     `table()` returns the normalised records (see `medvqa.data.records`); images are only read
     when a sample is requested, so building splits needs the annotation files alone.
     """
 
-    name: str = "dataset"
+    plugin_kind: ClassVar[str] = "dataset"
+    # A subclass that sets `name` is registered as that dataset (see medvqa.plugins); its
+    # constructor's typed parameters are its config schema (`conf/dataset/<name>.yaml`).
+    name: ClassVar[str] = "dataset"
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root).expanduser()

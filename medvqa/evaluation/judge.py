@@ -40,6 +40,7 @@ import numpy as np
 import pandas as pd
 
 from medvqa.data.records import ANSWER, ANSWER_TYPE, QUESTION
+from medvqa.evaluation.families.base import MetricFamily
 from medvqa.evaluation.families.traditional import normalize_answer
 from medvqa.evaluation.judge_backends import (
     JudgeBackend,
@@ -342,7 +343,7 @@ def as_text(value: Any) -> str:
     return str(value)
 
 
-class JudgeMetric:
+class JudgeMetric(MetricFamily):
     """The LLM judge as a metric family (`per_sample` / `aggregate` / `counters`).
 
     `on_judgment(item_key, judgment)` is called after each judgment made in this run is
@@ -351,6 +352,7 @@ class JudgeMetric:
     """
 
     name = "judge"
+    config_factory = "from_config"
 
     def __init__(
         self,

@@ -105,9 +105,6 @@ class KvasirVqaX1(AnnotatedSource):
         self.image_dir = image_dir
         self.yes_no_closed = yes_no_closed
 
-    def params(self) -> dict[str, Any]:
-        return {"image_dir": self.image_dir, "yes_no_closed": self.yes_no_closed}
-
     # -- where the annotations are --------------------------------------------------------------
 
     @property

@@ -224,10 +224,6 @@ class MimicCxrVqa(AnnotatedSource):
         self.hosp_dir = hosp_dir
         self.drop_content_types = list(drop_content_types)
 
-    def params(self) -> dict[str, Any]:
-        return {"image_dir": self.image_dir, "drop_content_types": self.drop_content_types}
-
-    @property
     def patients_file(self) -> Path:
         return self.root / self.hosp_dir / "patients.csv"
 

@@ -161,11 +161,6 @@ class OncologyMcq(AnnotatedSource):
         self.manifest = manifest
         self.slice = slice
 
-    def params(self) -> dict[str, Any]:
-        # `slice` does not change the table, but it changes every volume's image, so anything
-        # keyed by this source's fingerprint (e.g. cached features) must not be reused across it.
-        return {"manifest": self.manifest, "slice": self.slice}
-
     def annotation_files(self) -> list[Path]:
         return [self.root / self.manifest]
 

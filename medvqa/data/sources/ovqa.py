@@ -109,9 +109,6 @@ class Ovqa(AnnotatedSource):
         super().__init__(root, cache_dir, on_bad_row)
         self.clean_closed = clean_closed
 
-    def params(self) -> dict[str, Any]:
-        return {"clean_closed": self.clean_closed}
-
     def annotation_files(self) -> list[Path]:
         return [self.root / f for f in SPLIT_FILES.values()]
 

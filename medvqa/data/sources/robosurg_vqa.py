@@ -187,13 +187,6 @@ class RoboSurgVqa(AnnotatedSource):
                     f"{self.name}: dataset.{key} must list >= 2 distinct labels, got {labels}."
                 )
 
-    def params(self) -> dict[str, Any]:
-        return {
-            "manifest": self.manifest,
-            "context_labels": self.context_labels,
-            "anatomy_labels": self.anatomy_labels,
-        }
-
     def questions(self) -> dict[str, tuple[str, tuple[str, ...]]]:
         """`QUESTIONS` with this instance's Q1/Q2 label sets."""
         return {

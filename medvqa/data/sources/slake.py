@@ -13,7 +13,6 @@ Result on the real files: train 4866, validate 1043, test 1050.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
@@ -89,9 +88,6 @@ class Slake(AnnotatedSource):
         super().__init__(root, cache_dir, on_bad_row)
         self.languages = list(languages)
         self.clean_closed = clean_closed
-
-    def params(self) -> dict[str, Any]:
-        return {"languages": self.languages, "clean_closed": self.clean_closed}
 
     def annotation_files(self) -> list[Path]:
         return [self.root / f for f in SPLIT_FILES.values()]

@@ -151,9 +151,6 @@ class VqaRad(AnnotatedSource):
         self.annotation_file = annotation_file
         self.image_dir = image_dir
 
-    def params(self) -> dict[str, Any]:
-        return {"image_dir": self.image_dir}
-
     def annotation_files(self) -> list[Path]:
         return [self.root / self.annotation_file]
 

@@ -54,6 +54,7 @@ from medvqa.data.sources.robosurg_vqa import (
     format_artefacts,
     parse_artefacts,
 )
+from medvqa.evaluation.families.base import MetricFamily
 from medvqa.evaluation.families.traditional import PREDICTION, closed_choice
 
 log = logging.getLogger(__name__)
@@ -170,7 +171,7 @@ def _natural(qid: Any) -> tuple:
 # --------------------------------------------------------------------------------------------
 
 
-class ClosedSetMetric:
+class ClosedSetMetric(MetricFamily):
     """Per-question macro-F1 / accuracy / balanced accuracy, Q4 tuple and bit scores, Unknown
     coverage and invalid rate (see the module docstring for definitions and names).
 

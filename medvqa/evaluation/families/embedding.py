@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from medvqa.data.records import ANSWER, ANSWER_TYPE
+from medvqa.evaluation.families.base import MetricFamily
 from medvqa.evaluation.families.traditional import PREDICTION
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ def _text(value: Any) -> str:
     return str(value).strip()
 
 
-class EmbeddingMetric:
+class EmbeddingMetric(MetricFamily):
     """`metric=embedding`: cosine similarity of sentence embeddings of prediction and answer.
 
     Per-sample column ``embedding_cosine`` on every row (closed answers are text too);

@@ -36,6 +36,7 @@ import pandas as pd
 
 from medvqa.data.records import ANSWER, ANSWER_TYPE, CANDIDATES, CASE_ID
 from medvqa.data.sources.oncology_mcq import LETTERS, resolve_answer
+from medvqa.evaluation.families.base import MetricFamily
 from medvqa.evaluation.families.traditional import PREDICTION, closed_choice
 from medvqa.evaluation.statistics import cluster_bootstrap
 
@@ -101,7 +102,7 @@ def _mean(values: np.ndarray) -> float:
     return float(np.mean(values)) if values.size else math.nan
 
 
-class McqMetric:
+class McqMetric(MetricFamily):
     """Accuracy over valid responses with a case-clustered CI, invalid rate, random baseline.
 
     Keys: ``mcq_acc``, ``mcq_acc_ci_lo``, ``mcq_acc_ci_hi``, ``mcq_acc_ci_half``,

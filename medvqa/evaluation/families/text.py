@@ -49,6 +49,7 @@ from rouge_score import rouge_scorer
 from sacrebleu.metrics import BLEU, CHRF
 
 from medvqa.data.records import ANSWER, ANSWER_TYPE
+from medvqa.evaluation.families.base import MetricFamily
 from medvqa.evaluation.families.traditional import PREDICTION, normalize_answer
 
 log = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ def _resolve_wordnet(mode: str) -> Any | None:
     return found
 
 
-class TextMetric:
+class TextMetric(MetricFamily):
     """`metric=text`: ROUGE-1/2/L, chrF++, BLEU-4 and METEOR on open answers (see module doc).
 
     Implements the interface every metric family shares (`medvqa.evaluation.scoring.Metric`):

@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from medvqa.data.records import ANSWER, ANSWER_TYPE, CANDIDATES
+from medvqa.evaluation.families.base import MetricFamily
 
 log = logging.getLogger(__name__)
 
@@ -410,7 +411,7 @@ def score_predictions(
     return out
 
 
-class TraditionalMetric:
+class TraditionalMetric(MetricFamily):
     """`metric=traditional`: the token-matching scores and closed accuracy as one metric family.
 
     Implements the interface every family shares (`medvqa.evaluation.scoring.Metric`).

@@ -1,0 +1,35 @@
+"""The interface every metric family implements, and how a family registers itself.
+
+A family is one module in this package (or a module named in MEDVQA_PLUGINS) with a subclass
+of `MetricFamily` that sets `name`; its constructor's typed parameters are its config schema
+(`conf/metric/<name>.yaml` starts from `<name>_schema`). `metric=[traditional,judge]` selects
+families, and `medvqa.evaluation.scoring` joins their per-sample columns and aggregates.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+import pandas as pd
+
+from medvqa.plugins import Plugin
+
+
+class MetricFamily(Plugin, ABC):
+    """Scores predictions: per-sample columns for every row, flat aggregates over any subset.
+
+    `preds` holds the normalised record columns plus `prediction`. Per-sample columns are named
+    like the scores; an aggregate over rows where a score does not apply is NaN, never 0.
+    A family may also define `counters() -> dict[str, float]` (e.g. the judge's call counts).
+    """
+
+    plugin_kind: ClassVar[str] = "metric"
+
+    @abstractmethod
+    def per_sample(self, preds: pd.DataFrame) -> pd.DataFrame:
+        """Score columns for every row of `preds` (same index, no input columns)."""
+
+    @abstractmethod
+    def aggregate(self, scored: pd.DataFrame) -> dict[str, float]:
+        """Flat scores (no split prefix) over the rows of `scored`."""

@@ -1,0 +1,204 @@
+"""Plug-ins register themselves: a dataset or metric family is a class, found, never listed.
+
+A dataset source (subclass of `medvqa.data.base.VQASource`) or a metric family (subclass of
+`medvqa.evaluation.families.base.MetricFamily`) that sets a `name` class attribute is registered
+under that name when its module is imported. Its config schema is *generated* from the
+signature of its constructor (or of the classmethod named by `config_factory`): every parameter
+becomes a typed field with the parameter's default, so a parameter and its default are written
+exactly once, in the code, and a misspelled key still fails when Hydra composes the config.
+
+Discovery imports every module of the built-in plug-in packages, then the modules named in the
+`MEDVQA_PLUGINS` environment variable (comma-separated) and those of the `medvqa.plugins`
+entry-point group, so code outside this repository adds a dataset or a metric family without
+editing any file here (its YAML comes in through `hydra.searchpath`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import logging
+import os
+import pkgutil
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any, ClassVar
+
+from omegaconf import MISSING
+
+log = logging.getLogger(__name__)
+
+# Plug-in kind -> the package whose modules are its built-in plug-ins (and the config group).
+PACKAGES: dict[str, str] = {
+    "dataset": "medvqa.data.sources",
+    "metric": "medvqa.evaluation.families",
+}
+ENV_VAR = "MEDVQA_PLUGINS"
+ENTRY_POINT_GROUP = "medvqa.plugins"
+
+_REGISTRY: dict[str, dict[str, type]] = {kind: {} for kind in PACKAGES}
+_imported: set[str] = set()
+
+
+class PluginError(ValueError):
+    """A plug-in cannot be registered or found; the message names it and the fix."""
+
+
+class Plugin:
+    """Mix-in: a subclass that defines `name` is registered under `plugin_kind`."""
+
+    plugin_kind: ClassVar[str]
+    name: ClassVar[str]
+    # The constructor Hydra calls, if not the class itself (e.g. "from_config").
+    config_factory: ClassVar[str | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # The base class of a kind (it sets `plugin_kind`) is not a plug-in itself.
+        if "name" in cls.__dict__ and "plugin_kind" not in cls.__dict__:
+            register(cls.plugin_kind, cls)
+
+
+def register(kind: str, cls: type) -> None:
+    """Register `cls` under its `name`; two different classes may not share a name."""
+    name = cls.__dict__["name"]
+    known = _REGISTRY[kind].get(name)
+    if known is not None and _path(known) != _path(cls):
+        raise PluginError(
+            f"{kind} plug-in name {name!r} is taken by {_path(known)}; rename {_path(cls)}."
+        )
+    _REGISTRY[kind][name] = cls
+
+
+def _path(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _import(module: str, why: str) -> None:
+    if module in _imported:
+        return
+    try:
+        importlib.import_module(module)
+    except ImportError as err:
+        raise PluginError(f"cannot import plug-in module {module!r} ({why}): {err}") from err
+    _imported.add(module)
+
+
+def discover() -> None:
+    """Import every plug-in module (built-in packages, MEDVQA_PLUGINS, entry points)."""
+    for package in PACKAGES.values():
+        pkg = importlib.import_module(package)
+        for info in pkgutil.iter_modules(pkg.__path__, prefix=f"{package}."):
+            _import(info.name, f"built-in, in {package}")
+    for module in filter(None, (m.strip() for m in os.environ.get(ENV_VAR, "").split(","))):
+        _import(module, f"named in ${ENV_VAR}")
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        _import(point.value, f"entry point {point.name!r} of group {ENTRY_POINT_GROUP}")
+
+
+def registered(kind: str) -> dict[str, type]:
+    """Every plug-in of `kind` by name (after discovery)."""
+    discover()
+    return dict(sorted(_REGISTRY[kind].items()))
+
+
+def get(kind: str, name: str) -> type:
+    """The plug-in class of `kind` called `name`, with the known names if there is none."""
+    plugins = registered(kind)
+    if name not in plugins:
+        raise PluginError(f"no {kind} plug-in named {name!r}; known: {sorted(plugins)}")
+    return plugins[name]
+
+
+# -- schemas from signatures ------------------------------------------------------------------
+
+_PRIMITIVES = (str, int, float, bool)
+
+
+def _config_type(annotation: Any) -> Any:
+    """The OmegaConf-compatible type for a parameter annotation (Any where none fits)."""
+    if annotation in _PRIMITIVES:
+        return annotation
+    if annotation is Path:
+        return str
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        rest = [a for a in args if a is not type(None)]
+        types_ = {_config_type(a) for a in rest}
+        inner = types_.pop() if len(types_) == 1 else Any
+        return inner if len(rest) == len(args) or inner is Any else typing.Optional[inner]  # noqa: UP045 (OmegaConf reads typing.Optional)
+    if origin is typing.Literal:
+        kinds = {type(a) for a in args}
+        return kinds.pop() if len(kinds) == 1 and kinds <= set(_PRIMITIVES) else Any
+    if origin in (list, tuple, set, frozenset, Sequence) or annotation in (list, tuple):
+        items = [a for a in args if a is not Ellipsis]
+        item = _config_type(items[0]) if len(set(items)) == 1 else Any
+        return list[item if item in _PRIMITIVES else Any]
+    if origin in (dict, Mapping) or annotation in (dict, Mapping):
+        return dict[str, Any]
+    return Any
+
+
+def _config_default(value: Any) -> Any:
+    """A parameter default as config data (paths as strings, sequences as lists)."""
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, tuple | list | set | frozenset):
+        return [_config_default(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _config_default(v) for k, v in value.items()}
+    return value
+
+
+def constructor(cls: type) -> Callable[..., Any]:
+    """What Hydra calls to build the plug-in: the class, or its `config_factory` method."""
+    factory = getattr(cls, "config_factory", None)
+    return getattr(cls, factory) if factory else cls
+
+
+def target_of(cls: type) -> str:
+    """The `_target_` string of the plug-in's constructor."""
+    factory = getattr(cls, "config_factory", None)
+    return f"{_path(cls)}.{factory}" if factory else _path(cls)
+
+
+def parameters(cls: type) -> dict[str, inspect.Parameter]:
+    """The constructor's named parameters (its config keys), in order."""
+    func = constructor(cls)
+    return {
+        name: p
+        for name, p in inspect.signature(func).parameters.items()
+        if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and name not in ("self", "cls")
+    }
+
+
+def schema(cls: type, target: bool = True) -> type:
+    """A dataclass whose fields are the constructor's parameters (plus `_target_`)."""
+    func = constructor(cls)
+    init = func.__init__ if inspect.isclass(func) else func
+    try:
+        hints = typing.get_type_hints(init)
+    except Exception:  # an annotation that cannot be resolved here is typed Any
+        hints = {}
+    fields: list[tuple[str, Any, Any]] = []
+    if target:
+        fields.append(("_target_", str, dataclasses.field(default=target_of(cls))))
+    for name, param in parameters(cls).items():
+        kind = _config_type(hints.get(name, Any))
+        if param.default is inspect.Parameter.empty:
+            default = dataclasses.field(default=MISSING)
+        else:
+            value = _config_default(param.default)
+            if isinstance(value, list | dict):
+                default = dataclasses.field(default_factory=lambda v=value: _config_default(v))
+            else:
+                default = dataclasses.field(default=value)
+        fields.append((name, kind, default))
+    return dataclasses.make_dataclass(
+        f"{cls.__name__}Schema", fields, namespace={"__doc__": f"Config of {_path(cls)}."}
+    )
