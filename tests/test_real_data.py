@@ -111,10 +111,7 @@ def test_question_type_shift_reports_shared_images(tmp_path: Path) -> None:
     assert leakage["test_ood~train"]["images"]["shared"] == 0
     # ... and merging OoD train rows would put training images into the test: reported, not fatal.
     merged = _splits_report_with(
-        fixture.root,
-        tmp_path,
-        "shift=slake_question_type",
-        "shift.merge_train_ood=true",
+        fixture.root, tmp_path, "shift.merge_train_ood=true", experiment="slake_question_type"
     )
     overlap = merged["leakage"]["test_ood~train"]["images"]
     train_images = {row["img_id"] for row in fixture.rows["train"]}  # each has a Size question
@@ -162,11 +159,13 @@ def test_empty_split_is_a_clear_error(tmp_path: Path) -> None:
         _splits_report_with(fixture.root, tmp_path, "shift.ood_values=[CT]")
 
 
-def _splits_report_with(root: Path, tmp_path: Path, *overrides: str) -> dict[str, Any]:
+def _splits_report_with(
+    root: Path, tmp_path: Path, *overrides: str, experiment: str = "slake_modality"
+) -> dict[str, Any]:
     from medvqa.tasks.common import prepare_splits
 
     cfg = compose(
-        ["+experiment=slake_modality", f"dataset.root={root}", *overrides], tmp_path / "cache"
+        [f"+experiment={experiment}", f"dataset.root={root}", *overrides], tmp_path / "cache"
     )
     prepare_splits(cfg, tmp_path, limit=False)
     return json.loads((tmp_path / "splits.json").read_text())
