@@ -224,6 +224,7 @@ class MimicCxrVqa(AnnotatedSource):
         self.hosp_dir = hosp_dir
         self.drop_content_types = list(drop_content_types)
 
+    @property
     def patients_file(self) -> Path:
         return self.root / self.hosp_dir / "patients.csv"
 
