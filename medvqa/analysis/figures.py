@@ -1,4 +1,4 @@
-"""The study's figures (SPEC §5): RR per method and shift, method rank by RR, std between
+"""The study's figures (docs/metrics.md): RR per method and shift, method rank by RR, std between
 shifts vs std between methods, corruption vs realistic shifts, and per-category heatmaps.
 
 Built with matplotlib's object API (`Figure`, Agg canvas): no pyplot state and no display, so

@@ -1,4 +1,4 @@
-"""Human rater study (SPEC §7): export a rating sheet, then correlate human scores with metrics.
+"""Human rater study (docs/rater_study.md): export a rating sheet, then correlate human scores with metrics.
 
 ``medvqa-rater export PREDICTIONS.jsonl --n 50 --seed 0 --out DIR`` samples N open questions whose
 prediction is not an exact match (exact matches are trivially "perfect" for every metric and
@@ -63,7 +63,7 @@ SHEET_CSV = "rating_sheet.csv"
 SHEET_HTML = "rating_sheet.html"
 SHEET_COLUMNS = ("id", "question", "ground_truth", "prediction", "score")
 SCORE_RANGE = (1, 5)
-#: Token metrics of SPEC §7 (``ref_word_precision`` is the paper's "EM").
+#: Token metrics of the rater study (docs/rater_study.md) (``ref_word_precision`` is the paper's "EM").
 TOKEN_METRICS: tuple[str, ...] = ("bleu1", "ref_word_precision", "f1", "precision", "recall")
 #: The per-sample score column of medvqa.evaluation.judge (1–5 open, 0/0.5/1 closed).
 JUDGE_SCORE = "judge_score"

@@ -5,7 +5,7 @@ dataset applies it when the image is loaded. Every random draw comes from a gene
 (seed, a stable hash of the row's key), so a sample looks the same whatever the worker count,
 batch size or order: results never depend on how the data was loaded.
 
-- `corruption` (SPEC §3), level low|medium|high: Gaussian blur (kernel 5/7/11), Gaussian noise
+- `corruption` (docs/shifts.md), level low|medium|high: Gaussian blur (kernel 5/7/11), Gaussian noise
   (σ 0.1, mean drawn per level), brightness (×α drawn per level, saturating); each fires with
   probability 0.5 and, if none did, one is picked at random. Keyed by the record id.
 - `kvasir_augment` (Kvasir-VQA-x1's transformed track), level = number of variants (10): a row
@@ -70,7 +70,7 @@ CORRUPTIONS: tuple[Callable[[Image.Image, dict, np.random.Generator], Image.Imag
 
 
 def corrupt(img: Image.Image, strength: str, rng: np.random.Generator) -> Image.Image:
-    """Apply SPEC §3's corruptions at `strength` (low|medium|high)."""
+    """Apply the corruptions of docs/shifts.md at `strength` (low|medium|high)."""
     if strength not in CORRUPTION_LEVELS:
         raise ValueError(
             f"corruption strength {strength!r} unknown; use one of {list(CORRUPTION_LEVELS)} "

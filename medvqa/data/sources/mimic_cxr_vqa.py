@@ -12,7 +12,7 @@ Layout under `root` (each part configurable, see `conf/dataset/mimic_cxr_vqa.yam
 - `hosp_dir` (`physionet.org/files/mimic-iv/2.2/hosp`): `patients.csv` (gender, anchor_age)
   and `admissions.csv` (race), the demographics the gender/ethnicity/age shifts use.
 
-Answers (SPEC §1): verify -> closed yes/no; choose -> closed (one element -> it, both options ->
+Answers (docs/datasets.md): verify -> closed yes/no; choose -> closed (one element -> it, both options ->
 "both", none -> "none") with candidates [A, B, none, both] for "A or B" questions (metadata
 `closed_kind: multilabel`, scored with the multilabel judge prompt) and the two literal options
 for the gender and AP/PA questions; query -> open, the list comma-joined ("none" if empty).

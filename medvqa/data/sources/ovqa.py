@@ -5,7 +5,7 @@ image_name, question, answer, answer_type, question_type, image_organ`) and `img
 `question_type` is one of Modality, Abnormality, Attribute Other, Condition, Organ System, PLANE;
 `image_organ` one of LEG, HAND, CHEST, HEAD (the shifts use both).
 
-Cleaning (SPEC §1): drop CLOSED rows whose answer is not yes/no, except binary modality
+Cleaning (docs/datasets.md): drop CLOSED rows whose answer is not yes/no, except binary modality
 questions ("Is this a CT or X-Ray?"): the others are free-text answers mislabelled as closed,
 which closed accuracy cannot score. Result on the real files: train 13492, validate 1645,
 test 1657.

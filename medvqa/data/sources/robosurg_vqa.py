@@ -23,7 +23,7 @@ rows from 0 (header excluded). Columns:
 | q9_smoke_region      | Q9: none, left, right, centre, multi                          |
 
 Values match case-insensitively and are stored in the spelling of `QUESTIONS`; booleans in
-JSONL/parquet count as yes/no. The SPEC fixes Q1 as 3-way and Q2 as 4-way but not their labels;
+JSONL/parquet count as yes/no. The benchmark fixes Q1 as 3-way and Q2 as 4-way but not their labels;
 the defaults below are placeholders, so set `dataset.context_labels` / `dataset.anatomy_labels`
 to the release's label sets.
 
@@ -33,7 +33,7 @@ Each frame becomes nine closed records (one per question, candidates = the answe
 columns (`bleeding`, `smoke`, `occlusion`, on every record of the frame) so a closed-set metric
 can score Q4 bit-wise and as a tuple (`parse_artefacts` turns a prediction back into bits).
 
-Consistency rule (SPEC §1): smoke = no implies Q9 = none. A frame breaking it is a
+Consistency rule (docs/datasets.md): smoke = no implies Q9 = none. A frame breaking it is a
 well-formed row with a contradiction we cannot resolve (either answer may be the wrong one), so
 the named cleaning step `drop_smoke_region_contradiction` drops the whole frame and the count
 appears in the report, rather than treating it as a malformed row.
@@ -152,7 +152,7 @@ def _canonical(value: Any, space: Sequence[str]) -> str | None:
 CLEANING = (
     Step(
         "drop_smoke_region_contradiction",
-        "SPEC rule: smoke = no implies Q9 (smoke region) = none. A frame breaking it has a "
+        "Consistency rule: smoke = no implies Q9 (smoke region) = none. A frame breaking it has a "
         "contradiction in its labels that cannot be resolved, so the whole frame is dropped.",
         lambda t: ~((t["smoke"] == "no") & (t["Q9"] != "none")),
     ),

@@ -4,7 +4,7 @@ Layout under `root`: `train.json`, `validate.json`, `test.json` (lists of rows w
 img_name, question, answer, q_lang, location, modality, answer_type, base_type, content_type,
 qid`) and `imgs/<img_name>` (e.g. `imgs/xmlab0/source.jpg`).
 
-Cleaning (SPEC §1): keep English rows; drop CLOSED rows whose answer is not yes/no when the
+Cleaning (docs/datasets.md): keep English rows; drop CLOSED rows whose answer is not yes/no when the
 question offers more than two options or does not contain the answer. These rows are really
 multiple-choice or free questions mislabelled as closed, and closed accuracy cannot score them.
 Result on the real files: train 4866, validate 1043, test 1050.

