@@ -1,7 +1,7 @@
 """Reference-based text-generation metrics for open answers: ROUGE, chrF++, BLEU-4, METEOR.
 
-SURE-VQA-style studies report these next to (docs/metrics.md) the token metrics of :mod:`medvqa.evaluation.families.traditional`. They are
-computed with maintained implementations (``rouge-score``, ``sacrebleu``, ``nltk``) so that the
+Reported next to the token metrics of :mod:`medvqa.evaluation.families.traditional`
+(docs/metrics.md). They are computed with maintained implementations (``rouge-score``, ``sacrebleu``, ``nltk``) so that the
 numbers mean what the literature means by them; this module only fixes the choices those
 libraries leave open and documents them:
 
