@@ -16,6 +16,7 @@ from omegaconf import MISSING, OmegaConf
 
 from medvqa import plugins
 from medvqa.data.shifts import Shift
+from medvqa.evaluation.judge_backends import JudgeConfig
 from medvqa.hashing import content_hash
 
 # The shift's fields are those of `medvqa.data.shifts.Shift` (declared there once).
@@ -67,26 +68,8 @@ class PeftSchema:
     warmup_ratio: float = 0.03
 
 
-@dataclass
-class JudgeSchema:
-    """The LLM judge's backend (medvqa/evaluation/judge.py; conf/judge/default.yaml)."""
-
-    backend: str = "hf"  # hf | openai
-    model: str | None = None  # hf: dir/hub id (null: SmolLM2 GGUF); openai: served model name
-    base_url: str | None = None  # openai; null: api.openai.com
-    # The env var holding the API key, never the key; a local server without it gets a
-    # placeholder.
-    api_key_env: str | None = "OPENAI_API_KEY"
-    mode: str = "logits"  # generate (parse {"score", "reason"} JSON) | logits (label probs)
-    concurrency: int = 8  # openai: requests in flight; hf runs one batch at a time
-    timeout: float = 60.0  # openai: seconds per request
-    retries: int = 3  # openai: after a timeout, connection error, HTTP 408/429/5xx
-    backoff: float = 1.0  # openai: seconds before the first retry, doubled each time
-    batch_size: int = 8  # hf: prompts per forward pass / generate call
-    max_new_tokens: int = 64  # generate mode (and the openai logits request)
-    device: str = "cpu"  # hf
-    dtype: str = "float32"  # hf
-    cache_dir: str = MISSING
+# The judge node's keys and defaults are those of JudgeConfig (declared there once).
+JudgeSchema = plugins.schema(JudgeConfig, target=False)
 
 
 @dataclass

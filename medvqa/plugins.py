@@ -139,8 +139,7 @@ def _config_type(annotation: Any) -> Any:
         items = [a for a in args if a is not Ellipsis]
         item = _config_type(items[0]) if len(set(items)) == 1 else Any
         return list[item if item in _PRIMITIVES else Any]
-    if origin in (dict, Mapping) or annotation in (dict, Mapping):
-        return dict[str, Any]
+    # Mappings stay untyped: a value may be another typed node (e.g. `cfg: ${judge}`).
     return Any
 
 

@@ -34,6 +34,7 @@ from medvqa.evaluation.judge_backends import (
     build_backend,
 )
 from medvqa.evaluation.judge_cache import CACHE_FILE, JudgeCache
+from tests.conftest import compose
 from tests.judge_server import JudgeServer
 
 OPEN, CLOSED, MULTI = RUBRICS["open"], RUBRICS["closed"], RUBRICS["closed_multilabel"]
@@ -375,8 +376,9 @@ def test_aggregate_on_empty_subsets_is_nan() -> None:
 def test_default_config_builds_a_metric(tmp_path: Path) -> None:
     from omegaconf import OmegaConf
 
-    judge = OmegaConf.load(Path(__file__).parents[1] / "conf" / "judge" / "default.yaml")
-    assert judge.pop("defaults") == ["judge_schema", "_self_"]
+    raw = OmegaConf.load(Path(__file__).parents[1] / "conf" / "judge" / "default.yaml")
+    assert raw.pop("defaults") == ["judge_schema", "_self_"]
+    judge = compose([], tmp_path).judge  # the YAML on its schema: every key, with defaults
     assert set(judge) == set(CONFIG_KEYS)
     root = OmegaConf.create({"paths": {"cache_dir": str(tmp_path)}, "judge": judge})
     metric = JudgeMetric.from_config(root.judge)

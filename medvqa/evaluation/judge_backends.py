@@ -25,7 +25,7 @@ import os
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -471,57 +471,63 @@ class HFBackend(JudgeBackend):
 
 
 BACKENDS = ("hf", "openai")
-# Every key of a `judge` config group (conf/judge/default.yaml; JudgeSchema mirrors it).
-CONFIG_KEYS = (
-    "backend",
-    "model",
-    "base_url",
-    "api_key_env",
-    "mode",
-    "concurrency",
-    "timeout",
-    "retries",
-    "backoff",
-    "batch_size",
-    "max_new_tokens",
-    "device",
-    "dtype",
-    "cache_dir",
-)
+
+
+@dataclass(frozen=True)
+class JudgeConfig:
+    """Every key of the `judge` config node, with its default (the one place they are declared;
+    the config schema is generated from this class)."""
+
+    backend: str = "hf"  # hf | openai
+    # hf: a local dir or hub id (null: SmolLM2 from the GGUF); openai: the served model name.
+    model: str | None = None
+    base_url: str | None = None  # openai; null: api.openai.com
+    # The env var holding the API key, never the key; a local server without it gets a
+    # placeholder.
+    api_key_env: str | None = "OPENAI_API_KEY"
+    mode: str = "logits"  # generate (parse {"score", "reason"} JSON) | logits (label probs)
+    concurrency: int = 8  # openai: requests in flight; hf runs one batch at a time
+    timeout: float = 60.0  # openai: seconds per request
+    retries: int = 3  # openai: after a timeout, connection error, HTTP 408/429/5xx
+    backoff: float = 1.0  # openai: seconds before the first retry, doubled each time
+    batch_size: int = 8  # hf: prompts per forward pass / generate call
+    max_new_tokens: int = 64  # generate mode (and the openai logits request)
+    device: str = "cpu"  # hf
+    dtype: str = "float32"  # hf
+    cache_dir: str | None = None  # the judgment cache (and the converted SmolLM2)
+
+
+CONFIG_KEYS = tuple(f.name for f in fields(JudgeConfig))
 
 
 def build_backend(cfg: Mapping[str, Any]) -> JudgeBackend:
     """The backend a `judge` config group describes (see conf/judge/default.yaml)."""
-    kind = cfg.get("backend", "hf")
-    common = {
-        "mode": cfg.get("mode", "generate"),
-        "batch_size": int(cfg.get("batch_size", 1)),
-        "concurrency": int(cfg.get("concurrency", 1)),
-        "max_new_tokens": int(cfg.get("max_new_tokens", 64)),
-    }
     unknown = sorted(set(cfg) - set(CONFIG_KEYS) - {"_target_"})
     if unknown:
         raise JudgeConfigError(f"unknown judge config key(s) {unknown}; known: {CONFIG_KEYS}")
-    if kind == "openai":
+    c = JudgeConfig(**{k: v for k, v in cfg.items() if k != "_target_"})
+    common = {
+        "mode": c.mode,
+        "batch_size": int(c.batch_size),
+        "concurrency": int(c.concurrency),
+        "max_new_tokens": int(c.max_new_tokens),
+    }
+    if c.backend == "openai":
         # One request per chunk: each judgment is stored the moment its request returns.
         common["batch_size"] = 1
         return OpenAIBackend(
             **common,
-            model=cfg.get("model") or "",
-            base_url=cfg.get("base_url"),
-            api_key_env=cfg.get("api_key_env"),
-            timeout=float(cfg.get("timeout", 60.0)),
-            retries=int(cfg.get("retries", 3)),
-            backoff=float(cfg.get("backoff", 1.0)),
+            model=c.model or "",
+            base_url=c.base_url,
+            api_key_env=c.api_key_env,
+            timeout=float(c.timeout),
+            retries=int(c.retries),
+            backoff=float(c.backoff),
         )
-    if kind == "hf":
+    if c.backend == "hf":
         # One model instance cannot run two batches at once usefully on CPU.
         common["concurrency"] = 1
         return HFBackend(
-            **common,
-            model=cfg.get("model"),
-            cache_dir=cfg.get("cache_dir"),
-            device=cfg.get("device", "cpu"),
-            dtype=cfg.get("dtype", "float32"),
+            **common, model=c.model, cache_dir=c.cache_dir, device=c.device, dtype=c.dtype
         )
-    raise JudgeConfigError(f"judge.backend={kind!r} is not one of {BACKENDS}")
+    raise JudgeConfigError(f"judge.backend={c.backend!r} is not one of {BACKENDS}")
