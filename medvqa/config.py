@@ -227,7 +227,7 @@ class McqMetricSchema:
 class JudgeMetricSchema:
     """`metric=judge`: the LLM judge, configured by the top-level `judge` node."""
 
-    _target_: str = "medvqa.evaluation.judge.JudgeMetric.from_config"
+    _target_: str = "medvqa.evaluation.families.judge.JudgeMetric.from_config"
     cfg: Any = "${judge}"
 
 
@@ -236,7 +236,7 @@ class AspectJudgeMetricSchema:
     """`metric=aspect_judge`: per-aspect (question class) LLM adjudication for Kvasir, with the
     backend of the top-level `judge` node."""
 
-    _target_: str = "medvqa.evaluation.aspect_judge.AspectJudgeMetric.from_config"
+    _target_: str = "medvqa.evaluation.families.aspect_judge.AspectJudgeMetric.from_config"
     cfg: Any = "${judge}"
 
 

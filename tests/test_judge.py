@@ -16,24 +16,20 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from medvqa.evaluation.families.judge import JUDGE_FAILED, JUDGE_RUBRIC, JUDGE_SCORE, JudgeMetric
 from medvqa.evaluation.judge import (
-    JUDGE_FAILED,
-    JUDGE_RUBRIC,
-    JUDGE_SCORE,
+    CACHE_FILE,
+    CONFIG_KEYS,
     RUBRICS,
-    JudgeMetric,
+    HFBackend,
+    JudgeCache,
+    JudgeConfigError,
+    OpenAIBackend,
     Rubric,
+    build_backend,
     parse_judgment,
     select_rubric,
 )
-from medvqa.evaluation.judge_backends import (
-    CONFIG_KEYS,
-    HFBackend,
-    JudgeConfigError,
-    OpenAIBackend,
-    build_backend,
-)
-from medvqa.evaluation.judge_cache import CACHE_FILE, JudgeCache
 from tests.judge_server import JudgeServer
 
 OPEN, CLOSED, MULTI = RUBRICS["open"], RUBRICS["closed"], RUBRICS["closed_multilabel"]
