@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from medvqa.evaluation.families.traditional import normalize_answer
 from medvqa.evaluation.judge.backends import JudgeBackend, JudgeConfigError, JudgeRequest, Reply
@@ -145,7 +145,7 @@ class JudgeEngine:
         for key, p in distinct.items():
             for i in p.positions:
                 out[i] = judgments[key]
-        return out  # type: ignore[return-value]  # every position is filled above
+        return cast(list[Judgment], out)  # every position is filled above
 
     def close(self) -> None:
         if self.cache is not None:
