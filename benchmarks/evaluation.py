@@ -25,10 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from medvqa.config import JudgeSchema  # noqa: E402
+from medvqa.evaluation.families.judge import JudgeMetric  # noqa: E402
 from medvqa.evaluation.families.traditional import TraditionalMetric  # noqa: E402
-from medvqa.evaluation.judge import JudgeMetric  # noqa: E402
-from medvqa.evaluation.judge_backends import build_backend  # noqa: E402
-from medvqa.evaluation.judge_cache import JudgeCache  # noqa: E402
+from medvqa.evaluation.judge import JudgeCache, build_backend  # noqa: E402
 from medvqa.evaluation.scoring import score_frame  # noqa: E402
 from medvqa.evaluation.statistics import cluster_bootstrap  # noqa: E402
 

@@ -16,7 +16,7 @@ from omegaconf import MISSING, OmegaConf
 
 from medvqa import plugins
 from medvqa.data.shifts import Shift
-from medvqa.evaluation.judge_backends import JudgeConfig
+from medvqa.evaluation.judge.backends import JudgeConfig
 from medvqa.hashing import content_hash
 
 # The shift's fields are those of `medvqa.data.shifts.Shift` (declared there once).

@@ -10,17 +10,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from medvqa.evaluation.aspect_judge import (
+from medvqa.evaluation.families.aspect_judge import (
     ASPECT_ACC,
     ASPECT_FAILED,
-    ASPECT_RUBRIC,
     ASPECT_SCORES,
     AspectJudgeMetric,
     aspects_of,
 )
-from medvqa.evaluation.judge import RUBRICS, Rubric
-from medvqa.evaluation.judge_backends import OpenAIBackend
-from medvqa.evaluation.judge_cache import JudgeCache
+from medvqa.evaluation.judge import ASPECT_RUBRIC, RUBRICS, JudgeCache, OpenAIBackend, Rubric
 from medvqa.evaluation.scoring import build_metrics, counters, score_frame
 from tests.conftest import compose
 from tests.judge_server import JudgeServer

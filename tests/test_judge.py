@@ -16,24 +16,24 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from medvqa.evaluation.families.judge import JUDGE_FAILED, JUDGE_RUBRIC, JUDGE_SCORE, JudgeMetric
 from medvqa.evaluation.judge import (
-    JUDGE_FAILED,
-    JUDGE_RUBRIC,
-    JUDGE_SCORE,
+    ASPECT_RUBRIC,
+    CACHE_FILE,
+    CONFIG_KEYS,
     RUBRICS,
-    JudgeMetric,
+    SHORTCUT_REASON,
+    HFBackend,
+    JudgeCache,
+    JudgeConfigError,
+    JudgeEngine,
+    JudgeItem,
+    OpenAIBackend,
     Rubric,
+    build_backend,
     parse_judgment,
     select_rubric,
 )
-from medvqa.evaluation.judge_backends import (
-    CONFIG_KEYS,
-    HFBackend,
-    JudgeConfigError,
-    OpenAIBackend,
-    build_backend,
-)
-from medvqa.evaluation.judge_cache import CACHE_FILE, JudgeCache
 from tests.conftest import compose
 from tests.judge_server import JudgeServer
 
@@ -181,6 +181,37 @@ def test_cache_key_distinguishes_every_field(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------------------------
 # openai backend against the scripted server
 # --------------------------------------------------------------------------------------------
+
+
+def test_engine_answers_each_item_in_order_and_judges_duplicates_once(
+    server: JudgeServer, tmp_path: Path
+) -> None:
+    backend = OpenAIBackend(model="scripted-judge", base_url=server.base_url, api_key_env=None)
+    engine = JudgeEngine(backend, JudgeCache(tmp_path))
+    wrong = JudgeItem(OPEN, "Which organ is enlarged?", "liver", "spleen")
+    close = JudgeItem(
+        OPEN, "What is seen?", "fifth metacarpal fracture", "first metacarpal fracture"
+    )
+    exact = JudgeItem(CLOSED, "Is there a nodule?", "yes", "Yes")
+    judgments = engine.judge([close, exact, wrong, close])
+    assert [j.score for j in judgments] == [4, 1, 1, 4]
+    assert judgments[1].reason == SHORTCUT_REASON
+    assert server.count == 2
+    assert engine.counters == {
+        "calls": 2,
+        "retries": 0,
+        "cache_hits": 0,
+        "shortcut_hits": 1,
+        "failures": 0,
+    }
+    # The key holds the rubric id, and any extra input the rubric shows (the aspect).
+    judge_id = backend.judge_id
+    triple = (wrong.question, wrong.answer, wrong.prediction)
+    assert engine.key(wrong) == JudgeCache.key(judge_id, OPEN.id, *triple)
+    aspect = JudgeItem(ASPECT_RUBRIC, "q", "a", "p", {"aspect": "polyp_type"})
+    scope = f"{ASPECT_RUBRIC.id}:polyp_type"
+    assert engine.key(aspect) == JudgeCache.key(judge_id, scope, "q", "a", "p")
+    engine.close()
 
 
 def test_good_server_scores_and_counts(server: JudgeServer, tmp_path: Path) -> None:

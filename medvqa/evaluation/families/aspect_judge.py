@@ -1,5 +1,218 @@
-"""Temporary: the aspect judge family."""
+"""Per-aspect adjudication for Kvasir-VQA-x1 (docs/judge.md), on the LLM judge's engine.
 
-from medvqa.evaluation.aspect_judge import AspectJudgeMetric
+A Kvasir question can combine several atomic questions, each of a `question_class` (an
+"aspect": polyp_type, instrument_presence, ...). For every class of a row the judge model
+reads the question, the aspect, the ground truth and the prediction, and answers with
+``{"score": 0|1, "reason": "..."}``: does the prediction get *this* aspect right? The rubric
+(`ASPECT_RUBRIC`) is versioned by hash like the judge's, and `logits` mode (labels 0/1,
+argmax) works the same.
 
-__all__ = ["AspectJudgeMetric"]
+Everything else is the judge engine's (`medvqa.evaluation.judge.engine`): backend (`hf` or
+`openai`), SQLite cache, retries with a reminder, failure recording, and counters, here under
+`aspect_judge/` (`calls`, `retries`, `cache_hits`, `shortcut_hits`, `failures`; counted per
+(row, aspect) judgment). The cache key holds the aspect, so each aspect of an item is judged
+and cached on its own; identical (question, ground truth, prediction, aspect) items are judged
+once. Hybrid shortcut: a prediction equal to the ground truth after `normalize_answer` scores
+1 on every aspect without a call.
+
+Columns per row: `aspect_scores` (dict class -> 0/1, NaN where the judgment failed),
+`aspect_reasons` (dict class -> reason or error), `aspect_acc` (mean over the row's judged
+aspects) and `aspect_failed` (aspects that could not be judged). A row without question
+classes has `aspect_acc` NaN and empty dicts. Aggregates: `aspect_acc` (mean over all judged
+(row, aspect) pairs), `aspect_acc_<class>` for each class present, `aspect_failures`. Per
+complexity level: `evaluation.breakdown=[complexity]`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from medvqa.data.records import ANSWER, QUESTION
+from medvqa.evaluation.families.base import MetricFamily
+from medvqa.evaluation.families.traditional import PREDICTION
+from medvqa.evaluation.judge import (
+    ASPECT,
+    ASPECT_RUBRIC,
+    JudgeBackend,
+    JudgeCache,
+    JudgeEngine,
+    JudgeItem,
+    Judgment,
+    Rubric,
+    as_text,
+    build_backend,
+    cache_from_config,
+)
+from medvqa.evaluation.statistics import mean_or_nan
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "ASPECT",
+    "ASPECT_ACC",
+    "ASPECT_FAILED",
+    "ASPECT_REASONS",
+    "ASPECT_RUBRIC",
+    "ASPECT_SCORES",
+    "QUESTION_CLASS",
+    "AspectJudgeMetric",
+    "aspects_of",
+]
+
+QUESTION_CLASS = "question_class"
+ASPECT_SCORES = "aspect_scores"
+ASPECT_REASONS = "aspect_reasons"
+ASPECT_ACC = "aspect_acc"
+ASPECT_FAILED = "aspect_failed"
+
+
+def aspects_of(value: Any) -> list[str]:
+    """A row's question classes as distinct non-empty strings, in order: a list, tuple or
+    array of names, or one name; missing (None, NaN) or malformed values give none."""
+    if isinstance(value, str):
+        value = [value]
+    elif isinstance(value, np.ndarray):
+        value = value.tolist()
+    elif not isinstance(value, list | tuple):
+        return []
+    names = (str(v).strip() for v in value if isinstance(v, str | int))
+    return list(dict.fromkeys(n for n in names if n))
+
+
+class AspectJudgeMetric(MetricFamily):
+    """The per-aspect judge as a metric family (`per_sample` / `aggregate` / `counters`).
+
+    Built like the judge: `AspectJudgeMetric.from_config(cfg.judge)` (conf/metric/
+    aspect_judge.yaml), or from a backend and an optional cache.
+    """
+
+    name = "aspect_judge"
+    config_factory = "from_config"  # built from the `judge` node: cfg: ${judge}
+
+    def __init__(
+        self,
+        backend: JudgeBackend,
+        cache: JudgeCache | None = None,
+        rubric: Rubric = ASPECT_RUBRIC,
+        on_judgment: Callable[[str, Judgment], None] | None = None,
+    ) -> None:
+        if ASPECT not in rubric.input_keys:
+            raise ValueError(f"aspect rubric {rubric.name!r} does not show the judge the aspect")
+        self.rubric = rubric
+        self.engine = JudgeEngine(backend, cache, on_judgment)
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> AspectJudgeMetric:
+        """Backend and cache from a `judge` config group (conf/judge/default.yaml)."""
+        return cls(build_backend(cfg), cache_from_config(cfg))
+
+    @property
+    def backend(self) -> JudgeBackend:
+        return self.engine.backend
+
+    @property
+    def cache(self) -> JudgeCache | None:
+        return self.engine.cache
+
+    def counters(self) -> dict[str, int]:
+        """The engine's counters under `aspect_judge/` (one count per (row, aspect))."""
+        return {f"{self.name}/{k}": v for k, v in self.engine.counters.items()}
+
+    def item(self, question: str, answer: str, prediction: str, aspect: str) -> JudgeItem:
+        """What the judge reads for one aspect of a row."""
+        return JudgeItem(self.rubric, question, answer, prediction, {ASPECT: aspect})
+
+    def item_key(self, question: str, answer: str, prediction: str, aspect: str) -> str:
+        """The cache key of one (item, aspect) judgment."""
+        return self.engine.key(self.item(question, answer, prediction, aspect))
+
+    def per_sample(self, preds: pd.DataFrame) -> pd.DataFrame:
+        missing = [c for c in (QUESTION, ANSWER, PREDICTION, QUESTION_CLASS) if c not in preds]
+        if missing:
+            raise ValueError(
+                f"the aspect judge needs column(s) {missing} in the predictions table (has "
+                f"{list(preds.columns)}); it is meant for Kvasir-VQA-x1, whose rows carry "
+                "question_class"
+            )
+        n = len(preds)
+        # One engine item per (row, aspect), remembered by position.
+        items: list[JudgeItem] = []
+        where: list[tuple[int, str]] = []
+        for i, (q, a, p, classes) in enumerate(
+            zip(
+                preds[QUESTION],
+                preds[ANSWER],
+                preds[PREDICTION],
+                preds[QUESTION_CLASS],
+                strict=True,
+            )
+        ):
+            q, a, p = as_text(q), as_text(a), as_text(p)
+            for aspect in aspects_of(classes):
+                items.append(self.item(q, a, p, aspect))
+                where.append((i, aspect))
+        judgments = self.engine.judge(items)
+
+        scores: list[dict[str, float]] = [{} for _ in range(n)]
+        reasons: list[dict[str, str]] = [{} for _ in range(n)]
+        failed = np.zeros(n)
+        for (i, aspect), j in zip(where, judgments, strict=True):
+            if j.status == "ok":
+                scores[i][aspect] = float(j.score)
+                reasons[i][aspect] = j.reason
+            else:
+                scores[i][aspect] = math.nan
+                reasons[i][aspect] = j.error
+                failed[i] += 1
+        n_failed = int(failed.sum())
+        if n_failed:
+            first = next(j for j in judgments if j.status == "failed")
+            log.warning(
+                "aspect judge: %d (row, aspect) pair(s) could not be judged (recorded in "
+                "aspect_failed; retried on the next run). First error: %s",
+                n_failed,
+                first.error,
+            )
+        log.info("aspect judge %s: %s", self.backend.judge_id, self.counters())
+        acc = [mean_or_nan(list(row.values()), skipna=True) for row in scores]
+        return pd.DataFrame(
+            {
+                ASPECT_SCORES: pd.Series(scores, index=preds.index, dtype=object),
+                ASPECT_REASONS: pd.Series(reasons, index=preds.index, dtype=object),
+                ASPECT_ACC: acc,
+                ASPECT_FAILED: failed,
+            },
+            index=preds.index,
+        )
+
+    def aggregate(self, scored: pd.DataFrame) -> dict[str, float]:
+        """`aspect_acc` over every judged (row, aspect) pair, `aspect_acc_<class>` for each
+        class present in `scored` (NaN when none of its pairs could be judged), and
+        `aspect_failures` (pairs that could not be)."""
+        per_class: dict[str, list[float]] = {}
+        for row in scored[ASPECT_SCORES]:
+            if isinstance(row, Mapping):
+                for aspect, value in row.items():
+                    per_class.setdefault(str(aspect), []).append(_float(value))
+        # skipna: a NaN is a pair that could not be judged, which the means leave out.
+        out = {ASPECT_ACC: mean_or_nan([v for vs in per_class.values() for v in vs], skipna=True)}
+        for aspect in sorted(per_class):
+            out[f"{ASPECT_ACC}_{aspect}"] = mean_or_nan(per_class[aspect], skipna=True)
+        out["aspect_failures"] = float(scored[ASPECT_FAILED].sum())
+        return out
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def _float(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan

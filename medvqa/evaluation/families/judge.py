@@ -1,5 +1,177 @@
-"""Temporary: the judge families (moved here by the judge package refactor)."""
+"""LLM-as-a-judge scoring (SURE-VQA's "Mistral score" / "Mistral accuracy"); docs/judge.md.
 
-from medvqa.evaluation.judge import JudgeMetric
+Token-overlap metrics punish a correct answer phrased differently ("left lung" vs "the lung on
+the left side"); a judge model reads question, ground truth and prediction and grades meaning,
+with the rubric a row's answer type selects (`medvqa.evaluation.judge.rubrics`): open 1-5,
+closed 0/1, closed multilabel 0 / 0.5 / 1. The shortcut, cache, batching, reminders and
+counters are the judge engine's (`medvqa.evaluation.judge.engine`); this family turns a
+predictions table into engine items and the judgments back into columns and scores. A row
+that could not be judged has `judge_failed = 1`, is counted in `judge_failures` and in the
+`judge/failures` counter, and is retried by the next run.
+"""
 
-__all__ = ["JudgeMetric"]
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from medvqa.data.records import ANSWER, ANSWER_TYPE, QUESTION
+from medvqa.evaluation.families.base import MetricFamily
+from medvqa.evaluation.families.traditional import PREDICTION
+from medvqa.evaluation.judge import (
+    RUBRICS,
+    JudgeBackend,
+    JudgeCache,
+    JudgeEngine,
+    JudgeItem,
+    Judgment,
+    Rubric,
+    as_text,
+    build_backend,
+    cache_from_config,
+    select_rubric,
+)
+from medvqa.evaluation.statistics import mean_or_nan
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "CLOSED_KIND",
+    "JUDGE_FAILED",
+    "JUDGE_REASON",
+    "JUDGE_RUBRIC",
+    "JUDGE_SCORE",
+    "JudgeMetric",
+]
+
+CLOSED_KIND = "closed_kind"
+JUDGE_SCORE = "judge_score"
+JUDGE_RUBRIC = "judge_rubric"
+JUDGE_FAILED = "judge_failed"
+JUDGE_REASON = "judge_reason"
+
+
+class JudgeMetric(MetricFamily):
+    """The LLM judge as a metric family (`per_sample` / `aggregate` / `counters`).
+
+    `on_judgment` is handed to the engine (`JudgeEngine`): called after each judgment made
+    in this run is stored, for progress reporting.
+    """
+
+    name = "judge"
+    config_factory = "from_config"  # built from the `judge` node: cfg: ${judge}
+
+    def __init__(
+        self,
+        backend: JudgeBackend,
+        cache: JudgeCache | None = None,
+        rubrics: Mapping[str, Rubric] | None = None,
+        on_judgment: Callable[[str, Judgment], None] | None = None,
+    ) -> None:
+        self.rubrics = dict(RUBRICS if rubrics is None else rubrics)
+        missing = [n for n in RUBRICS if n not in self.rubrics]
+        if missing:
+            raise ValueError(f"judge rubrics lack {missing}; need {list(RUBRICS)}")
+        self.engine = JudgeEngine(backend, cache, on_judgment)
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> JudgeMetric:
+        """Backend and cache from a `judge` config group (conf/judge/default.yaml)."""
+        return cls(build_backend(cfg), cache_from_config(cfg))
+
+    @property
+    def backend(self) -> JudgeBackend:
+        return self.engine.backend
+
+    @property
+    def cache(self) -> JudgeCache | None:
+        return self.engine.cache
+
+    def counters(self) -> dict[str, int]:
+        """`judge/calls` (requests sent to the judge, retries included), `judge/retries`,
+        `judge/cache_hits`, `judge/shortcut_hits`, `judge/failures`, since construction (the
+        prefix is the family's `name`)."""
+        return {f"{self.name}/{k}": v for k, v in self.engine.counters.items()}
+
+    def per_sample(self, preds: pd.DataFrame) -> pd.DataFrame:
+        """`judge_score`, `judge_rubric`, `judge_failed` (0/1) and `judge_reason` per row.
+
+        Same index as `preds`. Failed rows have `judge_score` NaN and `judge_failed` 1.
+        Identical items (same rubric, question, ground truth, prediction) are judged once.
+        """
+        missing = [c for c in (QUESTION, ANSWER, PREDICTION, ANSWER_TYPE) if c not in preds]
+        if missing:
+            raise ValueError(
+                f"the judge needs column(s) {missing} in the predictions table "
+                f"(has {list(preds.columns)})"
+            )
+        n = len(preds)
+        kinds = preds[CLOSED_KIND].tolist() if CLOSED_KIND in preds else [None] * n
+        items = [
+            JudgeItem(self.rubrics[select_rubric(t, kind, idx)], as_text(q), as_text(a), as_text(p))
+            for idx, q, a, p, t, kind in zip(
+                preds.index,
+                preds[QUESTION],
+                preds[ANSWER],
+                preds[PREDICTION],
+                preds[ANSWER_TYPE],
+                kinds,
+                strict=True,
+            )
+        ]
+        judgments = self.engine.judge(items)
+        score = np.full(n, np.nan)
+        failed = np.zeros(n)
+        reasons = [""] * n
+        for i, j in enumerate(judgments):
+            if j.status == "ok":
+                score[i] = j.score
+                reasons[i] = j.reason
+            else:
+                failed[i] = 1.0
+                reasons[i] = j.error
+        n_failed = int(failed.sum())
+        if n_failed:
+            first = next(j for j in judgments if j.status == "failed")
+            log.warning(
+                "judge: %d of %d row(s) could not be judged (recorded as judge_failed; retried "
+                "on the next run). First error: %s",
+                n_failed,
+                n,
+                first.error,
+            )
+        log.info("judge %s: %s", self.backend.judge_id, self.counters())
+        return pd.DataFrame(
+            {
+                JUDGE_SCORE: score,
+                JUDGE_RUBRIC: [item.rubric.id for item in items],
+                JUDGE_FAILED: failed,
+                JUDGE_REASON: reasons,
+            },
+            index=preds.index,
+        )
+
+    def aggregate(self, scored: pd.DataFrame) -> dict[str, float]:
+        """`judge_closed_acc` (mean closed score), `judge_open_score` (mean 1-5),
+        `judge_open_score_norm` (mean of (s-1)/4, on the 0-1 scale RR and tables use) over
+        rows that were judged, and `judge_failures` (rows that could not be). Means over no
+        rows are NaN, not 0."""
+        ok = scored[JUDGE_FAILED] == 0
+        closed = (scored[ANSWER_TYPE] == "closed") & ok
+        open_ = (scored[ANSWER_TYPE] == "open") & ok
+        open_scores = scored.loc[open_, JUDGE_SCORE]
+        # skipna: failed rows are already excluded above; this keeps pandas' `.mean()`
+        # behaviour for any other missing score.
+        return {
+            "judge_closed_acc": mean_or_nan(scored.loc[closed, JUDGE_SCORE], skipna=True),
+            "judge_open_score": mean_or_nan(open_scores, skipna=True),
+            "judge_open_score_norm": mean_or_nan((open_scores - 1.0) / 4.0, skipna=True),
+            "judge_failures": float(scored[JUDGE_FAILED].sum()),
+        }
+
+    def close(self) -> None:
+        self.engine.close()

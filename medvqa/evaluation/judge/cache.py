@@ -12,16 +12,18 @@ another instead of failing.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-__all__ = ["CACHE_FILE", "STATUSES", "CachedJudgment", "JudgeCache"]
+from medvqa.hashing import content_hash
+
+__all__ = ["CACHE_FILE", "STATUSES", "CachedJudgment", "JudgeCache", "cache_from_config"]
 
 CACHE_FILE = "judgments.sqlite"
 STATUSES = ("ok", "failed")
@@ -87,8 +89,10 @@ class JudgeCache:
     @staticmethod
     def key(judge_id: str, rubric_id: str, question: str, answer: str, prediction: str) -> str:
         """A fixed-length key; JSON keeps fields apart ("a|b"+"c" vs "a"+"b|c")."""
+        # A JSON list with non-ASCII kept as is (not canonical JSON), so that the keys of
+        # judgments already stored stay what they were.
         blob = json.dumps([judge_id, rubric_id, question, answer, prediction], ensure_ascii=False)
-        return hashlib.sha256(blob.encode()).hexdigest()
+        return content_hash(blob, length=None)
 
     def get_many(self, keys: Iterable[str]) -> dict[str, CachedJudgment]:
         """The stored judgments among `keys` (ok and failed alike)."""
@@ -166,3 +170,10 @@ class JudgeCache:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def cache_from_config(cfg: Mapping[str, Any]) -> JudgeCache | None:
+    """The cache a `judge` config group names in `cache_dir` (conf/judge/default.yaml), or
+    None when it names none (every item is then judged afresh)."""
+    cache_dir = cfg.get("cache_dir")
+    return JudgeCache(cache_dir) if cache_dir else None

