@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar
@@ -10,6 +9,7 @@ from typing import Any, ClassVar
 import pandas as pd
 from PIL import Image, UnidentifiedImageError
 
+from medvqa.hashing import content_hash
 from medvqa.plugins import Plugin
 
 
@@ -46,7 +46,7 @@ class VQASource(Plugin, ABC):
         The default hashes the normalised table; adapters with a cheaper exact key override it.
         """
         content = pd.util.hash_pandas_object(self.table().astype(str), index=False)
-        return hashlib.sha256(content.values.tobytes()).hexdigest()[:16]
+        return content_hash(content.values.tobytes())
 
     def image_path(self, ref: str, record_id: str | None = None) -> Path:
         """Resolve an image reference, refusing paths that escape the dataset root."""

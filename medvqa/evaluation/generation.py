@@ -5,7 +5,6 @@ A killed run loses at most one batch: on restart the ids already in the file are
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from pathlib import Path
@@ -20,6 +19,7 @@ from medvqa.data import records as R
 from medvqa.data.base import VQASource
 from medvqa.data.datamodule import META_KEY, VQADataset, make_loader
 from medvqa.evaluation.families.traditional import PREDICTION
+from medvqa.hashing import Hasher
 
 log = logging.getLogger(__name__)
 
@@ -33,14 +33,12 @@ def weights_fingerprint(model: torch.nn.Module, probe: int = 4096) -> str:
     Resuming must only reuse predictions of the same weights: a restarted job whose training
     re-ran (and may differ) must not mix its answers with the previous model's.
     """
-    digest = hashlib.sha256()
+    key = Hasher()
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     for name, param in params or list(model.named_parameters()):
         flat = param.detach().reshape(-1)[:probe].float().cpu()
-        digest.update(name.encode())
-        digest.update(str(tuple(param.shape)).encode())
-        digest.update(flat.numpy().tobytes())
-    return digest.hexdigest()[:16]
+        key.update(name).update(tuple(param.shape)).update(flat.numpy().tobytes())
+    return key.hexdigest()
 
 
 def read_predictions(path: Path) -> pd.DataFrame:

@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import os
-import shutil
-import tempfile
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from functools import cached_property
@@ -18,7 +13,9 @@ from typing import Any
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from medvqa.atomic import CacheWriteError, build_once
 from medvqa.data.base import DataError
+from medvqa.hashing import content_hash
 
 log = logging.getLogger(__name__)
 
@@ -28,36 +25,20 @@ DONE_FILE = "medvqa_build.json"
 def build_cached(
     target: Path, build_into: Callable[[Path], None], manifest: Mapping[str, Any]
 ) -> Path:
-    """Return `target`, building it first if it has no done-marker.
+    """Return `target`, building it once (atomically, see `medvqa.atomic`) if it is absent.
 
-    The model is built into a temporary directory beside `target`, the marker (the build's
-    parameters) is written last and the directory is then renamed: a crash or a second job
-    building at the same time can never leave a half-built model that looks complete.
+    The done-marker holds the build's parameters and is written last, after the model.
     """
-    if (target / DONE_FILE).is_file():
-        return target
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
-    except OSError as err:
-        raise DataError(
-            f"cannot write the model cache {target.parent}: {err}. Set paths.cache_dir "
-            "(or the MEDVQA_CACHE environment variable) to a writable directory."
-        ) from err
-    start = time.perf_counter()
-    log.info("building %s (cached for later runs)", target.name)
-    try:
+
+    def write(tmp: Path) -> None:
+        log.info("building %s (cached for later runs)", target.name)
         build_into(tmp)
         (tmp / DONE_FILE).write_text(json.dumps(dict(manifest), indent=2, default=str))
-        if (target / DONE_FILE).is_file():  # another job finished first
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            shutil.rmtree(target, ignore_errors=True)
-            os.replace(tmp, target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    log.info("%s ready in %.1fs at %s", target.name, time.perf_counter() - start, target)
+
+    try:
+        build_once(target, write, marker=DONE_FILE, what="model cache")
+    except CacheWriteError as err:
+        raise DataError(str(err)) from err
     return target
 
 
@@ -104,8 +85,7 @@ class CachedModelBuilder(ABC):
         changed data generator rebuilds the model instead of reusing a stale one."""
         data = self._pretrain_source.fingerprint() if self.params.get("pretrain") else None
         blob = {"params": hashable(self.params), "data": data, **self.key_extra()}
-        text = json.dumps(blob, sort_keys=True, default=str)
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        return content_hash(blob)
 
     def build(self) -> Path:
         """Return the model directory, building it if absent."""

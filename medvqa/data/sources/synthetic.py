@@ -16,13 +16,11 @@ the directory complete.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import shutil
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,8 +30,10 @@ import numpy as np
 import pandas as pd
 from PIL import Image, ImageFilter
 
+from medvqa.atomic import build_once
 from medvqa.data import records as R
 from medvqa.data.base import DataError, VQASource
+from medvqa.hashing import content_hash
 
 log = logging.getLogger(__name__)
 
@@ -870,7 +870,7 @@ class SyntheticVQA(VQASource):
         self.split_fractions = tuple(fractions)
         self.cache_dir = Path(cache_dir).expanduser()
         canonical = json.dumps(self.params, sort_keys=True, separators=(",", ":"))
-        self.config_hash = hashlib.sha256(canonical.encode()).hexdigest()[:16]
+        self.config_hash = content_hash(canonical)
         super().__init__(self.cache_dir / "synthetic" / self.config_hash)
         self._table: pd.DataFrame | None = None
 
@@ -946,8 +946,11 @@ class SyntheticVQA(VQASource):
         )
 
     def _generate(self) -> None:
-        """Generate into a private temp dir, then move it into place: readers never see halves."""
+        """Generate once, atomically (`medvqa.atomic.build_once`): readers never see halves."""
         final = self.root
+        if final.exists() and not self._complete(final):
+            log.info("Removing incomplete synthetic cache %s", final)
+            shutil.rmtree(final, ignore_errors=True)
         start = time.perf_counter()
         log.info(
             "Generating synthetic VQA dataset (%d cases, %s questions) in %s",
@@ -955,31 +958,20 @@ class SyntheticVQA(VQASource):
             self.question_set,
             final,
         )
-        tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        counts: dict[str, Any] = {}
         try:
-            final.parent.mkdir(parents=True, exist_ok=True)
-            tmp.mkdir()
-            counts = self._write(tmp)
-            if final.exists() and not self._complete(final):
-                log.info("Removing incomplete synthetic cache %s", final)
-                shutil.rmtree(final)
-            try:
-                os.replace(tmp, final)
-            except OSError:
-                if not self._complete(final):  # nobody else finished it either
-                    raise
-                log.info("Another process finished %s first; using its copy", final)
+            built = build_once(
+                final, lambda tmp: counts.update(self._write(tmp)), MANIFEST, "generated dataset"
+            )
         except OSError as err:
             raise self._unwritable(err) from err
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-        log.info(
-            "Generated %d images and %d records in %.1fs",
-            counts["images"],
-            counts["records"],
-            time.perf_counter() - start,
-        )
+        if built:
+            log.info(
+                "Generated %d images and %d records in %.1fs",
+                counts["images"],
+                counts["records"],
+                time.perf_counter() - start,
+            )
 
     def _write(self, directory: Path) -> dict[str, Any]:
         """Render images and questions into `directory`; the manifest goes last, atomically."""

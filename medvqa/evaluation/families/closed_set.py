@@ -56,6 +56,7 @@ from medvqa.data.sources.robosurg_vqa import (
 )
 from medvqa.evaluation.families.base import MetricFamily
 from medvqa.evaluation.families.traditional import PREDICTION, closed_choice
+from medvqa.evaluation.statistics import mean_or_nan
 
 log = logging.getLogger(__name__)
 
@@ -154,11 +155,6 @@ def balanced_accuracy(gt: Sequence[str], pred: Sequence[str | None]) -> float:
     if g.size == 0:
         return math.nan
     return float(np.mean([np.mean(p[g == label] == label) for label in sorted(set(g))]))
-
-
-def _mean(values: np.ndarray) -> float:
-    """Mean that is NaN (not 0) for no values."""
-    return float(np.mean(values)) if values.size else math.nan
 
 
 def _natural(qid: Any) -> tuple:
@@ -291,7 +287,7 @@ class ClosedSetMetric(MetricFamily):
         correct = group[CS_CORRECT].to_numpy(dtype=float)
         out: dict[str, float] = {}
         if qid in self.tuple_questions:
-            out[p + "tuple_em"] = _mean(correct)
+            out[p + "tuple_em"] = mean_or_nan(correct)
             per_bit = {}
             if len(group):
                 gt_bits, pred_bits = self._bits(group)
@@ -303,13 +299,13 @@ class ClosedSetMetric(MetricFamily):
             )
         else:
             out[p + "macro_f1"] = macro_f1(gt, pred)
-            out[p + "acc"] = _mean(correct)
+            out[p + "acc"] = mean_or_nan(correct)
             out[p + "balanced_acc"] = balanced_accuracy(gt, pred)
             unknown = group[CS_UNKNOWN].to_numpy(dtype=float)
             if qid in self.unknown_questions or not np.isnan(unknown).all():
-                out[p + "coverage"] = 1.0 - _mean(unknown)
-                out[p + "cond_acc"] = _mean(correct[unknown == 0.0])
-        out[p + "invalid_rate"] = _mean(group[CS_INVALID].to_numpy(dtype=float))
+                out[p + "coverage"] = 1.0 - mean_or_nan(unknown)
+                out[p + "cond_acc"] = mean_or_nan(correct[unknown == 0.0])
+        out[p + "invalid_rate"] = mean_or_nan(group[CS_INVALID].to_numpy(dtype=float))
         out[p + "n"] = float(len(group))
         return out
 
@@ -338,7 +334,7 @@ class ClosedSetMetric(MetricFamily):
         finite = [x for x in primaries if not math.isnan(x)]
         overall = {
             f"{PREFIX}overall_macro_f1": float(np.mean(finite)) if finite else math.nan,
-            f"{PREFIX}invalid_rate": _mean(closed[CS_INVALID].to_numpy(dtype=float)),
+            f"{PREFIX}invalid_rate": mean_or_nan(closed[CS_INVALID].to_numpy(dtype=float)),
             f"{PREFIX}n": float(len(closed)),
         }
         return {**overall, **out}

@@ -38,7 +38,7 @@ from medvqa.data.records import ANSWER, ANSWER_TYPE, CANDIDATES, CASE_ID
 from medvqa.data.sources.oncology_mcq import LETTERS, resolve_answer
 from medvqa.evaluation.families.base import MetricFamily
 from medvqa.evaluation.families.traditional import PREDICTION, closed_choice
-from medvqa.evaluation.statistics import cluster_bootstrap
+from medvqa.evaluation.statistics import cluster_bootstrap, mean_or_nan
 
 log = logging.getLogger(__name__)
 
@@ -96,10 +96,6 @@ def _no_options(options: Any) -> bool:
     if options is None or (isinstance(options, float) and math.isnan(options)):
         return True
     return len(options) == 0
-
-
-def _mean(values: np.ndarray) -> float:
-    return float(np.mean(values)) if values.size else math.nan
 
 
 class McqMetric(MetricFamily):
@@ -176,9 +172,9 @@ class McqMetric(MetricFamily):
         return {
             "mcq_acc": ci.point,
             **ci.entries("mcq_acc"),
-            "mcq_acc_strict": _mean(np.where(valid, correct, 0.0)),
-            "mcq_invalid_rate": _mean(mcq[MCQ_INVALID].to_numpy(dtype=float)),
-            "mcq_random_baseline": _mean(mcq[MCQ_CHANCE].to_numpy(dtype=float)),
+            "mcq_acc_strict": mean_or_nan(np.where(valid, correct, 0.0)),
+            "mcq_invalid_rate": mean_or_nan(mcq[MCQ_INVALID].to_numpy(dtype=float)),
+            "mcq_random_baseline": mean_or_nan(mcq[MCQ_CHANCE].to_numpy(dtype=float)),
             "mcq_n": float(len(mcq)),
             "mcq_n_valid": float(valid.sum()),
         }

@@ -23,6 +23,7 @@ import pandas as pd
 
 from medvqa.data.records import ANSWER, ANSWER_TYPE, CANDIDATES
 from medvqa.evaluation.families.base import MetricFamily
+from medvqa.evaluation.statistics import mean_or_nan
 
 log = logging.getLogger(__name__)
 
@@ -356,20 +357,15 @@ def per_sample_scores(
     return out
 
 
-def _mean(values: pd.Series) -> float:
-    """Mean that is NaN (not 0, not a warning) when there is nothing to average."""
-    return float(values.mean()) if len(values) else float("nan")
-
-
 def _aggregate(scored: pd.DataFrame, names: Sequence[str]) -> dict[str, float]:
     closed = scored[ANSWER_TYPE] == "closed"
     open_ = scored[ANSWER_TYPE] == "open"
     out: dict[str, float] = {
-        "closed_acc": _mean(scored.loc[closed, CLOSED_CORRECT]),
-        "closed_invalid_rate": _mean(scored.loc[closed, CLOSED_INVALID]),
+        "closed_acc": mean_or_nan(scored.loc[closed, CLOSED_CORRECT], skipna=True),
+        "closed_invalid_rate": mean_or_nan(scored.loc[closed, CLOSED_INVALID], skipna=True),
     }
     for m in names:
-        out[f"open_{m}"] = _mean(scored.loc[open_, f"open_{m}"])
+        out[f"open_{m}"] = mean_or_nan(scored.loc[open_, f"open_{m}"], skipna=True)
     out["n_open"] = float(open_.sum())
     out["n_closed"] = float(closed.sum())
     out["n"] = float(len(scored))
