@@ -9,7 +9,7 @@ Rows the run scored for context become rows of their own, marked by `kind`:
   run; the tables use them only when no run of that kind exists for the setting;
 - `extra image`: evaluation with another image (`blank/...` for the blind ablation);
 - `delta`: the paired difference the run recorded, sighted − other image per seed
-  (`delta_blank/...`: SPEC's blind Δ), so its mean ± std is over per-seed differences.
+  (`delta_blank/...`: the blind Δ of docs/metrics.md), so its mean ± std is over per-seed differences.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Case-clustered bootstrap confidence intervals (SPEC §4 MCQ, §5 robustness).
+"""Case-clustered bootstrap confidence intervals (docs/metrics.md: statistics, robustness).
 
 Questions about the same case (patient, frame) are not independent: a model that misreads one
 image tends to miss all of its questions. Resampling questions would treat a case with twenty
@@ -26,7 +26,7 @@ for the jointly resampled paired design). Uniform doubles rather than ``rng.inte
 because their stream does not depend on how the replicates are chunked in memory.
 
 Intervals are percentile intervals of the replicates; ``half`` is half their width, so a
-result reads ``point ± half`` as the SPEC reports it (the interval need not be symmetric about
+result reads ``point ± half`` as the papers report it (the interval need not be symmetric about
 the point; ``lo``/``hi`` are the exact bounds).
 """
 
@@ -392,7 +392,7 @@ def rr_ci(
     seed: int = 42,
     level: float = 0.95,
 ) -> BootstrapCI:
-    """CI of the relative robustness RR = mean_OoD / mean_iid (SPEC §5), resampling cases.
+    """CI of the relative robustness RR = mean_OoD / mean_iid (docs/metrics.md), resampling cases.
 
     The i.i.d. and OoD test splits are different rows, hence independent resampling by
     default. RR is NaN when the i.i.d. mean is 0 (as in

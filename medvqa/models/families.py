@@ -8,7 +8,7 @@ offline. Nothing is pre-trained: these models only have to run, not to answer.
 
 Importing this module also registers torchvision-free processors for the families whose stock
 processor insists on a video processor (Qwen2-VL, Qwen2.5-VL, SmolVLM): without torchvision,
-`AutoProcessor.from_pretrained` could not build them (see OFFLINE-NOTES).
+`AutoProcessor.from_pretrained` could not build them (see docs/offline.md).
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ def load_vlm(model_cfg: Any) -> tuple[torch.nn.Module, Any]:
     if getattr(processor, "tokenizer", None) is None:
         raise ValueError(
             f"AutoProcessor.from_pretrained({source!r}) returned no multimodal processor; the "
-            "family's processor is not registered (see OFFLINE-NOTES on torchvision-free setups)."
+            "family's processor is not registered (see docs/offline.md on torchvision-free setups)."
         )
     log.info("loaded %s (%s) from %s", model_cfg.name, type(model).__name__, source)
     return model, processor

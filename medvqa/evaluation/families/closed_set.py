@@ -1,4 +1,4 @@
-"""Closed-set metrics for fixed-question data sets such as RoboSurg-VQA (SPEC §4 closed-set).
+"""Closed-set metrics for fixed-question data sets such as RoboSurg-VQA (docs/metrics.md).
 
 Every question id (Q1..Q9) has its own answer space, and the label distributions are skewed
 (most frames have no bleeding), so accuracy alone rewards always answering the majority label.

@@ -1,7 +1,7 @@
-"""Multiple-choice metrics for the oncology MCQ set (SPEC §4 MCQ).
+"""Multiple-choice metrics for the oncology MCQ set (docs/metrics.md).
 
 A response is **valid** if it resolves to exactly one of the row's options; the accuracy is
-taken over valid responses only, and the invalid rate is reported beside it (SPEC: invalid
+taken over valid responses only, and the invalid rate is reported beside it (docs/metrics.md: invalid
 excluded and reported). Because excluding invalid responses flatters a model that answers only
 the questions it is sure of, ``mcq_acc_strict`` (invalid counted as wrong) is reported too.
 
