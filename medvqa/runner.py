@@ -14,7 +14,7 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from medvqa.record import RunRecord
 from medvqa.tracking import finish, instantiate_group, log_config
@@ -39,7 +39,9 @@ def run(cfg: DictConfig) -> dict[str, float] | None:
     try:
         loggers = instantiate_group(cfg.logger)
         log_config(loggers, cfg)  # first, so even a crashed run shows its config
-        task = instantiate(cfg.task)
+        # `task.name` names the run in results.json; the task function does not take it.
+        options = [key for key in cfg.task if key != "name"]
+        task = instantiate(OmegaConf.masked_copy(cfg.task, options))
         metrics = task(cfg=cfg, out_dir=out_dir, loggers=loggers)
         record.write("finished", metrics)
         status = "success"

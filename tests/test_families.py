@@ -12,6 +12,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+import yaml
 
 from medvqa.data.datamodule import META_KEY, VQADataset, make_loader
 from medvqa.models.adapters import apply_method
@@ -34,7 +35,11 @@ CASES = [
     ("paligemma", None),
 ]
 CONFIGS = ["llava_med", "llava", "qwen2_vl", "qwen2_5_vl", "medgemma", "smolvlm", "paligemma"]
-METHODS = ["lora", "ia3", "full", "prompt_tuning"]
+# Every method that trains, found from its YAML: a new method is tested by adding its file.
+METHODS = sorted(
+    p.stem for p in (CONF / "peft").glob("*.yaml") if yaml.safe_load(p.read_text()).get("fit", True)
+)
+assert {"lora", "ia3", "full", "prompt_tuning"} <= set(METHODS)
 ADAPTER_MARKERS = ("lora_", "ia3_l", "trainable_tokens_delta")
 
 

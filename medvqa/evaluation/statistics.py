@@ -352,7 +352,7 @@ def paired_bootstrap_diff(
     b_values: Any,
     b_clusters: Any,
     *,
-    paired: bool = False,
+    paired: bool = True,
     stat: str = "mean",
     B: int = 2000,
     seed: int = 42,

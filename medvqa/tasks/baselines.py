@@ -22,7 +22,6 @@ def most_frequent(
     cfg: DictConfig,
     out_dir: Path,
     loggers: Sequence[Logger] = (),
-    name: str = "most_frequent",
     eval_splits: Sequence[str] = ("test_iid", "test_ood"),
 ) -> dict[str, float]:
     """Answer each test question with its most frequent training answer; record coverage."""
@@ -50,7 +49,6 @@ def chance(
     cfg: DictConfig,
     out_dir: Path,
     loggers: Sequence[Logger] = (),
-    name: str = "chance",
     eval_splits: Sequence[str] = ("test_iid", "test_ood"),
 ) -> dict[str, float]:
     """Expected accuracy of a uniform guess among each closed question's candidates."""

@@ -12,9 +12,7 @@ from medvqa.tasks.common import prepare_splits
 from medvqa.tracking import log_metrics
 
 
-def splits(
-    cfg: DictConfig, out_dir: Path, loggers: Sequence[Logger] = (), name: str = "splits"
-) -> dict[str, float]:
+def splits(cfg: DictConfig, out_dir: Path, loggers: Sequence[Logger] = ()) -> dict[str, float]:
     """Return the split sizes as metrics (`splits/<split>/n`), so results.json records them."""
     _, built = prepare_splits(cfg, out_dir, limit=False)
     report = built.report()

@@ -34,14 +34,12 @@ def train_eval(
     cfg: DictConfig,
     out_dir: Path,
     loggers: Sequence[Logger] = (),
-    name: str = "train_eval",
     eval_splits: Sequence[str] = ("test_iid", "test_ood"),
     references: Sequence[str] = ("zero_shot", "chance"),
 ) -> dict[str, float]:
     """Splits -> (reference rows) -> method applied -> fit -> generate -> score -> report.
 
-    `name` is the task's own name (recorded in results.json by the runner); `references` adds
-    the untuned base (`zero_shot`) and `chance` rows so the run's numbers have context.
+    `references` adds the untuned base (`zero_shot`) and `chance` rows so the run's numbers have context.
     """
     unknown = [r for r in references if r not in REFERENCES]
     if unknown:
