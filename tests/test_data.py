@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from medvqa.data.base import DataError, VQASource
-from medvqa.models.tiny import TinyLlavaBuilder
+from medvqa.models.builders.tiny import TinyLlavaBuilder
 
 
 class _Folder(VQASource):

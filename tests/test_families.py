@@ -47,7 +47,7 @@ def model_cfg(name: str, cache: Path, family: str | None = None):
     """The real `model=<name>` config with the hub id swapped for the offline tiny builder."""
     fam = family or compose([f"model={name}"], cache).model.family
     builder = (
-        f"model.builder={{_target_: medvqa.models.families.TinyFamilyBuilder, "
+        f"model.builder={{_target_: medvqa.models.builders.families.TinyFamilyBuilder, "
         f"family: {fam}, cache_dir: '{cache}'}}"
     )
     return compose([f"model={name}", builder, "model.dtype=float32"], cache).model
@@ -71,7 +71,7 @@ def _base_name(name: str) -> str:
 
 @pytest.mark.parametrize("name", CONFIGS)
 def test_config_names_its_hub_checkpoint(name: str) -> None:
-    from medvqa.models.families import FAMILIES
+    from medvqa.models.builders.families import FAMILIES
 
     assert (CONF / "model" / f"{name}.yaml").is_file()
     cfg = compose([f"model={name}"]).model
@@ -210,7 +210,7 @@ def test_prompt_tuning_keeps_image_positions_and_attention(
 def paligemma(cache_dir: Path):
     from omegaconf import OmegaConf
 
-    from medvqa.models.families import TinyFamilyBuilder
+    from medvqa.models.builders.families import TinyFamilyBuilder
 
     path = TinyFamilyBuilder("paligemma", cache_dir).build()
     return load_vlm(

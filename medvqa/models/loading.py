@@ -12,7 +12,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
-import medvqa.models.families  # noqa: F401  (registers torchvision-free processors)
+import medvqa.models.processors  # noqa: F401  (registers torchvision-free processors)
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-from medvqa.models.cache import CachedModelBuilder
-from medvqa.models.gguf import SmolLM2GgufInput
+from medvqa.models.builders.cache import CachedModelBuilder
+from medvqa.models.builders.gguf import SmolLM2GgufInput
 
 __all__ = ["SMOLLM2_BUILDER_VERSION", "SmolLM2CausalBuilder"]
 
@@ -31,7 +31,7 @@ class SmolLM2CausalBuilder(SmolLM2GgufInput, CachedModelBuilder):
         import torch
         from transformers import AutoModelForCausalLM
 
-        from medvqa.models.smollm2 import load_smollm2
+        from medvqa.models.builders.smollm2 import load_smollm2
 
         tokenizer, gguf_model = load_smollm2(self.gguf)
         # A model loaded from GGUF carries a quantizer that refuses `save_pretrained`; its

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from medvqa.data import records as R
-from medvqa.models.cache import CachedModelBuilder, plain
+from medvqa.models.builders.cache import CachedModelBuilder, plain
 
 log = logging.getLogger(__name__)
 

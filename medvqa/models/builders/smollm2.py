@@ -21,9 +21,9 @@ from typing import Any
 
 import torch
 
-from medvqa.models.cache import CachedModelBuilder, plain
-from medvqa.models.gguf import SmolLM2GgufInput, find_gguf
-from medvqa.models.tiny import pretrain_stage
+from medvqa.models.builders.cache import CachedModelBuilder, plain
+from medvqa.models.builders.gguf import SmolLM2GgufInput, find_gguf
+from medvqa.models.builders.tiny import pretrain_stage
 
 log = logging.getLogger(__name__)
 

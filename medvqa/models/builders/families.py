@@ -6,9 +6,8 @@ The real models (`conf/model/<family>.yaml`) are hub checkpoints far too large f
 family's shape) so every code path (loading, adapters, training, generation, saving) is tested
 offline. Nothing is pre-trained: these models only have to run, not to answer.
 
-Importing this module also registers torchvision-free processors for the families whose stock
-processor insists on a video processor (Qwen2-VL, Qwen2.5-VL, SmolVLM): without torchvision,
-`AutoProcessor.from_pretrained` could not build them (see docs/offline.md).
+The processors they save are the runtime's (`medvqa.models.processors`), imported here so the
+tiny models reload exactly as real checkpoints do.
 """
 
 from __future__ import annotations
@@ -18,75 +17,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import (
-    AutoProcessor,
-    ProcessorMixin,
-    Qwen2_5_VLConfig,
-    Qwen2_5_VLProcessor,
-    Qwen2VLConfig,
-    Qwen2VLProcessor,
-    SmolVLMConfig,
-    SmolVLMProcessor,
-)
+from transformers import Qwen2_5_VLConfig, Qwen2VLConfig, SmolVLMConfig
 
-from medvqa.models import tiny
-from medvqa.models.cache import CachedModelBuilder
+from medvqa.models.builders import tiny
+from medvqa.models.builders.cache import CachedModelBuilder
+from medvqa.models.processors import (
+    ImageOnlyQwen2_5_VLProcessor,
+    ImageOnlyQwen2VLProcessor,
+    ImageOnlySmolVLMProcessor,
+)
 
 log = logging.getLogger(__name__)
 
 BUILDER_VERSION = 1
-
-
-# --- torchvision-free processors ---------------------------------------------------------------
-# Explicit parameters (no *args/**kwargs): ProcessorMixin saves and restores what __init__ lists.
-
-
-class ImageOnlyQwen2VLProcessor(Qwen2VLProcessor):
-    """Qwen2-VL processor without the (torchvision-backed) video processor."""
-
-    def __init__(self, image_processor=None, tokenizer=None, chat_template=None) -> None:
-        super().__init__(
-            image_processor=image_processor,
-            tokenizer=tokenizer,
-            video_processor=None,
-            chat_template=chat_template,
-        )
-
-
-class ImageOnlyQwen2_5_VLProcessor(Qwen2_5_VLProcessor):
-    """Qwen2.5-VL processor without the (torchvision-backed) video processor."""
-
-    def __init__(self, image_processor=None, tokenizer=None, chat_template=None) -> None:
-        super().__init__(
-            image_processor=image_processor,
-            tokenizer=tokenizer,
-            video_processor=None,
-            chat_template=chat_template,
-        )
-
-
-class ImageOnlySmolVLMProcessor(SmolVLMProcessor):
-    """SmolVLM processor without the (torchvision-backed) video processor."""
-
-    def __init__(
-        self, image_processor=None, tokenizer=None, image_seq_len: int = 169, chat_template=None
-    ) -> None:
-        super().__init__(
-            image_processor=image_processor,
-            tokenizer=tokenizer,
-            video_processor=None,
-            image_seq_len=image_seq_len,
-            chat_template=chat_template,
-        )
-
-    def apply_chat_template(self, conversation, chat_template=None, **kwargs):
-        # SmolVLMProcessor's override only adds video defaults (and reads the video processor)
-        return ProcessorMixin.apply_chat_template(self, conversation, chat_template, **kwargs)
-
-
-AutoProcessor.register(Qwen2VLConfig, ImageOnlyQwen2VLProcessor, exist_ok=True)
-AutoProcessor.register(Qwen2_5_VLConfig, ImageOnlyQwen2_5_VLProcessor, exist_ok=True)
-AutoProcessor.register(SmolVLMConfig, ImageOnlySmolVLMProcessor, exist_ok=True)
 
 
 # --- chat templates: the family's turn markers, content lists of image/text items -------------
