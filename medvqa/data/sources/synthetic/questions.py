@@ -1,8 +1,16 @@
-"""Questions about a synthetic image: SLAKE-like VQA templates and the pre-training set."""
+"""Questions about a synthetic image: a table of templates and the one function that asks them.
+
+A template is data: its wordings (format strings), the answer (a format string over the image's
+facts), its form and, optionally, a *slot* drawn before the wording (the organ asked about, the
+pair a choice offers, ...). `ask` turns a template and an image into one question, drawing
+first the slot, then the wording, from the image's own generator, so a question never depends
+on another image's. The VQA set is SLAKE-like (modality, organ, abnormality, position, size,
+quantity, plane, knowledge); the pre-training set uses the same answers in other words.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,216 +50,285 @@ def _other(rng: np.random.Generator, values: Sequence[str], truth: str) -> str:
     return _pick(rng, [v for v in values if v != truth])
 
 
-def _q_modality_open(s: ImageSpec, rng: np.random.Generator) -> QA:
-    q = _pick(
-        rng,
-        [
-            "what modality is used to take this image?",
-            "what imaging modality was used?",
-            "which imaging technique is shown?",
-            "how was this image acquired?",
-        ],
-    )
-    return q, s.modality, "open", None
+# -- slots: what a template draws before its wording (each returns format fields) ------------
 
 
-def _q_modality_pair(s: ImageSpec, rng: np.random.Generator) -> QA:
+def _modality_pair(s: ImageSpec, rng: np.random.Generator) -> dict[str, str]:
+    """The true modality and another one, in random order (a two-way choice)."""
     pair = [s.modality, _other(rng, MODALITIES, s.modality)]
     if rng.random() < 0.5:
         pair.reverse()
-    a, b = pair
-    q = _pick(
-        rng,
-        [
-            f"is this {_ARTICLE[a]} or {_ARTICLE[b]}?",
-            f"was this image taken with {a} or {b}?",
-            f"which modality is this, {a} or {b}?",
-        ],
-    )
-    return q, s.modality, "closed", pair
+    return {
+        "a": pair[0],
+        "b": pair[1],
+        "article_a": _ARTICLE[pair[0]],
+        "article_b": _ARTICLE[pair[1]],
+    }
 
 
-def _q_organ_open(s: ImageSpec, rng: np.random.Generator) -> QA:
-    q = _pick(
-        rng,
-        [
-            "which part of the body does this image show?",
-            "what body part is shown?",
-            "which region of the body is imaged?",
-            "what part of the body is being imaged?",
-        ],
-    )
-    return q, s.body_part, "open", None
+def _size_pair(s: ImageSpec, rng: np.random.Generator) -> dict[str, str]:
+    a, b = ("large", "small") if rng.random() < 0.5 else ("small", "large")
+    return {"a": a, "b": b}
 
 
-def _q_organ_yesno(s: ImageSpec, rng: np.random.Generator) -> QA:
+def _organ_probe(s: ImageSpec, rng: np.random.Generator) -> dict[str, str]:
+    """The imaged body part 60 % of the time, else another one."""
     asked = s.body_part if rng.random() < 0.6 else _other(rng, BODY_PARTS, s.body_part)
-    q = _pick(
-        rng,
-        [
-            f"is this an image of the {asked}?",
-            f"does this image show the {asked}?",
-            f"is the {asked} shown in this image?",
-        ],
-    )
-    return q, "yes" if asked == s.body_part else "no", "closed", list(YES_NO)
+    return {"asked": asked}
 
 
-def _q_lesion_yesno(s: ImageSpec, rng: np.random.Generator) -> QA:
-    q = _pick(
-        rng,
-        [
-            "is there a lesion in this image?",
-            "does this image contain a lesion?",
-            "is any lesion visible?",
-            "are there abnormal findings in this image?",
-        ],
-    )
-    return q, "yes" if s.lesion else "no", "closed", list(YES_NO)
+def _side_probe(s: ImageSpec, rng: np.random.Generator) -> dict[str, str]:
+    return {"asked": "left" if rng.random() < 0.5 else "right"}
 
 
-def _q_normal_yesno(s: ImageSpec, rng: np.random.Generator) -> QA:
-    q = _pick(
-        rng,
-        [
-            "does this image look normal?",
-            "is this a normal image?",
-            f"is the {s.body_part} healthy?",
-        ],
-    )
-    return q, "no" if s.lesion else "yes", "closed", list(YES_NO)
+def _uniform(values: Sequence[str]) -> Callable[[ImageSpec, np.random.Generator], dict[str, str]]:
+    def draw(s: ImageSpec, rng: np.random.Generator) -> dict[str, str]:
+        return {"asked": _pick(rng, values)}
+
+    return draw
 
 
-def _q_abnormality_open(s: ImageSpec, rng: np.random.Generator) -> QA:
-    q = _pick(
-        rng,
-        [
-            "what is the abnormality?",
-            "what abnormality is present?",
-            "what is abnormal in this image?",
-        ],
-    )
-    return q, s.lesion_kind, "open", None
-
-
-def _q_position_open(s: ImageSpec, rng: np.random.Generator) -> QA:
-    q = _pick(
-        rng,
-        [
-            "where is the lesion?",
-            "on which side is the lesion?",
-            "which side of the image is the lesion on?",
-            "where is the abnormality located?",
-        ],
-    )
-    return q, s.lesion_side, "open", None
-
-
-def _q_position_yesno(s: ImageSpec, rng: np.random.Generator) -> QA:
-    asked = "left" if rng.random() < 0.5 else "right"
-    q = _pick(
-        rng,
-        [
-            f"is the lesion on the {asked} side?",
-            f"is the lesion located on the {asked}?",
-            f"is the abnormality on the {asked} side of the image?",
-        ],
-    )
-    return q, "yes" if asked == s.lesion_side else "no", "closed", list(YES_NO)
-
-
-def _q_size_pair(s: ImageSpec, rng: np.random.Generator) -> QA:
-    pair = ["large", "small"] if rng.random() < 0.5 else ["small", "large"]
-    a, b = pair
-    q = _pick(
-        rng,
-        [
-            f"is the lesion {a} or {b}?",
-            f"is the abnormality {a} or {b}?",
-            f"how big is the lesion, {a} or {b}?",
-        ],
-    )
-    return q, s.lesion_size, "closed", pair
-
-
-def _q_quantity_open(s: ImageSpec, rng: np.random.Generator) -> QA:
-    q = _pick(
-        rng,
-        [
-            "how many lesions are there?",
-            "how many lesions are visible?",
-            "what is the number of lesions?",
-            "how many abnormalities can be seen?",
-        ],
-    )
-    return q, str(s.lesion_count), "open", None
-
-
-def _q_plane_open(s: ImageSpec, rng: np.random.Generator) -> QA:
-    q = _pick(
-        rng,
-        [
-            "in which plane is this image taken?",
-            "what is the scanning plane?",
-            "which plane is this image in?",
-            "what plane is shown?",
-        ],
-    )
-    return q, s.plane, "open", None
-
-
-def _q_knowledge_system(s: ImageSpec, rng: np.random.Generator) -> QA:
+def _organ(s: ImageSpec, rng: np.random.Generator) -> dict[str, str]:
+    """An organ of the imaged body part, with its knowledge facts."""
     organ = _pick(rng, sorted(KNOWLEDGE[s.body_part]))
-    q = _pick(
-        rng,
-        [
-            f"which organ system does the {organ} belong to?",
-            f"the {organ} is part of which organ system?",
-            f"to which body system does the {organ} belong?",
-        ],
-    )
-    return q, KNOWLEDGE[s.body_part][organ]["system"], "open", None
+    return {"organ": organ, **KNOWLEDGE[s.body_part][organ]}
 
 
-def _q_knowledge_function(s: ImageSpec, rng: np.random.Generator) -> QA:
-    organ = _pick(rng, sorted(KNOWLEDGE[s.body_part]))
-    q = _pick(
-        rng,
-        [
-            f"what is the function of the {organ}?",
-            f"what is the main function of the {organ}?",
-            f"what does the {organ} do?",
-        ],
-    )
-    return q, KNOWLEDGE[s.body_part][organ]["function"], "open", None
+SLOTS: dict[str, Callable[[ImageSpec, np.random.Generator], dict[str, str]]] = {
+    "modality_pair": _modality_pair,
+    "size_pair": _size_pair,
+    "organ_probe": _organ_probe,
+    "side_probe": _side_probe,
+    "any_body_part": _uniform(BODY_PARTS),
+    "any_side": _uniform(("left", "right")),
+    "any_size": _uniform(("small", "large")),
+    "organ": _organ,
+}
+
+# -- the templates -----------------------------------------------------------------------------
+
+# How a template's answer is asked for and scored:
+#   open     free text; the answer is `answer` filled in;
+#   yes_no   closed [yes, no]: with an `asked` slot, "yes" iff it equals the filled-in answer,
+#            else the filled-in answer itself (already yes/no);
+#   choice   closed between the slot's two options `a`, `b`; the answer is `answer` filled in;
+#   check    like yes_no but scored as an open answer (pre-training only).
+FORMS = ("open", "yes_no", "choice", "check")
 
 
 @dataclass(frozen=True)
 class Template:
-    """A question kind: its content type, whether it needs a lesion, and its generator."""
+    """One kind of question (see the module docstring and FORMS)."""
 
     name: str
     question_type: str
-    needs_lesion: bool
-    make: Callable[[ImageSpec, np.random.Generator], QA]
+    wordings: tuple[str, ...]
+    answer: str
+    form: str = "open"
+    slot: str | None = None
+    needs_lesion: bool = False
     weight: float = 1.0  # sampling weight: higher = asked for (almost) every image
 
 
+def _facts(s: ImageSpec) -> dict[str, str]:
+    """What answers are written from: the spec's fields, as text."""
+    return {
+        "modality": s.modality,
+        "body_part": s.body_part,
+        "plane": s.plane,
+        "lesion_kind": s.lesion_kind,
+        "lesion_side": s.lesion_side,
+        "lesion_size": s.lesion_size,
+        "lesion_count": str(s.lesion_count),
+        "has_lesion": "yes" if s.lesion else "no",
+        "is_normal": "no" if s.lesion else "yes",
+    }
+
+
+def ask(t: Template, s: ImageSpec, rng: np.random.Generator) -> QA:
+    """(question, answer, answer_type, candidates): the slot first, then the wording."""
+    fields: Mapping[str, str] = {**_facts(s), **(SLOTS[t.slot](s, rng) if t.slot else {})}
+    question = _pick(rng, t.wordings).format(**fields)
+    answer = t.answer.format(**fields)
+    if t.form in ("yes_no", "check") and "asked" in fields:
+        answer = "yes" if fields["asked"] == answer else "no"
+    if t.form == "yes_no":
+        return question, answer, "closed", list(YES_NO)
+    if t.form == "choice":
+        return question, answer, "closed", [fields["a"], fields["b"]]
+    return question, answer, "open", None
+
+
 VQA_TEMPLATES: tuple[Template, ...] = (
-    Template("modality_open", "modality", False, _q_modality_open),
-    Template("modality_pair", "modality", False, _q_modality_pair),
-    Template("organ_open", "organ", False, _q_organ_open),
-    Template("organ_yesno", "organ", False, _q_organ_yesno),
-    Template("lesion_yesno", "abnormality", False, _q_lesion_yesno, 4.0),
-    Template("normal_yesno", "abnormality", False, _q_normal_yesno, 4.0),
-    Template("abnormality_open", "abnormality", False, _q_abnormality_open, 3.0),
-    Template("position_open", "position", True, _q_position_open, 1.5),
-    Template("position_yesno", "position", True, _q_position_yesno, 1.5),
-    Template("size_pair", "size", True, _q_size_pair, 1.5),
-    Template("quantity_open", "quantity", True, _q_quantity_open, 1.5),
-    Template("plane_open", "plane", False, _q_plane_open),
-    Template("knowledge_system", "knowledge", False, _q_knowledge_system),
-    Template("knowledge_function", "knowledge", False, _q_knowledge_function),
+    Template(
+        "modality_open",
+        "modality",
+        (
+            "what modality is used to take this image?",
+            "what imaging modality was used?",
+            "which imaging technique is shown?",
+            "how was this image acquired?",
+        ),
+        "{modality}",
+    ),
+    Template(
+        "modality_pair",
+        "modality",
+        (
+            "is this {article_a} or {article_b}?",
+            "was this image taken with {a} or {b}?",
+            "which modality is this, {a} or {b}?",
+        ),
+        "{modality}",
+        form="choice",
+        slot="modality_pair",
+    ),
+    Template(
+        "organ_open",
+        "organ",
+        (
+            "which part of the body does this image show?",
+            "what body part is shown?",
+            "which region of the body is imaged?",
+            "what part of the body is being imaged?",
+        ),
+        "{body_part}",
+    ),
+    Template(
+        "organ_yesno",
+        "organ",
+        (
+            "is this an image of the {asked}?",
+            "does this image show the {asked}?",
+            "is the {asked} shown in this image?",
+        ),
+        "{body_part}",
+        form="yes_no",
+        slot="organ_probe",
+    ),
+    Template(
+        "lesion_yesno",
+        "abnormality",
+        (
+            "is there a lesion in this image?",
+            "does this image contain a lesion?",
+            "is any lesion visible?",
+            "are there abnormal findings in this image?",
+        ),
+        "{has_lesion}",
+        form="yes_no",
+        weight=4.0,
+    ),
+    Template(
+        "normal_yesno",
+        "abnormality",
+        (
+            "does this image look normal?",
+            "is this a normal image?",
+            "is the {body_part} healthy?",
+        ),
+        "{is_normal}",
+        form="yes_no",
+        weight=4.0,
+    ),
+    Template(
+        "abnormality_open",
+        "abnormality",
+        (
+            "what is the abnormality?",
+            "what abnormality is present?",
+            "what is abnormal in this image?",
+        ),
+        "{lesion_kind}",
+        weight=3.0,
+    ),
+    Template(
+        "position_open",
+        "position",
+        (
+            "where is the lesion?",
+            "on which side is the lesion?",
+            "which side of the image is the lesion on?",
+            "where is the abnormality located?",
+        ),
+        "{lesion_side}",
+        needs_lesion=True,
+        weight=1.5,
+    ),
+    Template(
+        "position_yesno",
+        "position",
+        (
+            "is the lesion on the {asked} side?",
+            "is the lesion located on the {asked}?",
+            "is the abnormality on the {asked} side of the image?",
+        ),
+        "{lesion_side}",
+        form="yes_no",
+        slot="side_probe",
+        needs_lesion=True,
+        weight=1.5,
+    ),
+    Template(
+        "size_pair",
+        "size",
+        (
+            "is the lesion {a} or {b}?",
+            "is the abnormality {a} or {b}?",
+            "how big is the lesion, {a} or {b}?",
+        ),
+        "{lesion_size}",
+        form="choice",
+        slot="size_pair",
+        needs_lesion=True,
+        weight=1.5,
+    ),
+    Template(
+        "quantity_open",
+        "quantity",
+        (
+            "how many lesions are there?",
+            "how many lesions are visible?",
+            "what is the number of lesions?",
+            "how many abnormalities can be seen?",
+        ),
+        "{lesion_count}",
+        needs_lesion=True,
+        weight=1.5,
+    ),
+    Template(
+        "plane_open",
+        "plane",
+        (
+            "in which plane is this image taken?",
+            "what is the scanning plane?",
+            "which plane is this image in?",
+            "what plane is shown?",
+        ),
+        "{plane}",
+    ),
+    Template(
+        "knowledge_system",
+        "knowledge",
+        (
+            "which organ system does the {organ} belong to?",
+            "the {organ} is part of which organ system?",
+            "to which body system does the {organ} belong?",
+        ),
+        "{system}",
+        slot="organ",
+    ),
+    Template(
+        "knowledge_function",
+        "knowledge",
+        (
+            "what is the function of the {organ}?",
+            "what is the main function of the {organ}?",
+            "what does the {organ} do?",
+        ),
+        "{function}",
+        slot="organ",
+    ),
 )
 QUESTION_TYPES: tuple[str, ...] = tuple(dict.fromkeys(t.question_type for t in VQA_TEMPLATES))
 
@@ -269,111 +346,67 @@ def caption(s: ImageSpec) -> str:
     return f"{s.modality} of the {s.body_part} with {count} {s.lesion_size} {noun} on the {s.lesion_side}"
 
 
-def _generic(
-    questions: Sequence[str], answer: Callable[[ImageSpec], str]
-) -> Callable[[ImageSpec, np.random.Generator], QA]:
-    def make(s: ImageSpec, rng: np.random.Generator) -> QA:
-        return _pick(rng, questions), answer(s), "open", None
-
-    return make
-
-
-def _fact(s: ImageSpec, rng: np.random.Generator) -> QA:
-    """General medical knowledge, as a language model's pre-training text would hold it."""
-    organ = _pick(rng, sorted(KNOWLEDGE[s.body_part]))
-    fact = KNOWLEDGE[s.body_part][organ]
-    answer = f"the {organ} belongs to the {fact['system']} system; its role is {fact['function']}"
-    return (
-        _pick(rng, [f"tell me about the {organ}.", f"explain the {organ}."]),
-        answer,
-        "open",
-        None,
-    )
-
-
-def _region_check(s: ImageSpec, rng: np.random.Generator) -> QA:
-    part = _pick(rng, BODY_PARTS)
-    return (
-        f"does this picture show the {part}?",
-        "yes" if part == s.body_part else "no",
-        "open",
-        None,
-    )
-
-
-def _finding_check(s: ImageSpec, rng: np.random.Generator) -> QA:
-    return "can you see a finding?", "yes" if s.lesion else "no", "open", None
-
-
-def _side_check(s: ImageSpec, rng: np.random.Generator) -> QA:
-    side = _pick(rng, ["left", "right"])
-    return f"is the finding on the {side}?", "yes" if side == s.lesion_side else "no", "open", None
-
-
-def _extent_check(s: ImageSpec, rng: np.random.Generator) -> QA:
-    size = _pick(rng, ["small", "large"])
-    return f"is the finding {size}?", "yes" if size == s.lesion_size else "no", "open", None
-
-
 # Pre-training questions: the same answer vocabulary, phrased unlike the vqa templates, all open.
 # Yes/no checks are included because a language model's pre-training teaches it what "yes" and
 # "no" mean; without them the tiny base could only learn that during fine-tuning.
 PRETRAIN_TEMPLATES: tuple[Template, ...] = (
-    Template("finding_check", "generic", False, _finding_check, 2.0),
-    Template("side_check", "generic", True, _side_check, 1.5),
-    Template("extent_check", "generic", True, _extent_check, 1.5),
-    Template("fact", "generic", False, _fact),
-    Template("region_check", "generic", False, _region_check),
+    Template("finding_check", "generic", ("can you see a finding?",), "{has_lesion}", weight=2.0),
+    Template(
+        "side_check",
+        "generic",
+        ("is the finding on the {asked}?",),
+        "{lesion_side}",
+        form="check",
+        slot="any_side",
+        needs_lesion=True,
+        weight=1.5,
+    ),
+    Template(
+        "extent_check",
+        "generic",
+        ("is the finding {asked}?",),
+        "{lesion_size}",
+        form="check",
+        slot="any_size",
+        needs_lesion=True,
+        weight=1.5,
+    ),
+    # General medical knowledge, as a language model's pre-training text would hold it.
+    Template(
+        "fact",
+        "generic",
+        ("tell me about the {organ}.", "explain the {organ}."),
+        "the {organ} belongs to the {system} system; its role is {function}",
+        slot="organ",
+    ),
+    Template(
+        "region_check",
+        "generic",
+        ("does this picture show the {asked}?",),
+        "{body_part}",
+        form="check",
+        slot="any_body_part",
+    ),
     Template(
         "scan",
         "generic",
-        False,
-        _generic(
-            ["what kind of scan is this?", "which scanner made this picture?"], lambda s: s.modality
-        ),
+        ("what kind of scan is this?", "which scanner made this picture?"),
+        "{modality}",
     ),
     Template(
         "region",
         "generic",
-        False,
-        _generic(
-            ["what body region is this?", "which area of the body is pictured?"],
-            lambda s: s.body_part,
-        ),
+        ("what body region is this?", "which area of the body is pictured?"),
+        "{body_part}",
     ),
+    Template("finding", "generic", ("what is the finding?", "name the finding."), "{lesion_kind}"),
+    Template("abnormal", "generic", ("is anything abnormal here?",), "{has_lesion}"),
+    Template("orientation", "generic", ("what is the orientation of the slice?",), "{plane}"),
     Template(
-        "finding",
-        "generic",
-        False,
-        _generic(["what is the finding?", "name the finding."], lambda s: s.lesion_kind),
+        "side", "generic", ("which side is the finding on?",), "{lesion_side}", needs_lesion=True
     ),
-    Template(
-        "abnormal",
-        "generic",
-        False,
-        _generic(["is anything abnormal here?"], lambda s: "yes" if s.lesion else "no"),
-    ),
-    Template(
-        "orientation",
-        "generic",
-        False,
-        _generic(["what is the orientation of the slice?"], lambda s: s.plane),
-    ),
-    Template(
-        "side",
-        "generic",
-        True,
-        _generic(["which side is the finding on?"], lambda s: s.lesion_side),
-    ),
-    Template(
-        "extent", "generic", True, _generic(["how big is the finding?"], lambda s: s.lesion_size)
-    ),
-    Template(
-        "count",
-        "generic",
-        True,
-        _generic(["count the findings."], lambda s: str(s.lesion_count)),
-    ),
+    Template("extent", "generic", ("how big is the finding?",), "{lesion_size}", needs_lesion=True),
+    Template("count", "generic", ("count the findings.",), "{lesion_count}", needs_lesion=True),
 )
 
 
@@ -397,5 +430,5 @@ def make_questions(
     chosen = sorted(rng.choice(len(usable), size=k, replace=False, p=weights / weights.sum()))
     for i in chosen:
         t = usable[int(i)]
-        out.append((t.name, t.question_type, t.make(spec, rng)))
+        out.append((t.name, t.question_type, ask(t, spec, rng)))
     return out
