@@ -11,13 +11,13 @@ import pandas as pd
 import pytest
 
 from medvqa.evaluation.families.aspect_judge import (
-    ASPECT_ACC,
-    ASPECT_FAILED,
-    ASPECT_SCORES,
+    CLASS_ACC,
+    CLASS_FAILED,
+    CLASS_SCORES,
     AspectJudgeMetric,
     aspects_of,
 )
-from medvqa.evaluation.judge import ASPECT_RUBRIC, RUBRICS, JudgeCache, OpenAIBackend, Rubric
+from medvqa.evaluation.judge import CLASS_RUBRIC, RUBRICS, JudgeCache, OpenAIBackend, Rubric
 from medvqa.evaluation.scoring import build_metrics, counters, score_frame
 from tests.conftest import compose
 from tests.judge_server import JudgeServer
@@ -71,7 +71,7 @@ EXPECTED_ROW_ACC = [1.0, 0.5, 0.0, 1.0, 2 / 3, math.nan, math.nan, 0.0]
 
 
 def scripted(system: str, item: dict[str, str]) -> str:
-    assert system == ASPECT_RUBRIC.text
+    assert system == CLASS_RUBRIC.text
     return VERDICTS[(item["prediction"], item["aspect"])]
 
 
@@ -116,7 +116,7 @@ def assert_scores(got: list[dict[str, float]], expected: list[dict[str, float]])
 
 
 def test_rubric_is_versioned_and_shows_the_aspect() -> None:
-    rubric = ASPECT_RUBRIC
+    rubric = CLASS_RUBRIC
     assert rubric.id.startswith("aspect-") and len(rubric.id) == len("aspect-") + 12
     assert rubric.id not in {r.id for r in RUBRICS.values()}
     assert (rubric.labels, rubric.values, rubric.reduce) == (("0", "1"), (0, 1), "argmax")
@@ -157,7 +157,7 @@ def test_per_class_accuracy_shortcut_and_rescore(server: JudgeServer, tmp_path: 
     assert "A Paris IS polyp." not in server.predictions()
     user = json.loads(server.requests[0]["messages"][1]["content"])
     assert list(user) == ["question", "aspect", "ground_truth", "prediction"]
-    assert server.requests[0]["messages"][0]["content"] == ASPECT_RUBRIC.text
+    assert server.requests[0]["messages"][0]["content"] == CLASS_RUBRIC.text
     assert m.counters() == {
         "aspect_judge/calls": N_JUDGED,
         "aspect_judge/retries": 0,
@@ -168,9 +168,9 @@ def test_per_class_accuracy_shortcut_and_rescore(server: JudgeServer, tmp_path: 
     assert counters([m])["aspect_judge/calls"] == N_JUDGED
 
     assert scored.index.tolist() == preds.index.tolist()
-    assert_scores(scored[ASPECT_SCORES].tolist(), EXPECTED_SCORES)
-    assert scored[ASPECT_ACC].tolist() == pytest.approx(EXPECTED_ROW_ACC, nan_ok=True)
-    assert scored[ASPECT_FAILED].tolist() == [0] * len(ROWS)
+    assert_scores(scored[CLASS_SCORES].tolist(), EXPECTED_SCORES)
+    assert scored[CLASS_ACC].tolist() == pytest.approx(EXPECTED_ROW_ACC, nan_ok=True)
+    assert scored[CLASS_FAILED].tolist() == [0] * len(ROWS)
     assert scored.loc[20, "aspect_reasons"]["polyp_type"].startswith("normalised exact match")
     assert scored.loc[21, "aspect_reasons"]["instrument_presence"] == "scripted"
 
@@ -203,7 +203,7 @@ def test_per_class_accuracy_shortcut_and_rescore(server: JudgeServer, tmp_path: 
     assert server.count == N_JUDGED
     assert again.counters()["aspect_judge/calls"] == 0
     assert again.counters()["aspect_judge/cache_hits"] == N_JUDGED
-    assert_scores(rescored[ASPECT_SCORES].tolist(), EXPECTED_SCORES)
+    assert_scores(rescored[CLASS_SCORES].tolist(), EXPECTED_SCORES)
     assert rescores == pytest.approx(scores, nan_ok=True)
     again.close()
 
@@ -226,17 +226,17 @@ def test_failures_are_counted_and_retried(server: JudgeServer, tmp_path: Path) -
     assert server.count == 2 * N_JUDGED
     assert m.counters()["aspect_judge/failures"] == N_JUDGED
     assert m.counters()["aspect_judge/retries"] == 0
-    assert scored[ASPECT_FAILED].tolist() == [0, 2, 1, 1, 3, 0, 0, 1]
+    assert scored[CLASS_FAILED].tolist() == [0, 2, 1, 1, 3, 0, 0, 1]
     assert scores["aspect_failures"] == 8
     # Only the shortcut pairs were judged.
     assert scores["aspect_acc"] == 1.0
     assert scores["aspect_acc_polyp_type"] == 1.0
     assert math.isnan(scores["aspect_acc_polyp_size"])
     assert math.isnan(scores["aspect_acc_text_presence"])
-    assert scored[ASPECT_ACC].tolist() == pytest.approx(
+    assert scored[CLASS_ACC].tolist() == pytest.approx(
         [1.0] + [math.nan] * (len(ROWS) - 1), nan_ok=True
     )
-    assert math.isnan(scored.loc[24, ASPECT_SCORES]["polyp_size"])
+    assert math.isnan(scored.loc[24, CLASS_SCORES]["polyp_size"])
     assert "unreadable judge reply" in scored.loc[24, "aspect_reasons"]["polyp_size"]
     m.close()
 
@@ -245,7 +245,7 @@ def test_failures_are_counted_and_retried(server: JudgeServer, tmp_path: Path) -
     retry = metric(server, tmp_path)
     scored, scores = score_frame(preds, [retry])
     assert retry.counters()["aspect_judge/calls"] == N_JUDGED
-    assert_scores(scored[ASPECT_SCORES].tolist(), EXPECTED_SCORES)
+    assert_scores(scored[CLASS_SCORES].tolist(), EXPECTED_SCORES)
     assert scores["aspect_failures"] == 0 and scores["aspect_acc"] == pytest.approx(0.6)
     retry.close()
 
@@ -257,7 +257,7 @@ def test_logits_mode(server: JudgeServer) -> None:
     assert server.count == N_JUDGED
     assert all(body.get("logprobs") for body in server.requests)
     expected = [{k: 1.0 for k in row} for row in EXPECTED_SCORES]  # argmax over 0/1 -> 1
-    assert_scores(scored[ASPECT_SCORES].tolist(), expected)
+    assert_scores(scored[CLASS_SCORES].tolist(), expected)
 
 
 def test_missing_question_class_is_a_clear_error() -> None:

@@ -18,8 +18,8 @@ import pytest
 
 from medvqa.evaluation.families.judge import JUDGE_FAILED, JUDGE_RUBRIC, JUDGE_SCORE, JudgeMetric
 from medvqa.evaluation.judge import (
-    ASPECT_RUBRIC,
     CACHE_FILE,
+    CLASS_RUBRIC,
     CONFIG_KEYS,
     RUBRICS,
     SHORTCUT_REASON,
@@ -208,8 +208,8 @@ def test_engine_answers_each_item_in_order_and_judges_duplicates_once(
     judge_id = backend.judge_id
     triple = (wrong.question, wrong.answer, wrong.prediction)
     assert engine.key(wrong) == JudgeCache.key(judge_id, OPEN.id, *triple)
-    aspect = JudgeItem(ASPECT_RUBRIC, "q", "a", "p", {"aspect": "polyp_type"})
-    scope = f"{ASPECT_RUBRIC.id}:polyp_type"
+    aspect = JudgeItem(CLASS_RUBRIC, "q", "a", "p", {"aspect": "polyp_type"})
+    scope = f"{CLASS_RUBRIC.id}:polyp_type"
     assert engine.key(aspect) == JudgeCache.key(judge_id, scope, "q", "a", "p")
     engine.close()
 

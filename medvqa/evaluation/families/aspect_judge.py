@@ -4,7 +4,7 @@ A Kvasir question can combine several atomic questions, each of a `question_clas
 "aspect": polyp_type, instrument_presence, ...). For every class of a row the judge model
 reads the question, the aspect, the ground truth and the prediction, and answers with
 ``{"score": 0|1, "reason": "..."}``: does the prediction get *this* aspect right? The rubric
-(`ASPECT_RUBRIC`) is versioned by hash like the judge's, and `logits` mode (labels 0/1,
+(`CLASS_RUBRIC`) is versioned by hash like the judge's, and `logits` mode (labels 0/1,
 argmax) works the same.
 
 Everything else is the judge engine's (`medvqa.evaluation.judge.engine`): backend (`hf` or
@@ -37,8 +37,8 @@ from medvqa.data.records import ANSWER, QUESTION
 from medvqa.evaluation.families.base import MetricFamily
 from medvqa.evaluation.families.traditional import PREDICTION
 from medvqa.evaluation.judge import (
-    ASPECT,
-    ASPECT_RUBRIC,
+    ASKED_CLASS,
+    CLASS_RUBRIC,
     JudgeBackend,
     JudgeCache,
     JudgeEngine,
@@ -54,22 +54,23 @@ from medvqa.evaluation.statistics import mean_or_nan
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "ASPECT",
-    "ASPECT_ACC",
-    "ASPECT_FAILED",
-    "ASPECT_REASONS",
-    "ASPECT_RUBRIC",
-    "ASPECT_SCORES",
+    "ASKED_CLASS",
+    "CLASS_ACC",
+    "CLASS_FAILED",
+    "CLASS_REASONS",
+    "CLASS_RUBRIC",
+    "CLASS_SCORES",
     "QUESTION_CLASS",
     "AspectJudgeMetric",
     "aspects_of",
 ]
 
 QUESTION_CLASS = "question_class"
-ASPECT_SCORES = "aspect_scores"
-ASPECT_REASONS = "aspect_reasons"
-ASPECT_ACC = "aspect_acc"
-ASPECT_FAILED = "aspect_failed"
+# Per-aspect (= per question class) columns; the score names keep the word "aspect".
+CLASS_SCORES = "aspect_scores"
+CLASS_REASONS = "aspect_reasons"
+CLASS_ACC = "aspect_acc"
+CLASS_FAILED = "aspect_failed"
 
 
 def aspects_of(value: Any) -> list[str]:
@@ -99,10 +100,10 @@ class AspectJudgeMetric(MetricFamily):
         self,
         backend: JudgeBackend,
         cache: JudgeCache | None = None,
-        rubric: Rubric = ASPECT_RUBRIC,
+        rubric: Rubric = CLASS_RUBRIC,
         on_judgment: Callable[[str, Judgment], None] | None = None,
     ) -> None:
-        if ASPECT not in rubric.input_keys:
+        if ASKED_CLASS not in rubric.input_keys:
             raise ValueError(f"aspect rubric {rubric.name!r} does not show the judge the aspect")
         self.rubric = rubric
         self.engine = JudgeEngine(backend, cache, on_judgment)
@@ -126,7 +127,7 @@ class AspectJudgeMetric(MetricFamily):
 
     def item(self, question: str, answer: str, prediction: str, aspect: str) -> JudgeItem:
         """What the judge reads for one aspect of a row."""
-        return JudgeItem(self.rubric, question, answer, prediction, {ASPECT: aspect})
+        return JudgeItem(self.rubric, question, answer, prediction, {ASKED_CLASS: aspect})
 
     def item_key(self, question: str, answer: str, prediction: str, aspect: str) -> str:
         """The cache key of one (item, aspect) judgment."""
@@ -183,10 +184,10 @@ class AspectJudgeMetric(MetricFamily):
         acc = [mean_or_nan(list(row.values()), skipna=True) for row in scores]
         return pd.DataFrame(
             {
-                ASPECT_SCORES: pd.Series(scores, index=preds.index, dtype=object),
-                ASPECT_REASONS: pd.Series(reasons, index=preds.index, dtype=object),
-                ASPECT_ACC: acc,
-                ASPECT_FAILED: failed,
+                CLASS_SCORES: pd.Series(scores, index=preds.index, dtype=object),
+                CLASS_REASONS: pd.Series(reasons, index=preds.index, dtype=object),
+                CLASS_ACC: acc,
+                CLASS_FAILED: failed,
             },
             index=preds.index,
         )
@@ -196,15 +197,15 @@ class AspectJudgeMetric(MetricFamily):
         class present in `scored` (NaN when none of its pairs could be judged), and
         `aspect_failures` (pairs that could not be)."""
         per_class: dict[str, list[float]] = {}
-        for row in scored[ASPECT_SCORES]:
+        for row in scored[CLASS_SCORES]:
             if isinstance(row, Mapping):
                 for aspect, value in row.items():
                     per_class.setdefault(str(aspect), []).append(_float(value))
         # skipna: a NaN is a pair that could not be judged, which the means leave out.
-        out = {ASPECT_ACC: mean_or_nan([v for vs in per_class.values() for v in vs], skipna=True)}
+        out = {CLASS_ACC: mean_or_nan([v for vs in per_class.values() for v in vs], skipna=True)}
         for aspect in sorted(per_class):
-            out[f"{ASPECT_ACC}_{aspect}"] = mean_or_nan(per_class[aspect], skipna=True)
-        out["aspect_failures"] = float(scored[ASPECT_FAILED].sum())
+            out[f"{CLASS_ACC}_{aspect}"] = mean_or_nan(per_class[aspect], skipna=True)
+        out["aspect_failures"] = float(scored[CLASS_FAILED].sum())
         return out
 
     def close(self) -> None:

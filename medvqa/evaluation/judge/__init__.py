@@ -22,8 +22,8 @@ from medvqa.evaluation.judge.cache import CACHE_FILE, JudgeCache, cache_from_con
 from medvqa.evaluation.judge.engine import SHORTCUT_REASON, JudgeEngine, JudgeItem, as_text
 from medvqa.evaluation.judge.replies import Judgment, parse_judgment
 from medvqa.evaluation.judge.rubrics import (
-    ASPECT,
-    ASPECT_RUBRIC,
+    ASKED_CLASS,
+    CLASS_RUBRIC,
     INPUT_KEYS,
     RUBRICS,
     Rubric,
@@ -32,9 +32,9 @@ from medvqa.evaluation.judge.rubrics import (
 )
 
 __all__ = [
-    "ASPECT",
-    "ASPECT_RUBRIC",
+    "ASKED_CLASS",
     "CACHE_FILE",
+    "CLASS_RUBRIC",
     "CONFIG_KEYS",
     "INPUT_KEYS",
     "RUBRICS",

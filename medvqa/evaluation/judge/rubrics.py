@@ -27,8 +27,8 @@ from typing import Any
 from medvqa.hashing import content_hash
 
 __all__ = [
-    "ASPECT",
-    "ASPECT_RUBRIC",
+    "ASKED_CLASS",
+    "CLASS_RUBRIC",
     "INPUT_KEYS",
     "RUBRICS",
     "Rubric",
@@ -76,7 +76,7 @@ MULTILABEL_TEXT = _PREAMBLE + (
     'Reply with only a JSON object: {"score": <0, 1 or 2>, "reason": "<one short sentence>"}'
 )
 
-ASPECT_TEXT = (
+CLASS_RUBRIC_TEXT = (
     "You check one aspect of an answer given by a visual question answering system for "
     "gastrointestinal endoscopy images. The user message is a JSON object with the "
     '"question", the "aspect" to check, the "ground_truth" answer and the system\'s '
@@ -102,7 +102,7 @@ REMINDER = (
 # The user message: the item as JSON (keys in this order), the same in every mode.
 INPUT_KEYS = ("question", "ground_truth", "prediction")
 # The extra input key of the per-aspect rubric: the question class being checked.
-ASPECT = "aspect"
+ASKED_CLASS = "aspect"
 
 
 @dataclass(frozen=True)
@@ -176,13 +176,13 @@ RUBRICS: dict[str, Rubric] = {
     ),
 }
 
-ASPECT_RUBRIC = Rubric(
+CLASS_RUBRIC = Rubric(
     "aspect",
-    ASPECT_TEXT,
+    CLASS_RUBRIC_TEXT,
     ("0", "1"),
     (0, 1),
     "argmax",
-    input_keys=(INPUT_KEYS[0], ASPECT, *INPUT_KEYS[1:]),
+    input_keys=(INPUT_KEYS[0], ASKED_CLASS, *INPUT_KEYS[1:]),
 )
 
 

@@ -72,7 +72,7 @@ ROW_COL_TOKENS = [f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7)
 # Per family: special tokens (the first is padding), bos/eos, tokenizer extras, chat template.
 TOKENS: dict[str, dict[str, Any]] = {
     "llava": {
-        "special": tiny.SPECIAL_TOKENS,
+        "special": tiny.RESERVED_TOKENS,
         "bos": "<s>",
         "eos": "</s>",
         "extra": {"image_token": "<image>"},

@@ -23,7 +23,7 @@ from medvqa.models.builders.cache import CachedModelBuilder, plain
 log = logging.getLogger(__name__)
 
 BUILDER_VERSION = 1
-SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<image>"]
+RESERVED_TOKENS = ["<pad>", "<s>", "</s>", "<image>"]
 # Kept deliberately plain: every token here costs sequence length on a CPU.
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}"
@@ -115,7 +115,7 @@ def build_processor(texts: list[str], vocab_size: int, image_size: int, patch_si
         texts,
         trainers.BpeTrainer(
             vocab_size=vocab_size,
-            special_tokens=SPECIAL_TOKENS,
+            special_tokens=RESERVED_TOKENS,
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
             show_progress=False,
         ),
