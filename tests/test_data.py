@@ -49,7 +49,7 @@ def test_fingerprint_follows_content(tmp_path: Path) -> None:
 
 def test_model_cache_key_follows_the_pretraining_data(tmp_path: Path, monkeypatch) -> None:
     """A changed data generator must rebuild the tiny model, never reuse a stale one."""
-    import medvqa.data.sources.synthetic as synthetic
+    from medvqa.data.sources.synthetic import dataset as synthetic
 
     pretrain = {
         "data": {

@@ -222,6 +222,24 @@ def test_zero_shot_reference_is_the_no_finetune_row_unless_a_run_exists(tmp_path
     assert got["n"] == 1 and got["mean"] == pytest.approx(none_run["test_ood/closed_acc"])
 
 
+def test_rows_are_joined_on_method_ids_not_display_labels(tmp_path: Path) -> None:
+    """A label edited between sweeps keeps the seeds in one cell; one baseline run with two
+    methods is two rows, each with a name of its own."""
+    rng = np.random.default_rng(11)
+    write_record(tmp_path / "a", "lora", 0, metrics=headline(rng), peft_label="LoRA")
+    write_record(tmp_path / "b", "lora", 1, metrics=headline(rng), peft_label="LoRA (r=16)")
+    for peft in ("lora", "full"):
+        write_record(tmp_path, peft, 0, metrics=headline(rng), baseline="no_image")
+    long = long_table(collect([tmp_path]))
+    assert cell(long, "LoRA", "closed RR")["n"] == 2
+    ids = long.drop_duplicates("method_id").set_index("method_id")["method"].to_dict()
+    assert ids == {
+        "lora": "LoRA",
+        "lora+no_image": "No Image (lora+no_image)",
+        "full+no_image": "No Image (full+no_image)",
+    }
+
+
 def test_config_variants_are_separate_rows_not_seeds(tmp_path: Path) -> None:
     rng = np.random.default_rng(10)
     for lr in (1e-4, 1e-3):

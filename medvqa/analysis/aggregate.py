@@ -4,7 +4,7 @@ Everything is read from what a run logged (status, seed, Hydra's choices, the re
 the flat metrics), never from directory names, so a sweep can be moved, merged or renamed.
 Rows the run scored for context become rows of their own, marked by `kind`:
 
-- `run`: the run itself (its label: `label`, else `peft.label`);
+- `run`: the run itself;
 - `reference`: the untuned base (`zero_shot/...`) and chance (`chance/...`) scored inside a
   run; the tables use them only when no run of that kind exists for the setting;
 - `extra image`: evaluation with another image (`blank/...` for the blind ablation);
@@ -27,35 +27,31 @@ from medvqa.record import RESULTS_FILE, read_record
 
 log = logging.getLogger(__name__)
 
-# The paper's row names for the labels the configs ship with (conf/peft, conf/baseline, the
-# reference rows of medvqa/tasks/train_eval.py), in the paper's row order. Other labels keep
-# their own name and come after these, in the order they were first seen.
-DISPLAY = {
-    "No fine-tuning": "No Finetune",
-    "zero-shot base": "No Finetune",
-    "Full fine-tuning": "Full Finetune",
-    "Prompt tuning": "Prompt",
-    "LoRA": "LoRA",
-    "(IA)³": "(IA)³",
-    "most frequent answer": "Most Freq.",
-    "no image (train + eval)": "No Image",
-    "no image (eval)": "No Image (eval)",
-    "random (1/k)": "Random (1/k)",
-    "chance (1/k)": "Random (1/k)",
+# Every row has a `method_id` that says what it *is*, stable when labels are edited: the peft
+# method's name, a sanity baseline's name (`<peft>+<baseline>` for a baseline that trains a
+# method), or the label the user gave the run; `@<image>` marks an evaluation with another image
+# and `@delta_<image>` the paired difference. Rows are grouped and joined on it; the `method`
+# column is its display name (the paper's row names for what the configs ship with).
+PEFT_NAMES = {
+    "none": "No Finetune",
+    "full": "Full Finetune",
+    "prompt_tuning": "Prompt",
+    "lora": "LoRA",
+    "ia3": "(IA)³",
 }
-METHOD_ORDER = (
-    "No Finetune",
-    "Full Finetune",
-    "Prompt",
-    "LoRA",
-    "(IA)³",
-    "Most Freq.",
-    "No Image",
-    "No Image (eval)",
-    "Random (1/k)",
-)
-# Metric-name prefixes of the reference rows a run scores, and the label each row gets.
-REFERENCES = {"zero_shot/": "zero-shot base", "chance/": "chance (1/k)"}
+BASELINE_NAMES = {
+    "most_frequent": "Most Freq.",
+    "no_image": "No Image",
+    "no_image_eval": "No Image (eval)",
+    "random": "Random (1/k)",
+}
+# The paper's row order; other methods come after these, in the order they were first seen.
+METHOD_ORDER = (*PEFT_NAMES, *BASELINE_NAMES)
+# Metric-name prefixes of the reference rows a run scores, and the method each row is: the
+# untuned base is the `none` method, chance is the random baseline.
+REFERENCES = {"zero_shot/": "none", "chance/": "random"}
+# Tasks that load no model: a baseline run by them is not tied to the composed peft method.
+MODEL_FREE_TASKS = ("most_frequent", "chance")
 # The headline keys per table column; `{closed}`/`{open}` are the run's primary scores.
 HEADLINE_KEYS = dict(
     zip(
@@ -80,6 +76,7 @@ ID_COLUMNS = (
     "shift_kind",
     "model",
     "method",
+    "method_id",
     "label",
     "peft",
     "baseline",
@@ -130,17 +127,30 @@ def _number(value: Any) -> float:
         return math.nan
 
 
-def display_label(label: str) -> str:
-    """The paper's row name for a known label, else the label itself."""
-    return DISPLAY.get(label, label)
+def method_name(method_id: str, label: str | None = None) -> str:
+    """The display name of a method id: the paper's name where there is one, else the run's
+    label (`label`, `peft.label`), else the id; extra-image and variant suffixes kept."""
+    head, bracket, variant = method_id.partition(" [")
+    head, _, image = head.partition("@")
+    peft, _, baseline = head.partition("+")
+    if baseline:
+        name = BASELINE_NAMES.get(baseline) or f"{PEFT_NAMES.get(peft, peft)} ({baseline} baseline)"
+    else:
+        name = PEFT_NAMES.get(head) or BASELINE_NAMES.get(head) or label or head
+    if image.startswith("delta_"):
+        name = f"{name}, Δ sighted − {image[len('delta_') :]}"
+    elif image:
+        name = f"{name}, {image} image"
+    return f"{name}{bracket}{variant}"
 
 
-def method_sort_key(method: str, first_seen: Mapping[str, int] | None = None) -> tuple:
+def method_sort_key(method_id: str, first_seen: Mapping[str, int] | None = None) -> tuple:
     """Known methods in the paper's order, derived rows right after theirs, then the rest."""
-    base = method.split(" [")[0].split(", ")[0]
-    if base in METHOD_ORDER:
-        return (0, METHOD_ORDER.index(base), method != base, method)
-    return (1, (first_seen or {}).get(method, 0), 0, method)
+    head = method_id.split(" [")[0].split("@")[0]
+    known = head.rpartition("+")[2]
+    if known in METHOD_ORDER and (known == head or known in BASELINE_NAMES):
+        return (0, METHOD_ORDER.index(known), method_id != head, method_id)
+    return (1, (first_seen or {}).get(method_id, 0), 0, method_id)
 
 
 def _identity(record: Mapping[str, Any]) -> dict[str, Any]:
@@ -162,10 +172,13 @@ def _identity(record: Mapping[str, Any]) -> dict[str, Any]:
         setting = f"{setting} ({shift})"
     peft = _get(config, "peft.name") or choices.get("peft")
     baseline = choices.get("baseline")
+    task = choices.get("task") or _get(config, "task.name")
     label = config.get("label") or _get(config, "peft.label") or peft or "?"
-    if baseline and not config.get("label") and baseline != "zero_shot":
+    if baseline and baseline != "zero_shot":
         # e.g. the blind ablation: a LoRA run that is a baseline, not the LoRA row itself.
-        label = f"{label} ({baseline} baseline)"
+        method_id = baseline if task in MODEL_FREE_TASKS else f"{peft}+{baseline}"
+    else:
+        method_id = config.get("label") or peft or "?"
     closed = _get(config, "evaluation.primary_closed", "closed_acc")
     open_ = _get(config, "evaluation.primary_open", "open_f1")
     return {
@@ -176,6 +189,7 @@ def _identity(record: Mapping[str, Any]) -> dict[str, Any]:
         "shift_kind": "corruption" if str(shift).startswith("corruption") else "realistic",
         "model": _get(config, "model.name") or choices.get("model") or "?",
         "label": str(label),
+        "method_id": str(method_id),
         "peft": peft,
         "baseline": baseline,
         "primary_closed": closed,
@@ -208,20 +222,21 @@ def record_rows(record: Mapping[str, Any], source: str) -> list[dict[str, Any]]:
     }
     closed, open_ = ident["primary_closed"], ident["primary_open"]
     prefixes = {f"{p.split('/')[0]}/" for p in metrics if "/" in p}
-    derived: list[tuple[str, str, str]] = [("run", ident["label"], "")]
-    for prefix, ref_label in REFERENCES.items():
+    own_id = ident["method_id"]
+    derived: list[tuple[str, str, str]] = [("run", own_id, "")]
+    for prefix, ref_id in REFERENCES.items():
         if prefix in prefixes:
-            derived.append(("reference", ref_label, prefix))
+            derived.append(("reference", ref_id, prefix))
     config = record.get("config") or {}
     for mode in _get(config, "data.extra_eval_images", []) or []:
         if f"{mode}/" in prefixes:
-            derived.append(("extra image", f"{ident['label']}, {mode} image", f"{mode}/"))
+            derived.append(("extra image", f"{own_id}@{mode}", f"{mode}/"))
         if f"delta_{mode}/" in prefixes:
-            derived.append(("delta", f"{ident['label']}, Δ sighted − {mode}", f"delta_{mode}/"))
+            derived.append(("delta", f"{own_id}@delta_{mode}", f"delta_{mode}/"))
     taken = tuple(prefix for _, _, prefix in derived if prefix)
     what = _what(config)
     rows = []
-    for kind, label, prefix in derived:
+    for kind, method_id, prefix in derived:
         own = (
             {k[len(prefix) :]: v for k, v in metrics.items() if k.startswith(prefix)}
             if prefix
@@ -231,8 +246,8 @@ def record_rows(record: Mapping[str, Any], source: str) -> list[dict[str, Any]]:
             {
                 **base,
                 "kind": kind,
-                "label": label,
-                "method": _method(label, ident["label"], kind),
+                "method_id": method_id,
+                "method": method_name(method_id, ident["label"] if kind != "reference" else None),
                 "peft": {"zero_shot/": "none", "chance/": None}.get(prefix, base["peft"]),
                 "_what": what,
                 **_headlines(own, closed, open_),
@@ -285,11 +300,11 @@ def _what(config: Mapping[str, Any]) -> dict[str, str]:
 def _mark_variants(frame: pd.DataFrame) -> pd.DataFrame:
     """Runs of one method that differ in config (e.g. a learning-rate sweep) are not seeds of
     one cell: the keys whose values differ between runs of the *same seed* are appended to the
-    method, e.g. "LoRA [peft.lr=0.0001]". Keys that vary only with the seed (a seed-derived
-    value) are not variants."""
+    method id and name, e.g. "LoRA [peft.lr=0.0001]". Keys that vary only with the seed (a
+    seed-derived value) are not variants."""
     frame = frame.copy()
     for _, group in frame[frame["kind"] != "reference"].groupby(
-        ["setting", "model", "method"], sort=False
+        ["setting", "model", "method_id"], sort=False
     ):
         keys: set[str] = set()
         for _, same_seed in group.groupby("seed", dropna=False):
@@ -304,15 +319,19 @@ def _mark_variants(frame: pd.DataFrame) -> pd.DataFrame:
             what = frame.at[idx, "_what"] if isinstance(frame.at[idx, "_what"], dict) else {}
             parts = [f"{k}={what.get(k, '∅')}" for k in shown[:3]]
             tail = ", …" if len(shown) > 3 else ""
-            frame.at[idx, "method"] = f"{frame.at[idx, 'method']} [{', '.join(parts)}{tail}]"
+            suffix = f" [{', '.join(parts)}{tail}]"
+            for column in ("method_id", "method"):
+                frame.at[idx, column] = f"{frame.at[idx, column]}{suffix}"
     return frame
 
 
-def _method(label: str, run_label: str, kind: str) -> str:
-    if kind in ("extra image", "delta"):
-        head, _, tail = label.rpartition(", ")
-        return f"{display_label(head)}, {tail}"
-    return display_label(label)
+def _distinct_names(frame: pd.DataFrame) -> pd.DataFrame:
+    """Two methods never share a display name (e.g. LoRA and full fine-tuning, both run as the
+    no-image baseline): a name several ids map to gets the id appended."""
+    ids_per_name = frame.groupby("method")["method_id"].nunique()
+    shared = frame["method"].isin(ids_per_name[ids_per_name > 1].index)
+    frame.loc[shared, "method"] = frame["method"] + " (" + frame["method_id"] + ")"
+    return frame
 
 
 def records_frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
@@ -326,6 +345,7 @@ def records_frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
         return pd.DataFrame(columns=[*ID_COLUMNS, *COLUMNS])
     if "_what" in frame:
         frame = _mark_variants(frame).drop(columns="_what")
+    frame = _distinct_names(frame)
     several_models = frame["model"].nunique() > 1
     frame["table"] = (
         frame["setting"] + " · " + frame["model"].astype(str)
@@ -360,6 +380,7 @@ def collect(dirs: Sequence[Path | str]) -> pd.DataFrame:
                     "setting": "?",
                     "model": "?",
                     "method": "?",
+                    "method_id": "?",
                     "label": "?",
                     "kind": "run",
                 }

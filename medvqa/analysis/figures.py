@@ -39,9 +39,13 @@ def save(fig: Figure, out_dir: Path, name: str) -> Path:
     return png
 
 
-def _ordered(methods: Sequence[str]) -> list[str]:
-    first = {m: i for i, m in enumerate(dict.fromkeys(methods))}
-    return sorted(dict.fromkeys(methods), key=lambda m: method_sort_key(m, first))
+def _ordered(frame: pd.DataFrame, methods: Sequence[str] | None = None) -> list[str]:
+    """Display names of the frame's methods (or of `methods` among them) in the paper's order,
+    sorted by their ids."""
+    ids = dict(zip(frame["method"], frame["method_id"], strict=True))
+    first = {m: i for i, m in enumerate(dict.fromkeys(frame["method_id"]))}
+    names = dict.fromkeys(frame["method"] if methods is None else methods)
+    return sorted(names, key=lambda m: method_sort_key(ids[m], first))
 
 
 def error_bar(cells: pd.DataFrame) -> np.ndarray:
@@ -56,7 +60,7 @@ def rr_matrix(long: pd.DataFrame, column: str, role: str | None = "method") -> p
     if role is not None:
         part = part[part["role"] == role]
     matrix = part.pivot_table(index="method", columns="table", values="mean", aggfunc="first")
-    return matrix.loc[_ordered(list(matrix.index))] if not matrix.empty else matrix
+    return matrix.loc[_ordered(part, list(matrix.index))] if not matrix.empty else matrix
 
 
 def palette(n: int) -> list[tuple[float, ...]]:
@@ -72,7 +76,7 @@ def methods_with_rr(long: pd.DataFrame) -> list[str]:
     """Methods with at least one RR value, in the paper's order. Rows without any (a Δ row)
     get no bar and no legend entry, so the legend lists only what is drawn."""
     with_rr = long[long["column"].isin(RR_COLUMNS.values()) & long["mean"].notna()]
-    return _ordered(with_rr["method"].tolist())
+    return _ordered(with_rr)
 
 
 def rr_bars(long: pd.DataFrame, out_dir: Path) -> Path | str:
@@ -241,6 +245,7 @@ def breakdown_cells(frame: pd.DataFrame) -> pd.DataFrame:
                 {
                     "table": run["table"],
                     "method": run["method"],
+                    "method_id": run["method_id"],
                     "field": m.group(2),
                     "value": m.group(3),
                     "score": scores[m.group(4)],
@@ -251,9 +256,9 @@ def breakdown_cells(frame: pd.DataFrame) -> pd.DataFrame:
     if not out:
         return pd.DataFrame()
     cells = pd.DataFrame(out)
-    return cells.groupby(["table", "field", "value", "score", "method"], as_index=False)[
-        ["ood", "rr"]
-    ].mean()
+    return cells.groupby(
+        ["table", "field", "value", "score", "method_id", "method"], as_index=False
+    )[["ood", "rr"]].mean()
 
 
 def breakdown_heatmaps(frame: pd.DataFrame, out_dir: Path) -> dict[str, Path]:
@@ -271,7 +276,7 @@ def breakdown_heatmaps(frame: pd.DataFrame, out_dir: Path) -> dict[str, Path]:
                     index="value", columns="method", values=what, aggfunc="first"
                 )
                 if not mat.empty and mat.notna().any().any():
-                    mat = mat[_ordered(list(mat.columns))]
+                    mat = mat[_ordered(part, list(mat.columns))]
                     panels.append((f"{score} {label}", mat))
         if not panels:
             continue

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from medvqa.analysis.aggregate import method_sort_key
+from medvqa.analysis.aggregate import BASELINE_NAMES, method_sort_key
 from medvqa.analysis.summary import COLUMNS
 
 log = logging.getLogger(__name__)
@@ -44,17 +44,17 @@ def select_rows(frame: pd.DataFrame, warn: bool = True) -> pd.DataFrame:
         return frame
     runs = frame[frame["kind"] != "reference"]
     refs = frame[frame["kind"] == "reference"]
-    have = set(zip(runs["table"], runs["method"], strict=True))
-    keep = [(t, m) not in have for t, m in zip(refs["table"], refs["method"], strict=True)]
+    have = set(zip(runs["table"], runs["method_id"], strict=True))
+    keep = [(t, m) not in have for t, m in zip(refs["table"], refs["method_id"], strict=True)]
     refs = refs.loc[np.array(keep, dtype=bool)]
     # The zero-shot base is scored in every fine-tuning run of a seed: one copy per seed.
-    refs = refs.sort_values("source").drop_duplicates(["table", "method", "seed"])
+    refs = refs.sort_values("source").drop_duplicates(["table", "method_id", "seed"])
     rows = pd.concat([runs, refs], ignore_index=True)
     rank = rows["status"].map(lambda s: 0 if s == "finished" else 1)
     rows = rows.assign(_rank=rank).sort_values(
         ["_rank", "started_at"], ascending=[True, False], na_position="last"
     )
-    dup = rows.duplicated(["table", "method", "seed"], keep=False)
+    dup = rows.duplicated(["table", "method_id", "seed"], keep=False)
     for (table, method, seed), group in rows[dup & warn].groupby(["table", "method", "seed"]):
         log.warning(
             "%s / %s / seed %s recorded %d times; keeping %s (also: %s)",
@@ -65,7 +65,7 @@ def select_rows(frame: pd.DataFrame, warn: bool = True) -> pd.DataFrame:
             group["source"].iloc[0],
             ", ".join(map(str, group["source"].iloc[1:])),
         )
-    rows = rows.drop_duplicates(["table", "method", "seed"]).drop(columns="_rank")
+    rows = rows.drop_duplicates(["table", "method_id", "seed"]).drop(columns="_rank")
     return rows.reset_index(drop=True)
 
 
@@ -104,7 +104,7 @@ def role(row: pd.Series) -> str:
     baseline = row.get("baseline")
     is_baseline = isinstance(baseline, str) and baseline != "zero_shot"
     derived = row.get("kind") in ("extra image", "delta")
-    if is_baseline or derived or row.get("label") == "chance (1/k)":
+    if is_baseline or derived or row.get("method_id") in BASELINE_NAMES:
         return "baseline"
     return "method"
 
@@ -138,9 +138,11 @@ def long_table(frame: pd.DataFrame, columns: Sequence[str] = COLUMNS) -> pd.Data
     rows = select_rows(frame)
     out = []
     if rows.empty:
-        return pd.DataFrame(columns=["table", "method", "column", "mean", "std", "n", "text"])
-    first = {m: i for i, m in enumerate(dict.fromkeys(rows["method"]))}
-    for (table, method), group in rows.groupby(["table", "method"], sort=False):
+        return pd.DataFrame(
+            columns=["table", "method", "method_id", "column", "mean", "std", "n", "text"]
+        )
+    first = {m: i for i, m in enumerate(dict.fromkeys(rows["method_id"]))}
+    for (table, method_id), group in rows.groupby(["table", "method_id"], sort=False):
         meta = group.iloc[0]
         for column in columns:
             cell = _cell(group, column)
@@ -151,13 +153,14 @@ def long_table(frame: pd.DataFrame, columns: Sequence[str] = COLUMNS) -> pd.Data
                     "shift": meta["shift"],
                     "shift_kind": meta["shift_kind"],
                     "model": meta["model"],
-                    "method": method,
+                    "method": meta["method"],
+                    "method_id": method_id,
                     "kind": meta["kind"],
                     "role": role(meta),
                     "column": column,
                     **cell,
                     "text": cell_text(cell),
-                    "_order": method_sort_key(method, first),
+                    "_order": method_sort_key(method_id, first),
                 }
             )
     long = _fill_missing(pd.DataFrame(out))
@@ -169,7 +172,7 @@ def _fill_missing(long: pd.DataFrame) -> pd.DataFrame:
     """A method run in some tables gets a "—" row in the others (of the same model), so a
     missing cell reads as missing instead of the row silently not being there."""
     filler = []
-    for (model, method), group in long.groupby(["model", "method"], sort=False):
+    for (model, _), group in long.groupby(["model", "method_id"], sort=False):
         meta = group.iloc[0]
         for table, tgroup in long[long["model"] == model].groupby("table", sort=False):
             if table in set(group["table"]):
@@ -179,8 +182,7 @@ def _fill_missing(long: pd.DataFrame) -> pd.DataFrame:
                 filler.append(
                     {
                         **{k: t[k] for k in ("table", "setting", "shift", "shift_kind", "model")},
-                        "method": method,
-                        "kind": meta["kind"],
+                        **{k: meta[k] for k in ("method", "method_id", "kind")},
                         "role": meta["role"],
                         "column": column,
                         "mean": math.nan,

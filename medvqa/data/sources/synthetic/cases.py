@@ -12,8 +12,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-GENERATOR_VERSION = 4
-
 MODALITIES: tuple[str, ...] = ("ct", "mri", "x-ray")
 MODALITY_PROBS: tuple[float, ...] = (0.4, 0.35, 0.25)
 BODY_PARTS: tuple[str, ...] = ("head", "chest", "abdomen")
