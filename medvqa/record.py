@@ -18,7 +18,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 RESULTS_FILE = "results.json"
-STATUSES = ("running", "finished", "diverged", "failed")
+# `incomplete`: the job ran to the end, but some items could not be scored (a judge that did
+# not answer); the aggregates over them are NaN and a re-run retries only those items.
+STATUSES = ("running", "finished", "incomplete", "diverged", "failed")
 # Keys that say how to run a job, not what it computes: they never make a finished job stale.
 _HOW_TO_RUN = ("force", "ckpt_path")
 

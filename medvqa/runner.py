@@ -16,6 +16,7 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from medvqa.evaluation.scoring import failed_items
 from medvqa.record import RunRecord
 from medvqa.tracking import finish, instantiate_group, log_config
 from medvqa.training.module import Diverged
@@ -43,9 +44,18 @@ def run(cfg: DictConfig) -> dict[str, float] | None:
         options = [key for key in cfg.task if key != "name"]
         task = instantiate(OmegaConf.masked_copy(cfg.task, options))
         metrics = task(cfg=cfg, out_dir=out_dir, loggers=loggers)
-        record.write("finished", metrics)
+        failed = failed_items(metrics)
+        if failed:
+            message = (
+                f"{failed} item(s) could not be scored (the *_failures metrics); every "
+                "aggregate over them is NaN. Run the job again to retry only those items."
+            )
+            log.error("incomplete: %s Record at %s", message, record.path)
+            record.write("incomplete", metrics, failed_items=failed, error=message)
+        else:
+            record.write("finished", metrics)
+            log.info("finished; record at %s", record.path)
         status = "success"
-        log.info("finished; record at %s", record.path)
         return metrics
     except Diverged as err:
         log.error("%s", err)

@@ -228,10 +228,9 @@ def test_failures_are_counted_and_retried(server: JudgeServer, tmp_path: Path) -
     assert m.counters()["aspect_judge/retries"] == 0
     assert scored[CLASS_FAILED].tolist() == [0, 2, 1, 1, 3, 0, 0, 1]
     assert scores["aspect_failures"] == 8
-    # Only the shortcut pairs were judged.
-    assert scores["aspect_acc"] == 1.0
-    assert scores["aspect_acc_polyp_type"] == 1.0
-    assert math.isnan(scores["aspect_acc_polyp_size"])
+    # Only the shortcut pairs were judged: no mean over them stands for the rest.
+    for key in ("aspect_acc", "aspect_acc_polyp_type", "aspect_acc_polyp_size"):
+        assert math.isnan(scores[key]), key
     assert math.isnan(scores["aspect_acc_text_presence"])
     assert scored[CLASS_ACC].tolist() == pytest.approx(
         [1.0] + [math.nan] * (len(ROWS) - 1), nan_ok=True

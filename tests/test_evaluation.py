@@ -175,3 +175,22 @@ def test_deltas_are_sighted_minus_other() -> None:
         "delta_blank/test_iid/closed_acc": pytest.approx(0.2),
         "delta_blank/test_ood/open_f1": 0.0,
     }
+
+
+def test_failed_items_counts_each_split_once_and_by_family() -> None:
+    """Breakdown values and engine counters repeat the split counts: never counted twice."""
+    from medvqa.evaluation.scoring import failed_items
+
+    metrics = {
+        "test_iid/judge_failures": 2.0,
+        "test_ood/judge_failures": float("nan"),
+        "test_iid/question_type=organ/judge_failures": 2.0,
+        "judge/failures": 9.0,
+        "zero_shot/test_iid/judge_failures": 1.0,
+        "test_iid/aspect_failures": 4.0,
+    }
+    assert failed_items(metrics) == 7
+    assert failed_items(metrics, "test_iid/") == 6
+    assert failed_items(metrics, "test_iid/", score="judge_closed_acc") == 2
+    assert failed_items(metrics, "test_iid/", score="closed_acc") == 0
+    assert failed_items(metrics, "zero_shot/") == 1

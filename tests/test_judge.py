@@ -487,3 +487,21 @@ def test_smollm2_logits_end_to_end_then_served_from_cache(tmp_path: Path) -> Non
     assert again.counters()["judge/calls"] == 0
     assert again.counters()["judge/cache_hits"] == len(items) - 1
     assert "_loaded" not in again_backend.__dict__
+
+
+def test_a_failed_item_makes_its_aggregates_nan_not_the_mean_of_the_rest(
+    server: JudgeServer, tmp_path: Path
+) -> None:
+    """A dead judge must not report the exact-match shortcuts' 1.0 as its accuracy: the
+    closed mean over a shortcut row and a failed row is NaN; open rows, all judged, still
+    have their mean."""
+    metric = openai_metric(server, tmp_path)
+    open_rows = metric.per_sample(MIXED.iloc[[1, 2]])
+    server.fail_first = 10**9  # now the server fails every request
+    closed_rows = metric.per_sample(MIXED.iloc[[3, 4]])  # row 3: shortcut; row 4 needs a call
+    assert closed_rows[JUDGE_FAILED].tolist() == [0.0, 1.0]
+    scored = MIXED.iloc[[1, 2, 3, 4]].join(pd.concat([open_rows, closed_rows]))
+    agg = metric.aggregate(scored)
+    assert math.isnan(agg["judge_closed_acc"]) and agg["judge_failures"] == 1
+    assert agg["judge_open_score"] == pytest.approx((4 + 1) / 2)
+    assert metric.aggregate(scored.iloc[[0, 1, 2]])["judge_closed_acc"] == 1.0  # no failure

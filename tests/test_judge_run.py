@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from medvqa.evaluation.judge import JudgeCache
 from tests.conftest import run_main
 from tests.judge_server import JudgeServer
 
@@ -41,5 +42,59 @@ def test_run_with_the_judge_and_a_rerun_makes_no_calls(tmp_path: Path, cache_dir
         assert server.count == calls  # nothing reached the server
         assert rerun["judge/calls"] == 0 and rerun["judge/cache_hits"] > 0
         assert rerun["test_iid/judge_closed_acc"] == metrics["test_iid/judge_closed_acc"]
+    finally:
+        server.stop()
+
+
+def test_a_dead_judge_leaves_the_run_incomplete_and_a_rerun_judges_only_those_items(
+    tmp_path: Path, cache_dir: Path
+) -> None:
+    """No aggregate over the items a judge could not score: NaN, status `incomplete`, a marked
+    summary cell; once the server answers, the same job judges only the failed items."""
+    server = JudgeServer().start()
+    server.fail_first = 10**9  # the server is up but every request fails, as a dead one would
+    run_dir = tmp_path / "run"
+    args = [
+        "debug=smoke",
+        "logger=csv",
+        "task.references=[]",
+        "metric=[traditional,judge]",
+        "judge.backend=openai",
+        f"judge.base_url={server.base_url}",
+        "judge.model=scripted",
+        "judge.mode=generate",
+        "judge.retries=0",
+        f"judge.cache_dir={tmp_path / 'judgments'}",
+        "evaluation.primary_closed=judge_closed_acc",  # the judge's score is the headline
+    ]
+    try:
+        first = run_main(args, run_dir, cache_dir)
+        assert first.returncode == 0, first.stderr[-3000:]
+        record = json.loads((run_dir / "results.json").read_text())
+        metrics = record["metrics"]
+        failed = metrics["test_iid/judge_failures"] + metrics["test_ood/judge_failures"]
+        assert record["status"] == "incomplete" and record["failed_items"] == failed > 0
+        for split in ("test_iid", "test_ood"):
+            for key in ("judge_closed_acc", "judge_open_score", "judge_open_score_norm"):
+                assert metrics[f"{split}/{key}"] is None, key  # null: not a number
+            assert metrics[f"{split}/closed_acc"] is not None  # the token metrics are complete
+        assert metrics["robustness/rr_judge_closed_acc"] is None
+        assert metrics["robustness/rr_closed"] is None
+        summary = (run_dir / "summary.md").read_text()
+        assert summary.count(f"incomplete ({int(failed)})") == 1  # closed RR: both splits
+        with JudgeCache(tmp_path / "judgments") as cache:
+            stored = cache.counts()
+        assert stored["ok"] == 0 and stored["failed"] > 0  # distinct items, failures kept
+        requests = server.count
+
+        server.fail_first = 0
+        again = run_main(args, run_dir, cache_dir)
+        assert again.returncode == 0, again.stderr[-3000:]
+        record = json.loads((run_dir / "results.json").read_text())
+        assert record["status"] == "finished", record.get("error")
+        # Only the failed items were sent again, each once (retries are off).
+        assert server.count - requests == record["metrics"]["judge/calls"] == stored["failed"]
+        assert record["metrics"]["test_iid/judge_failures"] == 0
+        assert 0.0 <= record["metrics"]["test_iid/judge_closed_acc"] <= 1.0
     finally:
         server.stop()

@@ -9,6 +9,7 @@ with a diverged method and a failed job.
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -220,6 +221,34 @@ def test_zero_shot_reference_is_the_no_finetune_row_unless_a_run_exists(tmp_path
     write_record(tmp_path, "none", 0, metrics=none_run)
     got = cell(long_table(collect([tmp_path])), "No Finetune", "closed OoD")
     assert got["n"] == 1 and got["mean"] == pytest.approx(none_run["test_ood/closed_acc"])
+
+
+def test_an_incomplete_seed_leaves_its_missing_cells_without_a_number(tmp_path: Path) -> None:
+    """A seed whose score is NaN because items could not be scored makes the cell say so
+    instead of averaging the other seeds; its complete scores still count."""
+    rng = np.random.default_rng(12)
+    complete, partial = headline(rng), headline(rng)
+    for key in ("test_ood/closed_acc", "robustness/rr_closed"):
+        partial[key] = None
+    write_record(tmp_path, "lora", 0, metrics=complete)
+    write_record(
+        tmp_path,
+        "lora",
+        1,
+        status="incomplete",
+        metrics=partial,
+        extra={"error": "3 item(s) could not be scored", "failed_items": 3},
+    )
+    frame = collect([tmp_path])
+    long = long_table(frame)
+    ood = cell(long, "LoRA", "closed OoD")
+    assert math.isnan(ood["mean"]) and ood["text"] == "incomplete (1/2 seeds)"
+    iid = cell(long, "LoRA", "closed i.i.d.")
+    expected = [complete["test_iid/closed_acc"], partial["test_iid/closed_acc"]]
+    assert iid["n"] == 2 and iid["mean"] == pytest.approx(np.mean(expected))
+    issues = build_report(frame, tmp_path / "out").issues
+    assert list(issues["status"]) == ["incomplete"]
+    assert "could not be scored" in issues["error"].iloc[0]
 
 
 def test_rows_are_joined_on_method_ids_not_display_labels(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 COLUMNS = ("closed i.i.d.", "closed OoD", "closed RR", "open i.i.d.", "open OoD", "open RR")
+_SPLITS = {"i.i.d.": "test_iid/", "OoD": "test_ood/"}
 
 
 def summary_table(
@@ -19,40 +20,49 @@ def summary_table(
     primary_closed: str,
     primary_open: str,
 ) -> pd.DataFrame:
-    """One row per (label, metric-name prefix); a missing number is NaN, never dropped."""
+    """One row per (label, metric-name prefix); a missing number is NaN, never dropped. For
+    each i.i.d./OoD cell, `<column> failed` counts the items its score could not score (a
+    judge that did not answer; the score is then NaN)."""
+    from medvqa.evaluation.scoring import failed_items
+
     records = []
     for label, prefix in rows:
-
-        def get(key: str, prefix: str = prefix) -> float:
-            return metrics.get(f"{prefix}{key}", math.nan)
-
-        records.append(
-            {
-                "method": label,
-                "closed i.i.d.": get(f"test_iid/{primary_closed}"),
-                "closed OoD": get(f"test_ood/{primary_closed}"),
-                "closed RR": get("robustness/rr_closed"),
-                "open i.i.d.": get(f"test_iid/{primary_open}"),
-                "open OoD": get(f"test_ood/{primary_open}"),
-                "open RR": get("robustness/rr_open"),
-            }
-        )
-    return pd.DataFrame.from_records(records, columns=["method", *COLUMNS])
+        record: dict[str, object] = {"method": label}
+        failed: dict[str, int] = {}
+        for kind, score in (("closed", primary_closed), ("open", primary_open)):
+            for split_name, split in _SPLITS.items():
+                record[f"{kind} {split_name}"] = metrics.get(f"{prefix}{split}{score}", math.nan)
+                failed[f"{kind} {split_name} failed"] = failed_items(metrics, prefix + split, score)
+            record[f"{kind} RR"] = metrics.get(f"{prefix}robustness/rr_{kind}", math.nan)
+        records.append({**record, **failed})
+    failed_columns = [f"{c} failed" for c in COLUMNS if not c.endswith("RR")]
+    return pd.DataFrame.from_records(records, columns=["method", *COLUMNS, *failed_columns])
 
 
-def _fmt(value: float) -> str:
-    return (
-        "—" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3f}"
-    )
+def _fmt(value: float, failed: int = 0) -> str:
+    """A number, "—" where there is none, "incomplete (n)" where n items failed."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return f"incomplete ({failed})" if failed else "—"
+    return f"{value:.3f}"
+
+
+def _shown(row: pd.Series) -> dict[str, str]:
+    """A row's cells as text; a NaN cell with failed items says so (RR: those of both splits)."""
+
+    def failed(column: str) -> int:
+        if column.endswith("RR"):
+            kind = column.split()[0]
+            return sum(failed(f"{kind} {split}") for split in _SPLITS)
+        return int(row.get(f"{column} failed", 0) or 0)
+
+    return {col: _fmt(row[col], failed(col)) for col in COLUMNS}
 
 
 def write_summary(table: pd.DataFrame, out_dir: Path) -> tuple[Path, Path]:
     """summary.csv (numbers) and summary.md (formatted) in the run directory."""
     csv_path, md_path = out_dir / "summary.csv", out_dir / "summary.md"
     table.to_csv(csv_path, index=False)
-    shown = table.copy()
-    for col in COLUMNS:
-        shown[col] = shown[col].map(_fmt)
+    shown = table[["method"]].join(pd.DataFrame([_shown(r) for _, r in table.iterrows()]))
     md_path.write_text(shown.to_markdown(index=False) + "\n")
     return csv_path, md_path
 
@@ -64,5 +74,5 @@ def print_summary(table: pd.DataFrame, title: str, console: Console | None = Non
     for col in COLUMNS:
         view.add_column(col, justify="right")
     for _, row in table.iterrows():
-        view.add_row(row["method"], *(_fmt(row[c]) for c in COLUMNS))
+        view.add_row(row["method"], *_shown(row).values())
     (console or Console()).print(view)

@@ -30,7 +30,10 @@ FOOTNOTE = (
     "zero i.i.d. score). “Δ sighted − blank”: the per-seed paired difference between the "
     "run's score with its images and with black images (the blind ablation)."
 )
-BAD = ("failed", "diverged", "running", "unreadable")
+BAD = ("failed", "diverged", "running", "unreadable", "incomplete")
+# Runs whose numbers a cell uses: an incomplete run's aggregates are complete where they are
+# numbers (its NaN ones are the aggregates over items that could not be scored).
+USABLE = ("finished", "incomplete")
 
 
 def select_rows(frame: pd.DataFrame, warn: bool = True) -> pd.DataFrame:
@@ -72,19 +75,24 @@ def select_rows(frame: pd.DataFrame, warn: bool = True) -> pd.DataFrame:
 def _cell(group: pd.DataFrame, column: str) -> dict[str, object]:
     statuses = group["status"].tolist()
     n_seeds = len(statuses)
-    finished = group[group["status"] == "finished"]
-    values = pd.to_numeric(finished[column], errors="coerce").to_numpy(dtype=float)
-    ok = values[~np.isnan(values)]
+    usable = group[group["status"].isin(USABLE)]
+    values = pd.to_numeric(usable[column], errors="coerce").to_numpy(dtype=float)
+    valid = ~np.isnan(values)
+    incomplete = (usable["status"] == "incomplete").to_numpy() & ~valid
+    # A seed whose number is missing because items failed leaves the cell without a number:
+    # a mean over the other seeds would be a mean over the survivors.
+    ok = values[:0] if incomplete.any() else values[valid]
     n = int(ok.size)
     mean = float(ok.mean()) if n else math.nan
     std = float(ok.std(ddof=1)) if n > 1 else math.nan
     ci_col = f"{column} ci_half"
     ci = math.nan
-    if n == 1 and ci_col in finished:
-        cis = pd.to_numeric(finished[ci_col], errors="coerce").to_numpy(dtype=float)
-        cis = cis[~np.isnan(values)]
+    if n == 1 and ci_col in usable:
+        cis = pd.to_numeric(usable[ci_col], errors="coerce").to_numpy(dtype=float)
+        cis = cis[valid]
         ci = float(cis[0]) if cis.size else math.nan
-    counts = {s: statuses.count(s) for s in BAD}
+    counts = {s: statuses.count(s) for s in BAD if s != "incomplete"}
+    counts["incomplete"] = int(incomplete.sum())
     return {
         "mean": mean,
         "std": std,
@@ -92,7 +100,7 @@ def _cell(group: pd.DataFrame, column: str) -> dict[str, object]:
         "n_seeds": n_seeds,
         "ci_half": ci,
         "pm": "std" if n > 1 else ("ci" if not math.isnan(ci) else "none"),
-        "n_na": len(finished) - n,
+        "n_na": int((~valid & ~incomplete).sum()),
         **{f"n_{s}": c for s, c in counts.items()},
         "seeds": ",".join(str(s) for s in sorted(group["seed"].dropna().tolist())),
     }

@@ -9,12 +9,14 @@ row once in each of its values), and collects counters such as the judge's call 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import pandas as pd
 from hydra.utils import instantiate
 
+from medvqa import plugins
 from medvqa.data import records as R
 
 
@@ -93,6 +95,29 @@ def score_frame(
             for key, val in _aggregate(group, metrics).items():
                 scores[f"{field}={value}/{key}"] = val
     return scored, scores
+
+
+def failure_keys() -> frozenset[str]:
+    """The aggregates that count items a family could not score (`MetricFamily.failures_key`
+    of every registered family, e.g. `judge_failures`)."""
+    families = plugins.registered("metric").values()
+    return frozenset(key for cls in families if (key := getattr(cls, "failures_key", None)))
+
+
+def failed_items(metrics: Mapping[str, float], prefix: str = "", score: str | None = None) -> int:
+    """How many items of the flat `metrics` (keys starting with `prefix`) could not be scored:
+    the sum of the per-split failure counts; with `score`, only those of the family the score
+    belongs to (`judge_failures` for `judge_closed_acc`). Breakdown keys (`field=value/...`)
+    and engine counters (`judge/failures`, which include retried calls) are not counted."""
+    keys = failure_keys()
+    if score is not None:
+        keys = frozenset(k for k in keys if score.startswith(k.removesuffix("failures")))
+    counts = [
+        float(value)
+        for key, value in metrics.items()
+        if key.startswith(prefix) and "=" not in key and key.rsplit("/", 1)[-1] in keys
+    ]
+    return int(sum(c for c in counts if not math.isnan(c)))
 
 
 def counters(metrics: Sequence[Metric]) -> dict[str, float]:

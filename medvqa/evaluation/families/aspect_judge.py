@@ -16,11 +16,11 @@ once. Hybrid shortcut: a prediction equal to the ground truth after `normalize_a
 1 on every aspect without a call.
 
 Columns per row: `aspect_scores` (dict class -> 0/1, NaN where the judgment failed),
-`aspect_reasons` (dict class -> reason or error), `aspect_acc` (mean over the row's judged
-aspects) and `aspect_failed` (aspects that could not be judged). A row without question
-classes has `aspect_acc` NaN and empty dicts. Aggregates: `aspect_acc` (mean over all judged
-(row, aspect) pairs), `aspect_acc_<class>` for each class present, `aspect_failures`. Per
-complexity level: `evaluation.breakdown=[complexity]`.
+`aspect_reasons` (dict class -> reason or error), `aspect_acc` (mean over the row's aspects)
+and `aspect_failed` (aspects that could not be judged). A row without question classes has
+`aspect_acc` NaN and empty dicts. Aggregates: `aspect_acc` (mean over all (row, aspect)
+pairs), `aspect_acc_<class>` for each class present, `aspect_failures`; any mean over a pair
+that could not be judged is NaN. Per complexity level: `evaluation.breakdown=[complexity]`.
 """
 
 from __future__ import annotations
@@ -95,6 +95,7 @@ class AspectJudgeMetric(MetricFamily):
 
     name = "aspect_judge"
     config_factory = "from_config"  # built from the `judge` node: cfg: ${judge}
+    failures_key = "aspect_failures"
 
     def __init__(
         self,
@@ -181,7 +182,7 @@ class AspectJudgeMetric(MetricFamily):
                 first.error,
             )
         log.info("aspect judge %s: %s", self.backend.judge_id, self.counters())
-        acc = [mean_or_nan(list(row.values()), skipna=True) for row in scores]
+        acc = [mean_or_nan(list(row.values())) for row in scores]
         return pd.DataFrame(
             {
                 CLASS_SCORES: pd.Series(scores, index=preds.index, dtype=object),
@@ -193,18 +194,17 @@ class AspectJudgeMetric(MetricFamily):
         )
 
     def aggregate(self, scored: pd.DataFrame) -> dict[str, float]:
-        """`aspect_acc` over every judged (row, aspect) pair, `aspect_acc_<class>` for each
-        class present in `scored` (NaN when none of its pairs could be judged), and
-        `aspect_failures` (pairs that could not be)."""
+        """`aspect_acc` over every (row, aspect) pair, `aspect_acc_<class>` for each class
+        present in `scored`, and `aspect_failures` (pairs that could not be judged). A mean
+        over pairs of which one could not be judged (NaN) is NaN, never a mean over the rest."""
         per_class: dict[str, list[float]] = {}
         for row in scored[CLASS_SCORES]:
             if isinstance(row, Mapping):
                 for aspect, value in row.items():
                     per_class.setdefault(str(aspect), []).append(_float(value))
-        # skipna: a NaN is a pair that could not be judged, which the means leave out.
-        out = {CLASS_ACC: mean_or_nan([v for vs in per_class.values() for v in vs], skipna=True)}
+        out = {CLASS_ACC: mean_or_nan([v for vs in per_class.values() for v in vs])}
         for aspect in sorted(per_class):
-            out[f"{CLASS_ACC}_{aspect}"] = mean_or_nan(per_class[aspect], skipna=True)
+            out[f"{CLASS_ACC}_{aspect}"] = mean_or_nan(per_class[aspect])
         out["aspect_failures"] = float(scored[CLASS_FAILED].sum())
         return out
 

@@ -22,9 +22,16 @@ class MetricFamily(Plugin, ABC):
     `preds` holds the normalised record columns plus `prediction`. Per-sample columns are named
     like the scores; an aggregate over rows where a score does not apply is NaN, never 0.
     A family may also define `counters() -> dict[str, float]` (e.g. the judge's call counts).
+
+    A family whose scoring can fail per item (a judge that did not answer) names in
+    `failures_key` the aggregate that counts such items, `<prefix>_failures`, and names its
+    scores `<prefix>_...` (so a NaN score can be traced to its failures). Every aggregate over
+    rows that include a failed item is NaN, never a mean over the rest, and a run with any is
+    recorded `incomplete`.
     """
 
     plugin_kind: ClassVar[str] = "metric"
+    failures_key: ClassVar[str | None] = None
 
     @abstractmethod
     def per_sample(self, preds: pd.DataFrame) -> pd.DataFrame:

@@ -64,6 +64,7 @@ class JudgeMetric(MetricFamily):
 
     name = "judge"
     config_factory = "from_config"  # built from the `judge` node: cfg: ${judge}
+    failures_key = "judge_failures"
 
     def __init__(
         self,
@@ -157,19 +158,17 @@ class JudgeMetric(MetricFamily):
 
     def aggregate(self, scored: pd.DataFrame) -> dict[str, float]:
         """`judge_closed_acc` (mean closed score), `judge_open_score` (mean 1-5),
-        `judge_open_score_norm` (mean of (s-1)/4, on the 0-1 scale RR and tables use) over
-        rows that were judged, and `judge_failures` (rows that could not be). Means over no
-        rows are NaN, not 0."""
-        ok = scored[JUDGE_FAILED] == 0
-        closed = (scored[ANSWER_TYPE] == "closed") & ok
-        open_ = (scored[ANSWER_TYPE] == "open") & ok
-        open_scores = scored.loc[open_, JUDGE_SCORE]
-        # skipna: failed rows are already excluded above; this keeps pandas' `.mean()`
-        # behaviour for any other missing score.
+        `judge_open_score_norm` (mean of (s-1)/4, on the 0-1 scale RR and tables use), and
+        `judge_failures` (rows that could not be judged). A mean over rows of which one could
+        not be judged is NaN (a failed row's score is NaN): never a mean over the survivors,
+        which would keep the easy items (exact matches are scored without a call). Means over
+        no rows are NaN, not 0."""
+        closed = scored[ANSWER_TYPE] == "closed"
+        open_scores = scored.loc[scored[ANSWER_TYPE] == "open", JUDGE_SCORE]
         return {
-            "judge_closed_acc": mean_or_nan(scored.loc[closed, JUDGE_SCORE], skipna=True),
-            "judge_open_score": mean_or_nan(open_scores, skipna=True),
-            "judge_open_score_norm": mean_or_nan((open_scores - 1.0) / 4.0, skipna=True),
+            "judge_closed_acc": mean_or_nan(scored.loc[closed, JUDGE_SCORE]),
+            "judge_open_score": mean_or_nan(open_scores),
+            "judge_open_score_norm": mean_or_nan((open_scores - 1.0) / 4.0),
             "judge_failures": float(scored[JUDGE_FAILED].sum()),
         }
 
