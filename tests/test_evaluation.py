@@ -194,3 +194,22 @@ def test_failed_items_counts_each_split_once_and_by_family() -> None:
     assert failed_items(metrics, "test_iid/", score="judge_closed_acc") == 2
     assert failed_items(metrics, "test_iid/", score="closed_acc") == 0
     assert failed_items(metrics, "zero_shot/") == 1
+
+
+def test_scores_parquet_keeps_every_column_even_ones_arrow_cannot_type(tmp_path: Path) -> None:
+    from medvqa.evaluation.scoring import scores_path, write_scores
+
+    scored = pd.DataFrame(
+        {
+            "id": ["a", "b"],
+            "judge_score": [1.0, float("nan")],
+            "candidates": [["yes", "no"], None],
+            "mixed": [{"organ": 1.0}, "free text"],  # Arrow has no type for this column
+        }
+    )
+    path = write_scores(scored, scores_path(tmp_path / "predictions_zero_shot.jsonl"))
+    assert path.name == "scores_zero_shot.parquet"
+    back = pd.read_parquet(path)
+    assert back["judge_score"].iloc[0] == 1.0 and math.isnan(back["judge_score"].iloc[1])
+    assert list(back["candidates"].iloc[0]) == ["yes", "no"]
+    assert back["mixed"].tolist() == ['{"organ": 1.0}', '"free text"']

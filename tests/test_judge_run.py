@@ -6,6 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
+
+from medvqa.analysis.rater import main as rater_main
+from medvqa.analysis.rater import read_items
+from medvqa.evaluation.generation import read_predictions
 from medvqa.evaluation.judge import JudgeCache
 from tests.conftest import run_main
 from tests.judge_server import JudgeServer
@@ -35,6 +40,7 @@ def test_run_with_the_judge_and_a_rerun_makes_no_calls(tmp_path: Path, cache_dir
             assert key in {k.split("/", 1)[1] for k in metrics if k.startswith("test_iid/")}
         assert 0.0 <= metrics["test_iid/judge_closed_acc"] <= 1.0
         assert 1.0 <= metrics["test_ood/judge_open_score"] <= 5.0
+        check_the_rater_study_reads_the_scored_table(tmp_path / "run1", tmp_path)
 
         again = run_main(args, tmp_path / "run2", cache_dir)
         assert again.returncode == 0, again.stderr[-3000:]
@@ -44,6 +50,32 @@ def test_run_with_the_judge_and_a_rerun_makes_no_calls(tmp_path: Path, cache_dir
         assert rerun["test_iid/judge_closed_acc"] == metrics["test_iid/judge_closed_acc"]
     finally:
         server.stop()
+
+
+def check_the_rater_study_reads_the_scored_table(run_dir: Path, tmp_path: Path) -> None:
+    """scores.parquet holds every prediction with the judge's score and reason, and the rater
+    study correlates (made-up) human ratings with the judge on it."""
+    scores = pd.read_parquet(run_dir / "scores.parquet")
+    predictions = read_predictions(run_dir / "predictions.jsonl")
+    assert len(scores) == len(predictions) and set(scores["split"]) == {"test_iid", "test_ood"}
+    assert {"judge_score", "judge_reason", "judge_failed", "closed_correct"} <= set(scores)
+    assert scores["judge_score"].notna().all()
+    study = tmp_path / "study"
+    assert rater_main(["export", str(run_dir), "--n", "50", "--out", str(study)]) == 0
+    items = read_items(study)
+    assert "metric:judge_score" in items and items["metric:judge_score"].notna().all()
+    sheet = pd.read_csv(study / "rating_sheet.csv", keep_default_na=False)
+    human = [round(s) for s in items["metric:judge_score"]]  # raters who agree with it
+    sheet.assign(score=human).to_csv(tmp_path / "rater.csv", index=False)
+    out = tmp_path / "correlations"
+    assert (
+        rater_main(
+            ["analyze", str(study), "--ratings", str(tmp_path / "rater.csv"), "--out", str(out)]
+        )
+        == 0
+    )
+    table = pd.read_csv(out / "correlations.csv").set_index(["kind", "a", "b"])
+    assert "judge_score" in set(table.index.get_level_values("b"))
 
 
 def test_a_dead_judge_leaves_the_run_incomplete_and_a_rerun_judges_only_those_items(

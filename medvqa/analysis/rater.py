@@ -1,8 +1,9 @@
 """Human rater study (docs/rater_study.md): export a rating sheet, then correlate human scores with metrics.
 
-``medvqa-rater export PREDICTIONS.jsonl --n 50 --seed 0 --out DIR`` samples N open questions whose
+``medvqa-rater export RUN_DIR --n 50 --seed 0 --out DIR`` samples N open questions whose
 prediction is not an exact match (exact matches are trivially "perfect" for every metric and
-would inflate every correlation) from a run's predictions file and writes:
+would inflate every correlation) from a run's scored table (`scores.parquet`, which holds the
+judge's scores when the run used the judge; a `predictions.jsonl` works too) and writes:
 
 * ``DIR/rating_sheet.csv``: ``id, question, ground_truth, prediction, score`` with ``score``
   empty, for raters who prefer a spreadsheet;
@@ -43,7 +44,9 @@ from scipy import stats
 
 from medvqa.data import records as R
 from medvqa.evaluation.families import traditional as M
+from medvqa.evaluation.families.judge import JUDGE_SCORE  # 1–5 open, 0/0.5/1 closed
 from medvqa.evaluation.generation import SPLIT, read_predictions
+from medvqa.evaluation.scoring import scores_path
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +68,7 @@ SHEET_COLUMNS = ("id", "question", "ground_truth", "prediction", "score")
 SCORE_RANGE = (1, 5)
 #: Token metrics of the rater study (docs/rater_study.md) (``ref_word_precision`` is the paper's "EM").
 TOKEN_METRICS: tuple[str, ...] = ("bleu1", "ref_word_precision", "f1", "precision", "recall")
-#: The per-sample score column of medvqa.evaluation.judge (1–5 open, 0/0.5/1 closed).
-JUDGE_SCORE = "judge_score"
+SCORES_FILE = scores_path(Path("predictions.jsonl")).name  # scores.parquet
 
 
 class RatingError(ValueError):
@@ -117,6 +119,18 @@ def _metric_scores(
     return scores
 
 
+def read_scored(path: Path) -> pd.DataFrame:
+    """A run's scored table: `scores.parquet` of a run directory, a `.parquet` file, or a
+    predictions JSONL (raw predictions; judge scores only if the file has them)."""
+    if path.is_dir():
+        path = path / SCORES_FILE
+    if path.suffix == ".parquet":
+        if not path.is_file():
+            raise RatingError(f"{path}: no such file; pass a run directory or its {SCORES_FILE}")
+        return pd.read_parquet(path)
+    return read_predictions(path)
+
+
 def export(
     predictions: Path,
     out: Path,
@@ -133,7 +147,7 @@ def export(
     after normalisation; they are sorted by id before the seeded draw, so the sample depends on
     the file's content, not on the order a resumed generation appended it in.
     """
-    preds = read_predictions(Path(predictions))
+    preds = read_scored(Path(predictions))
     if preds.empty:
         raise RatingError(f"{predictions}: no prediction records (missing or empty file)")
     required = [R.ID, R.QUESTION, R.ANSWER, R.ANSWER_TYPE, M.PREDICTION]
@@ -603,7 +617,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     ex = sub.add_parser("export", help="sample open, non-exact predictions for rating")
-    ex.add_argument("predictions", type=Path, help="a run's predictions JSONL")
+    ex.add_argument(
+        "predictions",
+        type=Path,
+        help=f"a run directory (its {SCORES_FILE}), a scores .parquet or a predictions JSONL",
+    )
     ex.add_argument("--n", type=int, default=50, help="items to sample (default 50)")
     ex.add_argument("--seed", type=int, default=0)
     ex.add_argument("--split", default=None, help="only this split, e.g. test_iid")

@@ -13,7 +13,14 @@ import torch
 from medvqa.data.base import VQASource
 from medvqa.evaluation.generation import SPLIT, generate_predictions
 from medvqa.evaluation.robustness import robustness_metrics
-from medvqa.evaluation.scoring import Metric, counters, headline_intervals, score_frame
+from medvqa.evaluation.scoring import (
+    Metric,
+    counters,
+    headline_intervals,
+    score_frame,
+    scores_path,
+    write_scores,
+)
 
 IID, OOD = "test_iid", "test_ood"
 # Counts, error rates, interval bounds and reference levels are not performances: no
@@ -80,7 +87,8 @@ def evaluate(
     """Predictions for every split in `frames` (JSONL at `out_path`), their scores and RR.
 
     Scores come from every selected metric family; their counters (e.g. `judge/calls`) are
-    added once, after all splits.
+    added once, after all splits. The scored table goes next to the predictions
+    (`scores.parquet` for `predictions.jsonl`).
     """
     scores: dict[str, dict[str, float]] = {}
     scored_all = []
@@ -106,7 +114,9 @@ def evaluate(
         ),
         **counters(metrics),
     }
-    return results, pd.concat(scored_all, ignore_index=True)
+    scored = pd.concat(scored_all, ignore_index=True)
+    write_scores(scored, scores_path(out_path))
+    return results, scored
 
 
 def deltas(main: Mapping[str, float], other: Mapping[str, float], prefix: str) -> dict[str, float]:

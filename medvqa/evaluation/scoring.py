@@ -9,8 +9,11 @@ row once in each of its values), and collects counters such as the judge's call 
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 import pandas as pd
@@ -118,6 +121,37 @@ def failed_items(metrics: Mapping[str, float], prefix: str = "", score: str | No
         if key.startswith(prefix) and "=" not in key and key.rsplit("/", 1)[-1] in keys
     ]
     return int(sum(c for c in counts if not math.isnan(c)))
+
+
+def scores_path(predictions: Path) -> Path:
+    """Where the scored table of a predictions file goes: `predictions.jsonl` ->
+    `scores.parquet`, `predictions_zero_shot.jsonl` -> `scores_zero_shot.parquet`."""
+    return predictions.with_name(predictions.stem.replace("predictions", "scores", 1) + ".parquet")
+
+
+def write_scores(scored: pd.DataFrame, path: Path) -> Path:
+    """The scored table (every prediction with every metric's per-sample columns, the judge's
+    score and reason among them) as Parquet, written atomically.
+
+    A column Arrow cannot type as it is (mixed scalars and containers, dicts with values of
+    several types) is stored as JSON text instead of failing the run at its last step.
+    """
+    import pyarrow as pa
+
+    table = scored.reset_index(drop=True).copy()
+    for column in table.columns:
+        if table[column].dtype == object:
+            try:
+                pa.array(table[column], from_pandas=True)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+                table[column] = [
+                    None if v is None else json.dumps(v, default=str) for v in table[column]
+                ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".parquet.tmp")
+    table.to_parquet(tmp, index=False)
+    os.replace(tmp, path)
+    return path
 
 
 def counters(metrics: Sequence[Metric]) -> dict[str, float]:

@@ -9,12 +9,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import pandas as pd
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig
 
 from medvqa.evaluation.baselines import chance_scores, most_frequent_predictions
 from medvqa.evaluation.evaluate import split_metrics
-from medvqa.evaluation.scoring import build_metrics, counters, headline_intervals, score_frame
+from medvqa.evaluation.generation import SPLIT
+from medvqa.evaluation.scoring import (
+    build_metrics,
+    counters,
+    headline_intervals,
+    score_frame,
+    scores_path,
+    write_scores,
+)
 from medvqa.tasks.common import prepare_splits, report_run
 
 
@@ -31,11 +40,12 @@ def most_frequent(
     for split in eval_splits:
         preds, coverage[split] = most_frequent_predictions(splits["train"], splits[split])
         scored, scores[split] = score_frame(preds, metrics_, list(cfg.evaluation.breakdown))
-        scored_by_split[split] = scored
+        scored_by_split[split] = scored.assign(**{SPLIT: split})
         scores[split]["coverage"] = coverage[split]
-        scored.assign(split=split).to_json(
-            out_dir / "predictions.jsonl", orient="records", lines=True, mode="a"
-        )
+    predictions = out_dir / "predictions.jsonl"
+    table = pd.concat(scored_by_split.values(), ignore_index=True)
+    table.to_json(predictions, orient="records", lines=True)
+    write_scores(table, scores_path(predictions))
     metrics = {
         **split_metrics(scores, cfg.evaluation),
         **headline_intervals(scored_by_split, metrics_, cfg.evaluation),
