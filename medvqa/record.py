@@ -45,6 +45,8 @@ class RunRecord:
         self.seed = int(cfg.seed)
         self.task = str(cfg.task.get("name", "")) if cfg.get("task") is not None else ""
         self.started = time.time()
+        # medvqa.provenance: code, versions, device, data, model, judge (filled as the run goes).
+        self.provenance: dict[str, Any] = {}
 
     def finished_before(self) -> dict[str, Any] | None:
         """The existing record if it is `finished` for the same config (else None).
@@ -73,6 +75,7 @@ class RunRecord:
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.started)),
             "duration_s": round(time.time() - self.started, 2),
             **extra,
+            "provenance": self.provenance,
             "config": self.config,
         }
         self.path.parent.mkdir(parents=True, exist_ok=True)

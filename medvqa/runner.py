@@ -17,6 +17,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from medvqa.evaluation.scoring import failed_items
+from medvqa.provenance import environment
 from medvqa.record import RunRecord
 from medvqa.tracking import finish, instantiate_group, log_config
 from medvqa.training.module import Diverged
@@ -28,6 +29,8 @@ def run(cfg: DictConfig) -> dict[str, float] | None:
     hydra_cfg = HydraConfig.get()
     out_dir = Path(hydra_cfg.runtime.output_dir)
     record = RunRecord(out_dir, cfg, choices=dict(hydra_cfg.runtime.choices))
+    # Filled by the task as it loads data, model and metrics; written with every status.
+    record.provenance = environment()
     previous = None if cfg.force else record.finished_before()
     if previous is not None:
         log.info(
@@ -43,7 +46,7 @@ def run(cfg: DictConfig) -> dict[str, float] | None:
         # `task.name` names the run in results.json; the task function does not take it.
         options = [key for key in cfg.task if key != "name"]
         task = instantiate(OmegaConf.masked_copy(cfg.task, options))
-        metrics = task(cfg=cfg, out_dir=out_dir, loggers=loggers)
+        metrics = task(cfg=cfg, out_dir=out_dir, loggers=loggers, provenance=record.provenance)
         failed = failed_items(metrics)
         if failed:
             message = (

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import subprocess
+from importlib.metadata import version
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from tests.conftest import run_main
+from tests.conftest import ROOT, run_main
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +54,26 @@ def test_results_record(smoke_run: Path) -> None:
     assert metrics["train/global_step"] == 3
 
 
+def test_record_says_where_the_numbers_came_from(smoke_run: Path) -> None:
+    record = json.loads((smoke_run / "results.json").read_text())
+    prov = record["provenance"]
+    assert (
+        prov["git"]["commit"]
+        == subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+    )
+    assert isinstance(prov["git"]["dirty"], bool)
+    assert prov["versions"]["torch"] == version("torch")
+    assert {"python", "medvqa", "transformers", "peft", "lightning"} <= set(prov["versions"])
+    assert prov["device"].startswith("cpu")
+    cfg = record["config"]
+    assert prov["data"]["dataset"] == "synthetic" and len(prov["data"]["fingerprint"]) >= 16
+    assert prov["model"]["source"].startswith(cfg["paths"]["cache_dir"])
+    assert prov["model"]["config_hash"] and prov["model"]["weights_fingerprint"]
+    assert prov["metrics"] == {"traditional": {}}
+
+
 def test_splits_report(smoke_run: Path) -> None:
     report = json.loads((smoke_run / "splits.json").read_text())
     assert set(report["source"]) == {"train", "validate", "test"}
@@ -66,6 +88,9 @@ def test_predictions_and_summary(smoke_run: Path) -> None:
     assert len(rows) == 24 and {r["split"] for r in rows} == {"test_iid", "test_ood"}
     assert all("prediction" in r and "answer" in r for r in rows)
     assert (smoke_run / "predictions_zero_shot.jsonl").is_file()
+    scores = pd.read_parquet(smoke_run / "scores.parquet")
+    assert len(scores) == 24 and {"closed_correct", "open_f1", "split"} <= set(scores.columns)
+    assert (smoke_run / "scores_zero_shot.parquet").is_file()
     summary = pd.read_csv(smoke_run / "summary.csv")
     assert list(summary["method"]) == ["LoRA", "zero-shot base", "chance (1/k)"]
     assert summary.loc[2, "closed i.i.d."] == pytest.approx(0.5)

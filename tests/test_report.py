@@ -251,6 +251,34 @@ def test_an_incomplete_seed_leaves_its_missing_cells_without_a_number(tmp_path: 
     assert "could not be scored" in issues["error"].iloc[0]
 
 
+def test_provenance_is_listed_per_table_and_mixed_versions_warned(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    rng = np.random.default_rng(13)
+    for seed, torch_version in ((0, "2.13.0"), (1, "2.14.0")):
+        prov = {
+            "git": {"commit": "a" * 40, "dirty": False},
+            "versions": {"python": "3.11.9", "torch": torch_version},
+            "data": {"fingerprint": "d1"},
+            "model": {"weights_fingerprint": "w1"},
+            "metrics": {
+                "traditional": {},
+                "judge": {"judge_id": "openai:m:generate", "rubrics": {"open": "r1"}},
+            },
+        }
+        write_record(tmp_path, "lora", seed, metrics=headline(rng), extra={"provenance": prov})
+    with caplog.at_level("WARNING"):
+        report = build_report(collect([tmp_path]), tmp_path / "out")
+    prov = report.provenance.set_index("field")
+    assert prov.loc["versions", "n_values"] == 2
+    assert prov.loc["code", "values"] == ["aaaaaaaaaaaa"]
+    assert prov.loc["judge", "values"] == ["openai:m:generate [open=r1]"]
+    assert prov.loc["data", "n_values"] == prov.loc["model_weights", "n_values"] == 1
+    assert "mixes 2 versions values" in caplog.text
+    assert (tmp_path / "out" / "provenance.csv").is_file()
+    assert "Provenance" in report.files["html"].read_text()
+
+
 def test_rows_are_joined_on_method_ids_not_display_labels(tmp_path: Path) -> None:
     """A label edited between sweeps keeps the seeds in one cell; one baseline run with two
     methods is two rows, each with a name of its own."""

@@ -90,6 +90,9 @@ ID_COLUMNS = (
     "started_at",
     "source",
 )
+# What a run's numbers depend on besides its config (results.json `provenance`), one column
+# each; a table whose runs differ in one of them mixes code, versions, data or judges.
+PROVENANCE_COLUMNS = ("code", "versions", "data", "model_weights", "judge")
 
 
 def find_records(dirs: Sequence[Path | str]) -> list[Path]:
@@ -197,6 +200,25 @@ def _identity(record: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _provenance(prov: Mapping[str, Any]) -> dict[str, str | None]:
+    """The record's provenance as short strings (None where the record has none)."""
+    git = prov.get("git") or {}
+    versions = prov.get("versions") or {}
+    judges = {
+        str(m["judge_id"]): ",".join(f"{k}={v}" for k, v in sorted(m.get("rubrics", {}).items()))
+        for m in (prov.get("metrics") or {}).values()
+        if isinstance(m, Mapping) and m.get("judge_id")
+    }
+    commit = git.get("commit")
+    return {
+        "code": f"{commit[:12]}{' (dirty)' if git.get('dirty') else ''}" if commit else None,
+        "versions": ", ".join(f"{k} {v}" for k, v in versions.items() if v) or None,
+        "data": _get(prov, "data.fingerprint"),
+        "model_weights": _get(prov, "model.weights_fingerprint"),
+        "judge": "; ".join(f"{j} [{r}]" for j, r in sorted(judges.items())) or None,
+    }
+
+
 def _headlines(metrics: Mapping[str, float], closed: str, open_: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for column, key in HEADLINE_KEYS.items():
@@ -220,6 +242,7 @@ def record_rows(record: Mapping[str, Any], source: str) -> list[dict[str, Any]]:
         "started_at": record.get("started_at"),
         "source": source,
     }
+    base.update(_provenance(record.get("provenance") or {}))
     closed, open_ = ident["primary_closed"], ident["primary_open"]
     prefixes = {f"{p.split('/')[0]}/" for p in metrics if "/" in p}
     own_id = ident["method_id"]

@@ -27,7 +27,14 @@ import pandas as pd
 
 from medvqa.analysis import figures as figs
 from medvqa.analysis.aggregate import collect, collect_wandb, merge
-from medvqa.analysis.tables import FOOTNOTE, issues_table, long_table, wide_tables, write_tables
+from medvqa.analysis.tables import (
+    FOOTNOTE,
+    issues_table,
+    long_table,
+    provenance_table,
+    wide_tables,
+    write_tables,
+)
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +48,7 @@ class Report:
     long: pd.DataFrame
     tables: dict[str, pd.DataFrame]
     issues: pd.DataFrame
+    provenance: pd.DataFrame
     ranks: pd.DataFrame
     variance: pd.DataFrame
     figures: dict[str, Path] = field(default_factory=dict)
@@ -57,12 +65,16 @@ def build_report(runs: pd.DataFrame, out_dir: Path | str) -> Report:
     files = write_tables(long, issues, out_dir)
     runs.to_csv(out_dir / "runs.csv", index=False)
     files["runs_csv"] = out_dir / "runs.csv"
+    provenance = provenance_table(runs)
+    provenance.to_csv(out_dir / "provenance.csv", index=False)
+    files["provenance_csv"] = out_dir / "provenance.csv"
     report = Report(
         out_dir=out_dir,
         runs=runs,
         long=long,
         tables=wide_tables(long),
         issues=issues,
+        provenance=provenance,
         ranks=figs.ranks(long),
         variance=figs.variance_split(long),
         files=files,
@@ -127,6 +139,24 @@ def write_html(report: Report) -> Path:
         parts.append("<p>None: every run finished.</p>")
     else:
         parts.append(f"<div class='bad'>{_frame_html(report.issues)}</div>")
+    parts.append("<h2>Provenance</h2>")
+    if report.provenance.empty:
+        parts.append("<p>No run recorded its provenance.</p>")
+    else:
+        shown = report.provenance.assign(
+            table=report.provenance["table"].map(html.escape),
+            values=report.provenance["values"].map(lambda vs: "<br>".join(map(html.escape, vs))),
+        )
+        mixed = shown["n_values"] > 1
+        parts.append(
+            "<p class='note'>What each table's runs were computed with; "
+            f"{int(mixed.sum())} field(s) mix several values (marked).</p>"
+        )
+        parts.append(
+            shown.assign(
+                n_values=shown["n_values"].map(lambda n: f"{n} ⚠" if n > 1 else n)
+            ).to_html(index=False, border=0, classes="t", escape=False)
+        )
     parts.append("<h2>Figures</h2>")
     for name, png in report.figures.items():
         parts += [f"<h3>{html.escape(name)}</h3>", _img(png)]

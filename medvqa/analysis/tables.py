@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from medvqa.analysis.aggregate import BASELINE_NAMES, method_sort_key
+from medvqa.analysis.aggregate import BASELINE_NAMES, PROVENANCE_COLUMNS, method_sort_key
 from medvqa.analysis.summary import COLUMNS
 
 log = logging.getLogger(__name__)
@@ -218,6 +218,24 @@ def wide_tables(long: pd.DataFrame) -> dict[str, pd.DataFrame]:
         cols = [c for c in COLUMNS if c in wide.columns]
         tables[str(table)] = wide.loc[order, cols].reset_index()
     return tables
+
+
+def provenance_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per table and provenance field (code, versions, data, base weights, judge): the
+    distinct values its runs recorded. A table whose runs differ in one is warned about: its
+    cells may compare numbers from different code, packages, data or judges."""
+    columns = ["table", "field", "n_values", "values"]
+    runs = frame[frame["kind"] == "run"] if not frame.empty else frame
+    if runs.empty:
+        return pd.DataFrame(columns=columns)
+    out = []
+    for table, group in runs.groupby("table", sort=True):
+        for field in PROVENANCE_COLUMNS:
+            values = sorted({str(v) for v in group.get(field, pd.Series()).dropna()})
+            out.append({"table": table, "field": field, "n_values": len(values), "values": values})
+            if len(values) > 1:
+                log.warning("table %s mixes %d %s values: %s", table, len(values), field, values)
+    return pd.DataFrame(out, columns=columns)
 
 
 def issues_table(frame: pd.DataFrame) -> pd.DataFrame:

@@ -6,8 +6,9 @@ They write the same results.json schema as a model run (`test_iid/closed_acc`, .
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 from lightning.pytorch.loggers import Logger
@@ -24,6 +25,7 @@ from medvqa.evaluation.scoring import (
     scores_path,
     write_scores,
 )
+from medvqa.provenance import add_metrics
 from medvqa.tasks.common import prepare_splits, report_run
 
 
@@ -32,10 +34,12 @@ def most_frequent(
     out_dir: Path,
     loggers: Sequence[Logger] = (),
     eval_splits: Sequence[str] = ("test_iid", "test_ood"),
+    provenance: MutableMapping[str, Any] | None = None,
 ) -> dict[str, float]:
     """Answer each test question with its most frequent training answer; record coverage."""
     metrics_ = build_metrics(cfg.metric)
-    _, splits = prepare_splits(cfg, out_dir)
+    add_metrics(provenance, metrics_)
+    _, splits = prepare_splits(cfg, out_dir, provenance=provenance)
     scores, coverage, scored_by_split = {}, {}, {}
     for split in eval_splits:
         preds, coverage[split] = most_frequent_predictions(splits["train"], splits[split])
@@ -60,9 +64,10 @@ def chance(
     out_dir: Path,
     loggers: Sequence[Logger] = (),
     eval_splits: Sequence[str] = ("test_iid", "test_ood"),
+    provenance: MutableMapping[str, Any] | None = None,
 ) -> dict[str, float]:
     """Expected accuracy of a uniform guess among each closed question's candidates."""
-    _, splits = prepare_splits(cfg, out_dir)
+    _, splits = prepare_splits(cfg, out_dir, provenance=provenance)
     metrics = split_metrics(chance_scores({s: splits[s] for s in eval_splits}), cfg.evaluation)
     report_run(cfg, out_dir, loggers, metrics, [(cfg.label or "random (1/k)", "")])
     return metrics

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from medvqa.data.audit import audit_leakage, leakage_warnings
 from medvqa.data.base import DataError, VQASource
 from medvqa.data.shifts import Shift, Splits, limit_splits, make_splits
 from medvqa.evaluation.evaluate import finite
+from medvqa.provenance import add_data
 from medvqa.tracking import log_metrics, log_table
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,11 @@ def report_run(
 
 
 def prepare_splits(
-    cfg: DictConfig, out_dir: Path, limit: bool = True, images: bool = False
+    cfg: DictConfig,
+    out_dir: Path,
+    limit: bool = True,
+    images: bool = False,
+    provenance: MutableMapping[str, Any] | None = None,
 ) -> tuple[VQASource, Splits]:
     """Load the dataset table, apply the shift, write `splits.json` into the run directory.
 
@@ -55,10 +60,12 @@ def prepare_splits(
     per-split counts and the leakage audit. With `limit`, the returned splits are capped by
     `data.limit` (debug runs; the report still counts the full splits). With `images`, every
     image the returned splits use is checked before any model is loaded (missing/unreadable
-    files raise, or are skipped and counted with `dataset.on_bad_row=skip`).
+    files raise, or are skipped and counted with `dataset.on_bad_row=skip`). The dataset's
+    fingerprint goes into `provenance`.
     """
     source: VQASource = instantiate(cfg.dataset)
     table = source.table()
+    add_data(provenance, source)
     shift = Shift.from_config(OmegaConf.to_container(cfg.shift, resolve=True))  # type: ignore[arg-type]
     splits = make_splits(table, shift, seed=int(cfg.seed))
     report: dict[str, Any] = {

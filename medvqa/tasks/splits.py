@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig
@@ -12,9 +13,14 @@ from medvqa.tasks.common import prepare_splits
 from medvqa.tracking import log_metrics
 
 
-def splits(cfg: DictConfig, out_dir: Path, loggers: Sequence[Logger] = ()) -> dict[str, float]:
+def splits(
+    cfg: DictConfig,
+    out_dir: Path,
+    loggers: Sequence[Logger] = (),
+    provenance: MutableMapping[str, Any] | None = None,
+) -> dict[str, float]:
     """Return the split sizes as metrics (`splits/<split>/n`), so results.json records them."""
-    _, built = prepare_splits(cfg, out_dir, limit=False)
+    _, built = prepare_splits(cfg, out_dir, limit=False, provenance=provenance)
     report = built.report()
     metrics = {
         f"splits/{split}/{key}": float(value)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 from hydra.utils import instantiate
@@ -19,6 +20,7 @@ from medvqa.evaluation.scoring import build_metrics
 from medvqa.models.adapters import apply_method, build_adapter_config
 from medvqa.models.loading import load_vlm, roles
 from medvqa.models.saving import save_trainable
+from medvqa.provenance import add_metrics, add_model
 from medvqa.tasks.common import prepare_splits, report_run
 from medvqa.tracking import instantiate_group
 from medvqa.training.hardware import check_trainer
@@ -36,6 +38,7 @@ def train_eval(
     loggers: Sequence[Logger] = (),
     eval_splits: Sequence[str] = ("test_iid", "test_ood"),
     references: Sequence[str] = ("zero_shot", "chance"),
+    provenance: MutableMapping[str, Any] | None = None,
 ) -> dict[str, float]:
     """Splits -> (reference rows) -> method applied -> fit -> generate -> score -> report.
 
@@ -51,10 +54,12 @@ def train_eval(
     build_adapter_config(cfg.peft.adapter, cfg.peft.adapter_scope, roles_)  # fail fast on typos
 
     scorers = build_metrics(cfg.metric)  # a bad metric option fails before any data or model
-    source, splits = prepare_splits(cfg, out_dir, images=True)
+    add_metrics(provenance, scorers)
+    source, splits = prepare_splits(cfg, out_dir, images=True, provenance=provenance)
     frames = {s: splits[s] for s in eval_splits}
 
     model, processor = load_vlm(cfg.model)
+    add_model(provenance, model)
     run_eval = partial(
         evaluate,
         processor=processor,

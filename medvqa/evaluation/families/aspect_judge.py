@@ -122,6 +122,9 @@ class AspectJudgeMetric(MetricFamily):
     def cache(self) -> JudgeCache | None:
         return self.engine.cache
 
+    def provenance(self) -> dict[str, Any]:
+        return {"judge_id": self.backend.judge_id, "rubrics": {self.rubric.name: self.rubric.id}}
+
     def counters(self) -> dict[str, int]:
         """The engine's counters under `aspect_judge/` (one count per (row, aspect))."""
         return {f"{self.name}/{k}": v for k, v in self.engine.counters.items()}

@@ -9,7 +9,7 @@ families, and `medvqa.evaluation.scoring` joins their per-sample columns and agg
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pandas as pd
 
@@ -40,3 +40,8 @@ class MetricFamily(Plugin, ABC):
     @abstractmethod
     def aggregate(self, scored: pd.DataFrame) -> dict[str, float]:
         """Flat scores (no split prefix) over the rows of `scored`."""
+
+    def provenance(self) -> dict[str, Any]:
+        """What identifies the scores beyond the family's config (the judge: its model and
+        rubric hashes), for the `provenance` of results.json."""
+        return {}

@@ -92,6 +92,12 @@ class JudgeMetric(MetricFamily):
     def cache(self) -> JudgeCache | None:
         return self.engine.cache
 
+    def provenance(self) -> dict[str, Any]:
+        return {
+            "judge_id": self.backend.judge_id,
+            "rubrics": {name: rubric.id for name, rubric in sorted(self.rubrics.items())},
+        }
+
     def counters(self) -> dict[str, int]:
         """`judge/calls` (requests sent to the judge, retries included), `judge/retries`,
         `judge/cache_hits`, `judge/shortcut_hits`, `judge/failures`, since construction (the

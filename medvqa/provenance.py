@@ -1,0 +1,116 @@
+"""Where a run's numbers came from, recorded in `results.json` under `provenance`.
+
+Two tables can only be compared if they were computed by the same code on the same data with
+the same model and judge. The runner starts the record with the environment (git commit and
+whether the checkout had uncommitted changes, the versions of the packages that compute the
+numbers, the device); the task adds what it loaded: the dataset's fingerprint, the model's
+source, revision, config hash and weights fingerprint, and each metric family's identity (the
+judge model and rubric hashes). `medvqa-report` lists them per table.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import subprocess
+from collections.abc import Iterable, MutableMapping
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from medvqa.hashing import content_hash
+
+log = logging.getLogger(__name__)
+
+# The distributions whose versions change the numbers (deepspeed: only when installed).
+PACKAGES = ("medvqa", "torch", "transformers", "peft", "lightning", "deepspeed")
+_REPO = Path(__file__).resolve().parents[1]
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(_REPO), *args], capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def git_state() -> dict[str, Any]:
+    """The commit of the medvqa checkout and whether tracked files differ from it; both None
+    for an installed package that is not a git checkout."""
+    if not (_REPO / ".git").exists():
+        return {"commit": None, "dirty": None}
+    commit = _git("rev-parse", "HEAD")
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": commit, "dirty": None if status is None else bool(status)}
+
+
+def versions(packages: Iterable[str] = PACKAGES) -> dict[str, str | None]:
+    """Installed version of each distribution (None where it is not installed), and Python's."""
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for name in packages:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def device() -> str:
+    """The accelerator the run could use (CUDA device name), else the CPU."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return f"cuda: {torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}"
+    except Exception:  # a broken CUDA setup must not stop the record
+        log.debug("no CUDA device name", exc_info=True)
+    return f"cpu: {platform.processor() or platform.machine()}"
+
+
+def environment() -> dict[str, Any]:
+    """What the runner records before the task starts."""
+    return {"git": git_state(), "versions": versions(), "device": device()}
+
+
+def add_data(provenance: MutableMapping[str, Any] | None, source: Any) -> None:
+    """The dataset's name, root and content fingerprint (annotation files + loader options)."""
+    if provenance is None:
+        return
+    provenance["data"] = {
+        "dataset": getattr(source, "name", type(source).__name__),
+        "root": str(getattr(source, "root", "")),
+        "fingerprint": source.fingerprint(),
+    }
+
+
+def add_model(provenance: MutableMapping[str, Any] | None, model: Any) -> None:
+    """Where the base model was loaded from (hub id or directory), its hub revision (when
+    loaded from the hub), a hash of its config and a fingerprint of its weights as loaded."""
+    if provenance is None:
+        return
+    from medvqa.evaluation.generation import weights_fingerprint
+
+    config = model.config.to_dict()
+    provenance["model"] = {
+        "source": getattr(model.config, "_name_or_path", None),
+        "revision": getattr(model.config, "_commit_hash", None),
+        "class": type(model).__name__,
+        "config_hash": content_hash(
+            {k: v for k, v in config.items() if not k.startswith("_") and k != "name_or_path"}
+        ),
+        "weights_fingerprint": weights_fingerprint(model),
+    }
+
+
+def add_metrics(provenance: MutableMapping[str, Any] | None, families: Iterable[Any]) -> None:
+    """Each metric family's identity: its name, and what its own `provenance()` says (the
+    judge: backend, model, mode and rubric hashes)."""
+    if provenance is None:
+        return
+    provenance["metrics"] = {
+        family.name: (family.provenance() if callable(getattr(family, "provenance", None)) else {})
+        for family in families
+    }
