@@ -58,3 +58,19 @@ def or_options(question: str, answer: str) -> list[str] | None:
     else:
         return None
     return [answer, other] if other and other.lower() != low else None
+
+
+def closed_candidates(question: str, answer: str) -> list[str]:
+    """The answer space of a closed question: yes/no, or the two options the question names.
+
+    A kept closed row whose text names no parsable options (the answer is in the question but
+    not as an "A or B" side) gets [answer, "not <answer>"]: binary, as the paper scores it.
+    """
+    if is_yes_no(answer):
+        return list(YES_NO)
+    answer = str(answer).strip()
+    return (
+        listed_options(question, answer)
+        or or_options(question, answer)
+        or [answer, f"not {answer}"]
+    )

@@ -19,13 +19,7 @@ import pandas as pd
 from medvqa.data import records as R
 from medvqa.data.annotated import AnnotatedSource, BadRows, read_json_rows
 from medvqa.data.cleaning import CleaningLog, Step
-from medvqa.data.questions import (
-    YES_NO,
-    is_yes_no,
-    listed_options,
-    or_options,
-    question_options,
-)
+from medvqa.data.questions import closed_candidates, is_yes_no, question_options
 
 SPLIT_FILES = {"train": "train.json", "validate": "validate.json", "test": "test.json"}
 REQUIRED = ("qid", "img_id", "img_name", "question", "answer", "q_lang", "answer_type")
@@ -53,22 +47,6 @@ CLEANING = (
         lambda t: t.apply(keep_closed, axis=1),
     ),
 )
-
-
-def closed_candidates(question: str, answer: str) -> list[str]:
-    """The answer space of a closed question: yes/no, or the two options the question names.
-
-    A kept closed row whose text names no parsable options (the answer is in the question but
-    not as an "A or B" side) gets [answer, "not <answer>"]: binary, as the paper scores it.
-    """
-    if is_yes_no(answer):
-        return list(YES_NO)
-    answer = str(answer).strip()
-    return (
-        listed_options(question, answer)
-        or or_options(question, answer)
-        or [answer, f"not {answer}"]
-    )
 
 
 class Slake(AnnotatedSource):

@@ -1,0 +1,405 @@
+"""`medvqa-score`: score predictions made elsewhere (or by an earlier run) with medvqa's metrics.
+
+    medvqa-score PREDICTIONS --out DIR [--format auto|medvqa|sure|lmms-eval|table] [overrides]
+
+The overrides are the run's own config overrides (`'metric=[traditional,judge]'`,
+`evaluation.breakdown=[modality]`, `judge.backend=openai ...`), composed from conf/ as
+`run.py` composes them, so the scores, breakdowns, CIs and judge are exactly a run's. It writes
+`results.json` (the same flat keys as a run: `<split>/<score>`, `robustness/rr_*` when the file
+has both test splits; the split is `all` when the file has none), `scores.parquet` and a summary.
+
+Formats (docs/metrics.md#scoring-existing-predictions):
+- `medvqa`: a run's `predictions.jsonl` (split, case, candidates and metadata included);
+- `sure`: the SURE-VQA reference code's `test_results.json`, a JSON list of
+  `{qid, question, gt, pred, answer_type: OPEN|CLOSED, img_name}`;
+- `lmms-eval`: the per-sample JSONL of `--log_samples` (`doc_id`, `doc`, `target`,
+  `filtered_resps`/`resps`);
+- `table`: CSV or JSON(L) with `question`, `answer` (or `gt`), `prediction` (or `pred`) and
+  optionally `answer_type`, `id`, `split`, `case_id`, `candidates` and any metadata column.
+
+A closed question without candidates gets the binary answer space its text names (yes/no, or
+"A or B"), as the loaders build it; a file without answer types marks yes/no answers closed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from medvqa.data import records as R
+from medvqa.data.questions import closed_candidates, is_yes_no
+from medvqa.evaluation.evaluate import split_metrics
+from medvqa.evaluation.families.traditional import PREDICTION
+from medvqa.evaluation.generation import SPLIT, read_predictions
+from medvqa.evaluation.scoring import (
+    build_metrics,
+    counters,
+    failed_items,
+    headline_intervals,
+    score_frame,
+    write_scores,
+)
+from medvqa.provenance import add_metrics, environment
+from medvqa.record import RunRecord
+
+log = logging.getLogger(__name__)
+
+ALL_SPLIT = "all"  # the split of a file that names none
+SCORES_FILE = "scores.parquet"
+ANSWER_TYPES = ("open", "closed")
+# Other names the `table` format accepts for the canonical columns.
+ALIASES = {
+    "gt": R.ANSWER,
+    "ground_truth": R.ANSWER,
+    "target": R.ANSWER,
+    "pred": PREDICTION,
+    "response": PREDICTION,
+    "qid": R.ID,
+    "question_id": R.ID,
+}
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+class ScoreInputError(ValueError):
+    """A predictions file that cannot be scored; the message names the file, row and fix."""
+
+
+# -- readers: each returns rows with the canonical column names ---------------------------------
+
+
+def _json_rows(path: Path) -> list[dict[str, Any]]:
+    """The records of a JSON list or a JSONL file, with an error naming the bad line."""
+    text = path.read_text()
+    if path.suffix == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ScoreInputError(f"{path}: not valid JSON ({err})") from err
+        if not isinstance(data, list):
+            raise ScoreInputError(f"{path}: expected a JSON list of records, got {type(data)}")
+        return data
+    rows = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            raise ScoreInputError(f"{path}: line {number} is not JSON ({err})") from err
+    return rows
+
+
+def read_medvqa(path: Path) -> pd.DataFrame:
+    """A run's predictions.jsonl; the last record of a resumed id counts."""
+    frame = read_predictions(path)
+    if frame.empty:
+        raise ScoreInputError(f"{path}: no prediction records")
+    keys = [c for c in (SPLIT, R.ID) if c in frame]
+    return frame.drop_duplicates(subset=keys, keep="last").reset_index(drop=True)
+
+
+def read_sure(path: Path) -> pd.DataFrame:
+    """SURE-VQA's test_results.json: qid, question, gt, pred, answer_type (OPEN/CLOSED)."""
+    rows = _json_rows(path)
+    for i, row in enumerate(rows):
+        missing = [k for k in ("qid", "gt", "pred", "answer_type") if k not in row]
+        if missing:
+            raise ScoreInputError(f"{path}: record {i} (qid {row.get('qid')!r}) lacks {missing}")
+    return pd.DataFrame(
+        {
+            R.ID: [str(r["qid"]) for r in rows],
+            R.QUESTION: [r.get("question", "") for r in rows],
+            R.ANSWER: [r["gt"] for r in rows],
+            PREDICTION: [r["pred"] for r in rows],
+            R.ANSWER_TYPE: [r["answer_type"] for r in rows],
+            R.IMAGE: [r.get("img_name") for r in rows],
+        }
+    )
+
+
+def _response(row: dict[str, Any]) -> Any:
+    """The filtered response of an lmms-eval sample (first of a list, however nested)."""
+    value = row.get("filtered_resps", row.get("resps"))
+    while isinstance(value, list):
+        value = value[0] if value else None
+    return value
+
+
+def read_lmms_eval(path: Path) -> pd.DataFrame:
+    """lmms-eval's `--log_samples` JSONL: the question and answer type from `doc`, the answer
+    from `target`, the prediction from `filtered_resps`."""
+    rows = _json_rows(path)
+    out = []
+    for i, row in enumerate(rows):
+        if "doc_id" not in row or ("filtered_resps" not in row and "resps" not in row):
+            raise ScoreInputError(
+                f"{path}: line {i + 1} is not an lmms-eval sample (needs doc_id and "
+                "filtered_resps or resps); pass --format table for other JSONL files"
+            )
+        doc = row.get("doc") if isinstance(row.get("doc"), dict) else {}
+        out.append(
+            {
+                **{k: v for k, v in doc.items() if isinstance(v, str | int | float | bool)},
+                R.ID: str(row["doc_id"]),
+                R.QUESTION: doc.get("question", ""),
+                R.ANSWER: row.get("target", doc.get("answer")),
+                PREDICTION: _response(row),
+            }
+        )
+    return pd.DataFrame(out)
+
+
+def read_table(path: Path) -> pd.DataFrame:
+    """CSV/TSV or JSON(L) with the canonical columns (or their ALIASES)."""
+    if path.suffix in (".csv", ".tsv"):
+        frame = pd.read_csv(path, sep="\t" if path.suffix == ".tsv" else ",", keep_default_na=False)
+    else:
+        frame = pd.DataFrame(_json_rows(path))
+    renamed = {a: c for a, c in ALIASES.items() if a in frame and c not in frame}
+    return frame.rename(columns=renamed)
+
+
+READERS: dict[str, Callable[[Path], pd.DataFrame]] = {
+    "medvqa": read_medvqa,
+    "sure": read_sure,
+    "lmms-eval": read_lmms_eval,
+    "table": read_table,
+}
+
+
+def detect_format(path: Path) -> str:
+    """The format a file is in, from its suffix and its first record."""
+    if path.suffix in (".csv", ".tsv"):
+        return "table"
+    rows = _json_rows(path)
+    first = rows[0] if rows and isinstance(rows[0], dict) else {}
+    if {"qid", "gt", "pred"} <= set(first):
+        return "sure"
+    if "doc_id" in first and ("filtered_resps" in first or "resps" in first):
+        return "lmms-eval"
+    if {SPLIT, PREDICTION, R.ANSWER_TYPE, R.ID} <= set(first):
+        return "medvqa"
+    return "table"
+
+
+# -- normalisation -------------------------------------------------------------------------------
+
+
+def _text(value: Any) -> str | None:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return str(value)
+
+
+def normalise(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
+    """Canonical, validated rows: every row has question, answer, prediction, an answer type
+    of open/closed, an id, a split, a case and (closed rows) candidates."""
+    required = [R.ANSWER, PREDICTION]
+    missing = [c for c in required if c not in frame]
+    if missing:
+        raise ScoreInputError(
+            f"{path}: no column(s) {missing}; columns are {sorted(frame.columns)}. A table needs "
+            f"question, answer (or gt) and prediction (or pred); see medvqa-score --help"
+        )
+    frame = frame.copy()
+    if R.QUESTION not in frame:
+        frame[R.QUESTION] = ""
+    if R.ID not in frame:
+        frame[R.ID] = [str(i) for i in range(len(frame))]
+    for column in (R.ANSWER, PREDICTION):
+        texts = [_text(v) for v in frame[column]]
+        bad = [i for i, t in enumerate(texts) if t is None]
+        if bad:
+            i = bad[0]
+            raise ScoreInputError(
+                f"{path}: row {i} (id {frame[R.ID].iloc[i]!r}) has no {column} ({len(bad)} such "
+                f"row(s)); an empty answer is '' , a missing one cannot be scored"
+            )
+        frame[column] = texts
+    frame[R.QUESTION] = [_text(v) or "" for v in frame[R.QUESTION]]
+    frame[R.ID] = frame[R.ID].astype(str)
+    if R.ANSWER_TYPE in frame:
+        types = [str(t).strip().lower() for t in frame[R.ANSWER_TYPE]]
+        bad = [i for i, t in enumerate(types) if t not in ANSWER_TYPES]
+        if bad:
+            i = bad[0]
+            raise ScoreInputError(
+                f"{path}: row {i} (id {frame[R.ID].iloc[i]!r}) has answer type "
+                f"{frame[R.ANSWER_TYPE].iloc[i]!r}; use open or closed (any case)"
+            )
+        frame[R.ANSWER_TYPE] = types
+    else:
+        log.warning("%s: no answer_type column; yes/no answers are scored as closed", path)
+        frame[R.ANSWER_TYPE] = ["closed" if is_yes_no(a) else "open" for a in frame[R.ANSWER]]
+    if SPLIT not in frame:
+        frame[SPLIT] = ALL_SPLIT
+    if R.CASE_ID not in frame:
+        log.info("%s: no case_id column; CIs resample single questions", path)
+        frame[R.CASE_ID] = frame[R.ID]
+    candidates = frame[R.CANDIDATES] if R.CANDIDATES in frame else [None] * len(frame)
+    frame[R.CANDIDATES] = [
+        (list(c) if isinstance(c, list | tuple) else closed_candidates(q, a))
+        if t == "closed"
+        else None
+        for c, q, a, t in zip(
+            candidates, frame[R.QUESTION], frame[R.ANSWER], frame[R.ANSWER_TYPE], strict=True
+        )
+    ]
+    repeated = frame.duplicated([SPLIT, R.ID])
+    if repeated.any():
+        i = int(repeated.to_numpy().argmax())
+        raise ScoreInputError(
+            f"{path}: id {frame[R.ID].iloc[i]!r} occurs twice in split "
+            f"{frame[SPLIT].iloc[i]!r}; ids must be unique within a split"
+        )
+    return frame.reset_index(drop=True)
+
+
+def read(path: Path, fmt: str = "auto") -> tuple[pd.DataFrame, str]:
+    """The file's rows, normalised, and the format they were read as."""
+    path = Path(path)
+    if not path.is_file():
+        raise ScoreInputError(f"{path}: no such file")
+    if fmt == "auto":
+        fmt = detect_format(path)
+    if fmt not in READERS:
+        raise ScoreInputError(f"--format {fmt!r}: choose from {['auto', *READERS]}")
+    return normalise(READERS[fmt](path), path), fmt
+
+
+# -- scoring -------------------------------------------------------------------------------------
+
+
+def compose(overrides: Sequence[str], out_dir: Path) -> DictConfig:
+    """The run config with the given overrides, composed from conf/ as run.py does, with
+    `out_dir` as the output directory (paths such as the judge cache resolve as in a run)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+
+    import medvqa.config  # noqa: F401  (registers the schemas)
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = hydra_compose("config", overrides=list(overrides), return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = str(out_dir.resolve())
+        cfg.hydra.runtime.cwd = os.getcwd()
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg
+
+
+def score_file(
+    predictions: Path, out_dir: Path, fmt: str = "auto", overrides: Sequence[str] = ()
+) -> dict[str, float]:
+    """Score a predictions file; write results.json, scores.parquet and summary.md to out_dir."""
+    out_dir = Path(out_dir)
+    cfg = compose(overrides, out_dir)
+    frame, fmt = read(Path(predictions), fmt)
+    metrics_ = build_metrics(cfg.metric)
+    breakdown = [f for f in cfg.evaluation.breakdown if f in frame]
+    skipped = [f for f in cfg.evaluation.breakdown if f not in frame]
+    if skipped:
+        log.warning("%s has no column(s) %s: no breakdown by them", predictions, skipped)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    settings = OmegaConf.create(
+        {
+            "seed": int(cfg.seed),
+            "predictions": str(Path(predictions).resolve()),
+            "format": fmt,
+            **{
+                key: OmegaConf.to_container(cfg[key], resolve=True)
+                for key in ("metric", "evaluation", "judge")
+            },
+        }
+    )
+    record = RunRecord(out_dir, settings, choices={"format": fmt})
+    record.provenance = environment()
+    add_metrics(record.provenance, metrics_)
+    try:
+        scored_by_split, scores = {}, {}
+        for split, rows in frame.groupby(SPLIT, sort=False):
+            scored, scores[str(split)] = score_frame(rows, metrics_, breakdown)
+            scored_by_split[str(split)] = scored
+        metrics = {
+            **split_metrics(scores, cfg.evaluation),
+            **headline_intervals(scored_by_split, metrics_, cfg.evaluation),
+            **counters(metrics_),
+        }
+        write_scores(pd.concat(scored_by_split.values()), out_dir / SCORES_FILE)
+    finally:
+        for metric in metrics_:
+            close = getattr(metric, "close", None)
+            if callable(close):
+                close()
+    failed = failed_items(metrics)
+    if failed:
+        message = f"{failed} item(s) could not be scored; every aggregate over them is NaN"
+        log.error("incomplete: %s; run medvqa-score again to retry them", message)
+        record.write("incomplete", metrics, failed_items=failed, error=message)
+    else:
+        record.write("finished", metrics)
+    _summary(metrics, list(scores), cfg, out_dir)
+    return metrics
+
+
+def _summary(metrics: dict[str, float], splits: list[str], cfg: DictConfig, out_dir: Path) -> None:
+    """Per split: n and the primary closed and open scores (summary.md and the terminal)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    primary = (str(cfg.evaluation.primary_closed), str(cfg.evaluation.primary_open))
+    rows = [
+        {
+            "split": split,
+            "n": metrics.get(f"{split}/n", math.nan),
+            **{key: metrics.get(f"{split}/{key}", math.nan) for key in primary},
+        }
+        for split in splits
+    ]
+    table = pd.DataFrame(rows)
+    (out_dir / "summary.md").write_text(table.to_markdown(index=False, floatfmt=".3f") + "\n")
+    view = Table(title=f"medvqa-score -> {out_dir}")
+    for column in table.columns:
+        view.add_column(str(column))
+    for row in rows:
+        view.add_row(*(f"{v:.3f}" if isinstance(v, float) else str(v) for v in row.values()))
+    Console().print(view)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `medvqa-score`; exit status 2 for a file that cannot be scored."""
+    from rich.logging import RichHandler
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[RichHandler()])
+    parser = argparse.ArgumentParser(
+        prog="medvqa-score",
+        description="Score a predictions file with medvqa's metrics, judge, breakdowns and CIs.",
+        epilog="Overrides are config overrides as for run.py, e.g. 'metric=[traditional,judge]' "
+        "evaluation.breakdown=[modality] judge.backend=openai judge.base_url=URL judge.model=M",
+    )
+    parser.add_argument("predictions", type=Path, help="the predictions file")
+    parser.add_argument("--out", type=Path, required=True, help="directory for the results")
+    parser.add_argument("--format", default="auto", choices=["auto", *READERS])
+    parser.add_argument("overrides", nargs="*", help="config overrides (metric=..., ...)")
+    args = parser.parse_intermixed_args(argv)
+    try:
+        score_file(args.predictions, args.out, args.format, args.overrides)
+    except ScoreInputError as err:
+        log.error("%s", err)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
