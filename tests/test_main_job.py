@@ -66,6 +66,7 @@ def test_record_says_where_the_numbers_came_from(smoke_run: Path) -> None:
     assert isinstance(prov["git"]["dirty"], bool)
     assert prov["versions"]["torch"] == version("torch")
     assert {"python", "medvqa", "transformers", "peft", "lightning"} <= set(prov["versions"])
+    assert prov["versions"]["medvqa"]  # found through the distribution that provides medvqa
     assert prov["device"].startswith("cpu")
     cfg = record["config"]
     assert prov["data"]["dataset"] == "synthetic" and len(prov["data"]["fingerprint"]) >= 16
