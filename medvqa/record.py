@@ -21,6 +21,8 @@ RESULTS_FILE = "results.json"
 # `incomplete`: the job ran to the end, but some items could not be scored (a judge that did
 # not answer); the aggregates over them are NaN and a re-run retries only those items.
 STATUSES = ("running", "finished", "incomplete", "diverged", "failed")
+# Where a W&B run's summary holds the status (medvqa.tracking.log_status).
+STATUS_KEY = "medvqa/status"
 # Keys that say how to run a job, not what it computes: they never make a finished job stale.
 _HOW_TO_RUN = ("force", "ckpt_path")
 

@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from medvqa.evaluation.scoring import failed_items
 from medvqa.provenance import environment
 from medvqa.record import RunRecord
-from medvqa.tracking import finish, instantiate_group, log_config
+from medvqa.tracking import finish, instantiate_group, log_config, log_status
 from medvqa.training.module import Diverged
 
 log = logging.getLogger("medvqa")
@@ -55,14 +55,17 @@ def run(cfg: DictConfig) -> dict[str, float] | None:
             )
             log.error("incomplete: %s Record at %s", message, record.path)
             record.write("incomplete", metrics, failed_items=failed, error=message)
+            log_status(loggers, "incomplete", failed_items=failed)
         else:
             record.write("finished", metrics)
+            log_status(loggers, "finished")
             log.info("finished; record at %s", record.path)
         status = "success"
         return metrics
     except Diverged as err:
         log.error("%s", err)
         record.write("diverged", diverged_step=err.step, error=str(err))
+        log_status(loggers, "diverged", diverged_step=err.step)
         status = "success"  # a recorded result, not a crash
         return None
     except Exception as err:

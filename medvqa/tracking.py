@@ -12,6 +12,8 @@ from hydra.utils import instantiate
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
+from medvqa.record import STATUS_KEY
+
 log = logging.getLogger(__name__)
 
 
@@ -55,6 +57,21 @@ def log_table(loggers: Sequence[Logger], key: str, df: pd.DataFrame) -> None:
             df.to_csv(path, index=False)
         else:
             log.debug("logger %s has no table support; %s not logged", type(lg).__name__, key)
+
+
+def log_status(loggers: Sequence[Logger], status: str, **details: Any) -> None:
+    """Put the record's status (and e.g. `failed_items`, `diverged_step`) in the W&B summary:
+    W&B itself only knows whether the process ended cleanly, so a diverged or incomplete run
+    would read as finished there."""
+    for lg in loggers:
+        if isinstance(lg, WandbLogger):
+            try:
+                summary = lg.experiment.summary
+                summary[STATUS_KEY] = status
+                for key, value in details.items():
+                    summary[f"medvqa/{key}"] = value
+            except Exception:  # the record holds the status anyway
+                log.exception("could not log the status to W&B")
 
 
 def finish(loggers: Sequence[Logger], status: str = "success") -> None:

@@ -457,6 +457,13 @@ def test_wandb_run_becomes_a_record() -> None:
     api = SimpleNamespace(runs=lambda path: [run])
     assert collect_wandb("team/proj", api=api)["source"].tolist() == ["wandb:team/proj/abc123"]
 
+    # A diverged run ends cleanly (W&B: finished); the status it logged is what counts.
+    run.state = "finished"
+    run.summary = {**m, "medvqa/status": "diverged", "medvqa/diverged_step": 7}
+    record = wandb_run_record(run)
+    assert record["status"] == "diverged" and record["diverged_step"] == 7
+    assert not any(k.startswith("medvqa/") for k in record["metrics"])
+
 
 def test_wandb_source_offline_fails_with_the_fix(tmp_path: Path) -> None:
     def runs(path: str) -> list:
@@ -556,3 +563,21 @@ def test_real_multirun_with_a_diverged_method_and_a_failed_job(
     issues = pd.read_csv(tmp_path / "out" / "issues.csv")
     assert sorted(issues["status"]) == ["diverged", "diverged", "failed"]
     assert "pet" in issues.loc[issues["status"] == "failed", "error"].item()
+
+
+def test_a_runs_status_goes_to_the_wandb_summary(tmp_path: Path) -> None:
+    """W&B only knows whether the process ended cleanly; the record's status is in the summary,
+    where the W&B source of the report reads it."""
+    import wandb
+    from lightning.pytorch.loggers import WandbLogger
+
+    from medvqa.tracking import finish, log_status
+
+    logger = WandbLogger(offline=True, save_dir=str(tmp_path), project="t")
+    try:
+        log_status([logger], "incomplete", failed_items=3)
+        summary = logger.experiment.summary
+        assert summary["medvqa/status"] == "incomplete" and summary["medvqa/failed_items"] == 3
+    finally:
+        finish([logger])
+    assert wandb.run is None

@@ -23,7 +23,7 @@ from typing import Any
 import pandas as pd
 
 from medvqa.analysis.summary import COLUMNS
-from medvqa.record import RESULTS_FILE, read_record
+from medvqa.record import RESULTS_FILE, STATUS_KEY, read_record
 
 log = logging.getLogger(__name__)
 
@@ -428,25 +428,31 @@ def wandb_run_record(run: Any) -> dict[str, Any]:
     """A W&B run (from `wandb.Api().runs`) as a results.json-shaped record.
 
     W&B keeps the resolved config and the last value of each metric, but not Hydra's choices,
-    so the setting falls back to the config (dataset/shift names). A diverged run ends as
-    `finished` in W&B (it is a recorded result, not a crash); its headline cells stay empty.
+    so the setting falls back to the config (dataset/shift names). A diverged or incomplete
+    run ends cleanly (W&B: `finished`); the status medvqa logged to the summary
+    (`medvqa/status`, with `medvqa/diverged_step`, `medvqa/failed_items`) is used instead.
     """
     config = {k: v for k, v in dict(run.config).items() if not str(k).startswith("_")}
     summary = dict(getattr(run.summary, "_json_dict", None) or run.summary)
     metrics = {
         k: v
         for k, v in summary.items()
-        if not str(k).startswith("_") and isinstance(v, int | float) and not isinstance(v, bool)
+        if not str(k).startswith(("_", "medvqa/"))
+        and isinstance(v, int | float)
+        and not isinstance(v, bool)
     }
     state = str(getattr(run, "state", "finished"))
-    status = _WANDB_STATES.get(state, state)
+    # The run's own status (diverged, incomplete) where it logged one; W&B's state otherwise.
+    status = str(summary.get(STATUS_KEY) or _WANDB_STATES.get(state, state))
     return {
         "status": status,
         "seed": config.get("seed"),
         "choices": {},
         "config": config,
         "metrics": metrics,
-        "error": None if status == "finished" else f"W&B state {state!r}",
+        "error": None if status == "finished" else f"{status} (W&B state {state!r})",
+        "diverged_step": summary.get("medvqa/diverged_step"),
+        "failed_items": summary.get("medvqa/failed_items"),
         "started_at": getattr(run, "created_at", None),
     }
 
