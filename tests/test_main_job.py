@@ -218,6 +218,9 @@ def test_baselines_write_the_same_schema(
         delta = metrics["delta_blank/test_iid/closed_acc"]
         sighted, blind = metrics["test_iid/closed_acc"], metrics["blank/test_iid/closed_acc"]
         assert delta == pytest.approx(sighted - blind)
+        # The paired CI of the blind Δ (same questions, cases resampled jointly).
+        lo, hi = (metrics[f"delta_blank/test_iid/closed_acc_ci_{s}"] for s in ("lo", "hi"))
+        assert lo <= delta <= hi
     if baseline == "no_image":
         assert record["config"]["data"]["train_image"] == "none"
         assert pd.read_csv(tmp_path / "summary.csv")["method"][0] == "no image (train + eval)"

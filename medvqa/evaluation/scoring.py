@@ -21,6 +21,7 @@ from hydra.utils import instantiate
 
 from medvqa import plugins
 from medvqa.data import records as R
+from medvqa.evaluation.generation import SPLIT
 
 
 class Metric(Protocol):
@@ -164,6 +165,70 @@ def counters(metrics: Sequence[Metric]) -> dict[str, float]:
     return out
 
 
+def _bootstrap_options(evaluation_cfg: Any) -> dict[str, Any] | None:
+    """`evaluation.bootstrap` as keyword arguments; None when it is off (`samples: 0`)."""
+    boot = evaluation_cfg.bootstrap
+    if not boot.samples:
+        return None
+    return {"B": int(boot.samples), "seed": int(boot.seed), "level": float(boot.level)}
+
+
+def _ci_columns(metrics: Sequence[Metric]) -> dict[str, tuple[str, str]]:
+    """Score -> (per-sample column, answer type) of every family that declares `ci_columns`."""
+    columns: dict[str, tuple[str, str]] = {}
+    for metric in metrics:
+        get = getattr(metric, "ci_columns", None)
+        if callable(get):
+            columns.update(get())
+    return columns
+
+
+def _headline_keys(evaluation_cfg: Any) -> tuple[tuple[str, str], ...]:
+    return (("closed", evaluation_cfg.primary_closed), ("open", evaluation_cfg.primary_open))
+
+
+def paired_delta_intervals(
+    main: pd.DataFrame,
+    other: pd.DataFrame,
+    metrics: Sequence[Metric],
+    evaluation_cfg: Any,
+    prefix: str,
+) -> dict[str, float]:
+    """CIs of the paired differences main − other of the headline scores, per split, for two
+    evaluations of the same questions (e.g. sighted vs blank images: the blind Δ). One draw of
+    cases serves both sides, so only their disagreement varies. Keys:
+    `<prefix><split>/<score>_ci_{lo,hi,half}`. A side with a missing score gets none."""
+    from medvqa.evaluation.statistics import paired_bootstrap_diff
+
+    opts = _bootstrap_options(evaluation_cfg)
+    if opts is None:
+        return {}
+    columns = _ci_columns(metrics)
+    out: dict[str, float] = {}
+    for _, key in _headline_keys(evaluation_cfg):
+        if key not in columns:
+            continue
+        column, answer_type = columns[key]
+        for split in dict.fromkeys(main[SPLIT]):
+            sides = [
+                f.loc[(f[SPLIT] == split) & (f[R.ANSWER_TYPE] == answer_type)]
+                for f in (main, other)
+            ]
+            if any(s.empty or s[column].isna().any() for s in sides):
+                continue
+            (a, b) = sides
+            ci = paired_bootstrap_diff(
+                a[column].to_numpy(float),
+                a[R.CASE_ID].to_numpy(object),
+                b[column].to_numpy(float),
+                b[R.CASE_ID].to_numpy(object),
+                paired=True,
+                **opts,
+            )
+            out.update(ci.entries(f"{prefix}{split}/{key}"))
+    return out
+
+
 def headline_intervals(
     scored_by_split: Mapping[str, pd.DataFrame],
     metrics: Sequence[Metric],
@@ -181,20 +246,12 @@ def headline_intervals(
     """
     from medvqa.evaluation.statistics import cluster_bootstrap, paired_bootstrap_diff, rr_ci
 
-    boot = evaluation_cfg.bootstrap
-    if not boot.samples:
+    opts = _bootstrap_options(evaluation_cfg)
+    if opts is None:
         return {}
-    opts = {"B": int(boot.samples), "seed": int(boot.seed), "level": float(boot.level)}
-    columns: dict[str, tuple[str, str]] = {}
-    for metric in metrics:
-        get = getattr(metric, "ci_columns", None)
-        if callable(get):
-            columns.update(get())
+    columns = _ci_columns(metrics)
     out: dict[str, float] = {}
-    for alias, key in (
-        ("closed", evaluation_cfg.primary_closed),
-        ("open", evaluation_cfg.primary_open),
-    ):
+    for alias, key in _headline_keys(evaluation_cfg):
         if key not in columns:
             continue
         column, answer_type = columns[key]

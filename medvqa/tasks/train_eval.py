@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 from medvqa.data.datamodule import VQADataModule
 from medvqa.evaluation.baselines import chance_scores
 from medvqa.evaluation.evaluate import deltas, evaluate, prefixed, split_metrics
-from medvqa.evaluation.scoring import build_metrics
+from medvqa.evaluation.scoring import build_metrics, paired_delta_intervals
 from medvqa.models.adapters import apply_method, build_adapter_config
 from medvqa.models.loading import load_vlm, roles
 from medvqa.models.saving import save_trainable
@@ -116,9 +116,16 @@ def train_eval(
     )
     metrics.update(results)
     for mode in cfg.data.extra_eval_images:  # e.g. the blind ablation: Δ = sighted − blank
-        other, _ = run_eval(model, out_path=out_dir / f"predictions_{mode}.jsonl", image_mode=mode)
+        other, other_scored = run_eval(
+            model, out_path=out_dir / f"predictions_{mode}.jsonl", image_mode=mode
+        )
         metrics.update(prefixed(f"{mode}/", other))
         metrics.update(deltas(results, other, prefix=f"delta_{mode}/"))
+        metrics.update(
+            paired_delta_intervals(
+                predictions, other_scored, scorers, cfg.evaluation, prefix=f"delta_{mode}/"
+            )
+        )
         rows.append((f"{rows[0][0]}, {mode} image", f"{mode}/"))
 
     report_run(cfg, out_dir, loggers, metrics, rows, predictions)
