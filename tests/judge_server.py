@@ -160,3 +160,16 @@ class JudgeServer:
                 pass
 
         return Handler
+
+
+def judge_overrides(server: JudgeServer, cache_dir: Any, *extra: str) -> list[str]:
+    """Config overrides that score with the judge on `server` (generate mode, its own cache)."""
+    return [
+        "metric=[traditional,judge]",
+        "judge.backend=openai",
+        f"judge.base_url={server.base_url}",
+        "judge.model=scripted",
+        "judge.mode=generate",
+        f"judge.cache_dir={cache_dir}",
+        *extra,
+    ]

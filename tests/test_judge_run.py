@@ -13,7 +13,7 @@ from medvqa.analysis.rater import read_items
 from medvqa.evaluation.generation import read_predictions
 from medvqa.evaluation.judge import JudgeCache
 from tests.conftest import run_main
-from tests.judge_server import JudgeServer
+from tests.judge_server import JudgeServer, judge_overrides
 
 
 def test_run_with_the_judge_and_a_rerun_makes_no_calls(tmp_path: Path, cache_dir: Path) -> None:
@@ -23,12 +23,7 @@ def test_run_with_the_judge_and_a_rerun_makes_no_calls(tmp_path: Path, cache_dir
             "debug=smoke",
             "logger=csv",
             "task.references=[]",
-            "metric=[traditional,judge]",
-            "judge.backend=openai",
-            f"judge.base_url={server.base_url}",
-            "judge.model=scripted",
-            "judge.mode=generate",
-            f"judge.cache_dir={tmp_path / 'judgments'}",
+            *judge_overrides(server, tmp_path / "judgments"),
         ]
         first = run_main(args, tmp_path / "run1", cache_dir)
         assert first.returncode == 0, first.stderr[-3000:]
@@ -90,13 +85,7 @@ def test_a_dead_judge_leaves_the_run_incomplete_and_a_rerun_judges_only_those_it
         "debug=smoke",
         "logger=csv",
         "task.references=[]",
-        "metric=[traditional,judge]",
-        "judge.backend=openai",
-        f"judge.base_url={server.base_url}",
-        "judge.model=scripted",
-        "judge.mode=generate",
-        "judge.retries=0",
-        f"judge.cache_dir={tmp_path / 'judgments'}",
+        *judge_overrides(server, tmp_path / "judgments", "judge.retries=0"),
         "evaluation.primary_closed=judge_closed_acc",  # the judge's score is the headline
     ]
     try:

@@ -11,7 +11,7 @@ import pytest
 
 from medvqa.evaluation.rescore import main, read
 from tests.conftest import run_main
-from tests.judge_server import JudgeServer
+from tests.judge_server import JudgeServer, judge_overrides
 
 # The same two splits' worth of scores a run records, compared key by key.
 COMPARED = (
@@ -164,15 +164,7 @@ def test_the_judge_scores_a_file_and_a_dead_one_leaves_it_incomplete(tmp_path: P
         }
     ).to_csv(path, index=False)
     server = JudgeServer().start()
-    judge = [
-        "metric=[traditional,judge]",
-        "judge.backend=openai",
-        f"judge.base_url={server.base_url}",
-        "judge.model=scripted",
-        "judge.mode=generate",
-        "judge.retries=0",
-        f"judge.cache_dir={tmp_path / 'judgments'}",
-    ]
+    judge = judge_overrides(server, tmp_path / "judgments", "judge.retries=0")
     try:
         server.fail_first = 10**9
         record = score(tmp_path, path, *judge)
