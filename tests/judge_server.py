@@ -171,5 +171,6 @@ def judge_overrides(server: JudgeServer, cache_dir: Any, *extra: str) -> list[st
         "judge.model=scripted",
         "judge.mode=generate",
         f"judge.cache_dir={cache_dir}",
+        "judge.selfcheck=false",  # the scripted grader is not a judge; tests/test_selfcheck.py
         *extra,
     ]

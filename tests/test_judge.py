@@ -417,6 +417,7 @@ def test_default_config_builds_a_metric(tmp_path: Path) -> None:
     assert (metric.backend.mode, metric.backend.batch_size) == ("logits", judge.batch_size)
     assert metric.cache is not None and metric.cache.path == tmp_path / "judge" / CACHE_FILE
     assert metric.cache.path.is_file()
+    assert metric.selfcheck_floors == (0.8, 0.5)  # the self-check is on by default
     metric.close()
     root.judge.backend, root.judge.model = "openai", "m"
     metric = JudgeMetric.from_config(root.judge)

@@ -23,6 +23,7 @@ from typing import Any
 import pandas as pd
 
 from medvqa.analysis.summary import COLUMNS
+from medvqa.evaluation.scoring import unreliable
 from medvqa.record import RESULTS_FILE, STATUS_KEY, read_record
 
 log = logging.getLogger(__name__)
@@ -219,12 +220,15 @@ def _provenance(prov: Mapping[str, Any]) -> dict[str, str | None]:
     }
 
 
-def _headlines(metrics: Mapping[str, float], closed: str, open_: str) -> dict[str, float]:
-    out: dict[str, float] = {}
+def _headlines(metrics: Mapping[str, float], closed: str, open_: str) -> dict[str, Any]:
+    """The six headline numbers, their CI half-widths, and whether each comes from a judge
+    that failed its self-check (`<column> unreliable`)."""
+    out: dict[str, Any] = {}
     for column, key in HEADLINE_KEYS.items():
         name = key.format(closed=closed, open=open_)
         out[column] = _number(metrics.get(name))
         out[f"{column} ci_half"] = _number(metrics.get(f"{name}_ci_half"))
+        out[f"{column} unreliable"] = unreliable(metrics, closed if "closed" in column else open_)
     return out
 
 

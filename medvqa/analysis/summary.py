@@ -23,27 +23,31 @@ def summary_table(
     """One row per (label, metric-name prefix); a missing number is NaN, never dropped. For
     each i.i.d./OoD cell, `<column> failed` counts the items its score could not score (a
     judge that did not answer; the score is then NaN)."""
-    from medvqa.evaluation.scoring import failed_items
+    from medvqa.evaluation.scoring import failed_items, unreliable
 
     records = []
     for label, prefix in rows:
         record: dict[str, object] = {"method": label}
-        failed: dict[str, int] = {}
+        failed: dict[str, object] = {}
+        own = {k[len(prefix) :]: v for k, v in metrics.items() if k.startswith(prefix)}
         for kind, score in (("closed", primary_closed), ("open", primary_open)):
             for split_name, split in _SPLITS.items():
                 record[f"{kind} {split_name}"] = metrics.get(f"{prefix}{split}{score}", math.nan)
                 failed[f"{kind} {split_name} failed"] = failed_items(metrics, prefix + split, score)
             record[f"{kind} RR"] = metrics.get(f"{prefix}robustness/rr_{kind}", math.nan)
+            failed[f"{kind} unreliable judge"] = unreliable(own, score)
         records.append({**record, **failed})
-    failed_columns = [f"{c} failed" for c in COLUMNS if not c.endswith("RR")]
-    return pd.DataFrame.from_records(records, columns=["method", *COLUMNS, *failed_columns])
+    extra = [f"{c} failed" for c in COLUMNS if not c.endswith("RR")]
+    extra += [f"{kind} unreliable judge" for kind in ("closed", "open")]
+    return pd.DataFrame.from_records(records, columns=["method", *COLUMNS, *extra])
 
 
-def _fmt(value: float, failed: int = 0) -> str:
-    """A number, "—" where there is none, "incomplete (n)" where n items failed."""
+def _fmt(value: float, failed: int = 0, unreliable: bool = False) -> str:
+    """A number, "—" where there is none, "incomplete (n)" where n items failed; a score of
+    a judge that failed its self-check says so."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return f"incomplete ({failed})" if failed else "—"
-    return f"{value:.3f}"
+    return f"{value:.3f} (unreliable judge)" if unreliable else f"{value:.3f}"
 
 
 def _shown(row: pd.Series) -> dict[str, str]:
@@ -55,7 +59,10 @@ def _shown(row: pd.Series) -> dict[str, str]:
             return sum(failed(f"{kind} {split}") for split in _SPLITS)
         return int(row.get(f"{column} failed", 0) or 0)
 
-    return {col: _fmt(row[col], failed(col)) for col in COLUMNS}
+    return {
+        col: _fmt(row[col], failed(col), bool(row.get(f"{col.split()[0]} unreliable judge")))
+        for col in COLUMNS
+    }
 
 
 def write_summary(table: pd.DataFrame, out_dir: Path) -> tuple[Path, Path]:

@@ -93,6 +93,8 @@ def _cell(group: pd.DataFrame, column: str) -> dict[str, object]:
         ci = float(cis[0]) if cis.size else math.nan
     counts = {s: statuses.count(s) for s in BAD if s != "incomplete"}
     counts["incomplete"] = int(incomplete.sum())
+    flags = usable.get(f"{column} unreliable", pd.Series(dtype=object))
+    n_unreliable = int(sum(v is True or v == 1 for v in flags))
     return {
         "mean": mean,
         "std": std,
@@ -101,6 +103,7 @@ def _cell(group: pd.DataFrame, column: str) -> dict[str, object]:
         "ci_half": ci,
         "pm": "std" if n > 1 else ("ci" if not math.isnan(ci) else "none"),
         "n_na": int((~valid & ~incomplete).sum()),
+        "n_unreliable": n_unreliable,
         **{f"n_{s}": c for s, c in counts.items()},
         "seeds": ",".join(str(s) for s in sorted(group["seed"].dropna().tolist())),
     }
@@ -138,6 +141,8 @@ def cell_text(cell: dict[str, object]) -> str:
         text = f"{mean:.3f} (n=1)"
     if cell.get("n_na"):
         problems.append(f"n/a ({cell['n_na']}/{n_seeds})")
+    if cell.get("n_unreliable"):
+        problems.append(f"judge failed its self-check ({cell['n_unreliable']}/{n_seeds})")
     return f"{text}; {', '.join(problems)}" if problems else text
 
 

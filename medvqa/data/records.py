@@ -22,6 +22,7 @@ CANDIDATES = "candidates"  # list[str] for closed questions, None for open ones
 CASE_ID = "case_id"
 IMAGE_ID = "image_id"
 SOURCE_SPLIT = "source_split"  # the dataset's own split: train | validate | test
+SPLIT = "split"  # of a prediction: the evaluation split it belongs to (test_iid, test_ood, ...)
 
 CORE_COLUMNS: tuple[str, ...] = (
     ID,

@@ -23,7 +23,7 @@ from medvqa.hashing import Hasher
 
 log = logging.getLogger(__name__)
 
-SPLIT = "split"
+SPLIT = R.SPLIT
 MODEL = "model"  # fingerprint of the weights that produced a prediction
 
 

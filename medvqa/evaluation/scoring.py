@@ -21,7 +21,6 @@ from hydra.utils import instantiate
 
 from medvqa import plugins
 from medvqa.data import records as R
-from medvqa.evaluation.generation import SPLIT
 
 
 class Metric(Protocol):
@@ -124,6 +123,17 @@ def failed_items(metrics: Mapping[str, float], prefix: str = "", score: str | No
     return int(sum(c for c in counts if not math.isnan(c)))
 
 
+def unreliable(metrics: Mapping[str, float], score: str) -> bool:
+    """Whether `score` comes from a judge that failed its self-check in `metrics`: a family
+    `<name>` with `<name>/selfcheck_reliable` 0 whose scores are named `<name>_...`."""
+    for key, value in metrics.items():
+        parts = key.split("/")
+        family = parts[-2] if len(parts) >= 2 else ""
+        if parts[-1] == "selfcheck_reliable" and value == 0 and score.startswith(f"{family}_"):
+            return True
+    return False
+
+
 def scores_path(predictions: Path) -> Path:
     """Where the scored table of a predictions file goes: `predictions.jsonl` ->
     `scores.parquet`, `predictions_zero_shot.jsonl` -> `scores_zero_shot.parquet`."""
@@ -209,9 +219,9 @@ def paired_delta_intervals(
         if key not in columns:
             continue
         column, answer_type = columns[key]
-        for split in dict.fromkeys(main[SPLIT]):
+        for split in dict.fromkeys(main[R.SPLIT]):
             sides = [
-                f.loc[(f[SPLIT] == split) & (f[R.ANSWER_TYPE] == answer_type)]
+                f.loc[(f[R.SPLIT] == split) & (f[R.ANSWER_TYPE] == answer_type)]
                 for f in (main, other)
             ]
             if any(s.empty or s[column].isna().any() for s in sides):

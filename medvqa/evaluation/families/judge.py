@@ -24,15 +24,19 @@ from medvqa.evaluation.families.base import MetricFamily
 from medvqa.evaluation.families.traditional import PREDICTION
 from medvqa.evaluation.judge import (
     RUBRICS,
+    SELFCHECK_ID,
     JudgeBackend,
     JudgeCache,
+    JudgeConfig,
     JudgeEngine,
     JudgeItem,
     Judgment,
     Rubric,
+    SelfCheck,
     as_text,
     build_backend,
     cache_from_config,
+    run_selfcheck,
     select_rubric,
 )
 from medvqa.evaluation.statistics import mean_or_nan
@@ -72,17 +76,34 @@ class JudgeMetric(MetricFamily):
         cache: JudgeCache | None = None,
         rubrics: Mapping[str, Rubric] | None = None,
         on_judgment: Callable[[str, Judgment], None] | None = None,
+        selfcheck_floors: tuple[float, float] | None = None,
     ) -> None:
+        """`selfcheck_floors` (minimum closed accuracy, minimum open Kendall tau): run the
+        self-check (medvqa.evaluation.judge.selfcheck) before the first scoring; None: don't."""
         self.rubrics = dict(RUBRICS if rubrics is None else rubrics)
         missing = [n for n in RUBRICS if n not in self.rubrics]
         if missing:
             raise ValueError(f"judge rubrics lack {missing}; need {list(RUBRICS)}")
         self.engine = JudgeEngine(backend, cache, on_judgment)
+        self.selfcheck_floors = selfcheck_floors
+        self.selfcheck: SelfCheck | None = None
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> JudgeMetric:
         """Backend and cache from a `judge` config group (conf/judge/default.yaml)."""
-        return cls(build_backend(cfg), cache_from_config(cfg))
+        floors = None
+        if cfg.get("selfcheck", True):
+            c = JudgeConfig(**{k: v for k, v in cfg.items() if k != "_target_"})
+            floors = (float(c.selfcheck_min_closed_acc), float(c.selfcheck_min_open_tau))
+        return cls(build_backend(cfg), cache_from_config(cfg), selfcheck_floors=floors)
+
+    def check(self) -> SelfCheck | None:
+        """The self-check, run once (its judgments are cached like any other, and its calls
+        are not counted in this metric's counters)."""
+        if self.selfcheck is None and self.selfcheck_floors is not None:
+            engine = JudgeEngine(self.backend, self.cache)
+            self.selfcheck = run_selfcheck(engine, self.rubrics, *self.selfcheck_floors)
+        return self.selfcheck
 
     @property
     def backend(self) -> JudgeBackend:
@@ -96,13 +117,17 @@ class JudgeMetric(MetricFamily):
         return {
             "judge_id": self.backend.judge_id,
             "rubrics": {name: rubric.id for name, rubric in sorted(self.rubrics.items())},
+            "selfcheck": SELFCHECK_ID if self.selfcheck_floors is not None else None,
         }
 
     def counters(self) -> dict[str, int]:
         """`judge/calls` (requests sent to the judge, retries included), `judge/retries`,
         `judge/cache_hits`, `judge/shortcut_hits`, `judge/failures`, since construction (the
-        prefix is the family's `name`)."""
-        return {f"{self.name}/{k}": v for k, v in self.engine.counters.items()}
+        prefix is the family's `name`), and the self-check's `judge/selfcheck_*` once it ran."""
+        out: dict[str, float] = {f"{self.name}/{k}": v for k, v in self.engine.counters.items()}
+        if self.selfcheck is not None:
+            out.update(self.selfcheck.counters(self.name))
+        return out
 
     def per_sample(self, preds: pd.DataFrame) -> pd.DataFrame:
         """`judge_score`, `judge_rubric`, `judge_failed` (0/1) and `judge_reason` per row.
@@ -116,6 +141,7 @@ class JudgeMetric(MetricFamily):
                 f"the judge needs column(s) {missing} in the predictions table "
                 f"(has {list(preds.columns)})"
             )
+        self.check()
         n = len(preds)
         kinds = preds[CLOSED_KIND].tolist() if CLOSED_KIND in preds else [None] * n
         items = [

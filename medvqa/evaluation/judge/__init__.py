@@ -5,13 +5,15 @@
 * `replies`: reading its replies into scores (`Judgment`);
 * `backends`: where replies come from (`hf` local model, `openai`-compatible server);
 * `cache`: the SQLite store of judgments;
-* `engine`: the one engine that joins them (shortcut, cache, batching, counters).
+* `engine`: the one engine that joins them (shortcut, cache, batching, counters);
+* `selfcheck`: items with known verdicts every judge answers before its scores are trusted.
 """
 
 from medvqa.evaluation.judge.backends import (
     CONFIG_KEYS,
     HFBackend,
     JudgeBackend,
+    JudgeConfig,
     JudgeConfigError,
     JudgeRequest,
     OpenAIBackend,
@@ -30,6 +32,7 @@ from medvqa.evaluation.judge.rubrics import (
     build_messages,
     select_rubric,
 )
+from medvqa.evaluation.judge.selfcheck import SELFCHECK_ID, SelfCheck, run_selfcheck
 
 __all__ = [
     "ASKED_CLASS",
@@ -38,10 +41,12 @@ __all__ = [
     "CONFIG_KEYS",
     "INPUT_KEYS",
     "RUBRICS",
+    "SELFCHECK_ID",
     "SHORTCUT_REASON",
     "HFBackend",
     "JudgeBackend",
     "JudgeCache",
+    "JudgeConfig",
     "JudgeConfigError",
     "JudgeEngine",
     "JudgeItem",
@@ -50,10 +55,12 @@ __all__ = [
     "OpenAIBackend",
     "Reply",
     "Rubric",
+    "SelfCheck",
     "as_text",
     "build_backend",
     "build_messages",
     "cache_from_config",
     "parse_judgment",
+    "run_selfcheck",
     "select_rubric",
 ]

@@ -461,6 +461,11 @@ class JudgeConfig:
     device: str = "cpu"  # hf
     dtype: str = "float32"  # hf
     cache_dir: str | None = None  # the judgment cache (and the converted SmolLM2)
+    # Before scoring, the judge answers items with known verdicts (judge/selfcheck.py); below
+    # these floors its scores are marked unreliable in results.json, the summary and the report.
+    selfcheck: bool = True
+    selfcheck_min_closed_acc: float = 0.8
+    selfcheck_min_open_tau: float = 0.5
 
 
 CONFIG_KEYS = tuple(f.name for f in fields(JudgeConfig))

@@ -1,0 +1,148 @@
+"""The judge's self-check: items with known verdicts, answered before any score is trusted.
+
+A judge that says "correct" to everything still produces plausible-looking accuracies. Before a
+judge metric scores a run, its judge answers this fixed set (written for this project; none of
+its predictions equals its ground truth after normalisation, so the exact-match shortcut never
+answers for the judge):
+
+* closed (0/1): right answers phrased verbosely, and wrong ones, including negations of the
+  ground truth ("There is no mass." for "yes");
+* closed multilabel (0 / 0.5 / 1): exact, partial and wrong choices between two options;
+* open (1-5): predictions graded from a contradiction (1) to a synonym of the ground truth (5).
+
+Reported under the metric's counters (`judge/selfcheck_*`): `closed_acc` (share of closed and
+multilabel items scored exactly as expected), `open_tau` (Kendall tau-b between the judge's
+open scores and the expected grades), `false_correct` (share of known-wrong closed items the
+judge called correct), `failures`, and `reliable` (1/0: closed_acc and open_tau at or above
+their floors). The judgments go through the judge's cache like any other, so the check costs
+calls only once per judge. `SELFCHECK_ID` changes whenever an item does.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from scipy import stats
+
+from medvqa.evaluation.judge.engine import JudgeEngine, JudgeItem
+from medvqa.evaluation.judge.rubrics import Rubric
+from medvqa.hashing import content_hash
+
+log = logging.getLogger(__name__)
+
+# (rubric, question, ground truth, prediction, expected score)
+ITEMS: tuple[tuple[str, str, str, str, float], ...] = (
+    ("closed", "Is there a mass in the liver?", "yes", "Yes, a mass is seen in the liver.", 1),
+    ("closed", "Is there a mass in the liver?", "yes", "No.", 0),
+    ("closed", "Is there a mass in the liver?", "yes", "There is no mass in the liver.", 0),
+    ("closed", "Is the heart enlarged?", "no", "The heart size is normal, not enlarged.", 1),
+    ("closed", "Is the heart enlarged?", "no", "Yes, the heart is enlarged.", 0),
+    ("closed", "Does the image show a fracture?", "no", "No fracture is visible.", 1),
+    ("closed", "Does the image show a fracture?", "no", "A fracture is visible.", 0),
+    ("closed", "Is this a CT or an MRI scan?", "MRI", "It is a magnetic resonance image.", 1),
+    ("closed", "Is this a CT or an MRI scan?", "MRI", "This is a CT scan.", 0),
+    ("closed", "Is the lesion on the left side?", "yes", "It is on the right side.", 0),
+    ("closed", "Is there pleural effusion?", "yes", "Pleural effusion is present.", 1),
+    ("closed", "Is there pleural effusion?", "yes", "I cannot tell from the image.", 0),
+    ("closed_multilabel", "Which lung is affected, left or right?", "both", "both lungs", 1),
+    ("closed_multilabel", "Which lung is affected, left or right?", "both", "the left lung", 0.5),
+    ("closed_multilabel", "Which lung is affected, left or right?", "left", "the right lung", 0),
+    ("closed_multilabel", "Which lung is affected, left or right?", "left", "neither lung", 0),
+    ("open", "What imaging modality is used?", "MRI", "magnetic resonance imaging", 5),
+    ("open", "What imaging modality is used?", "MRI", "CT", 1),
+    ("open", "Which organ is abnormal?", "liver", "the liver shows the abnormality", 5),
+    ("open", "Which organ is abnormal?", "liver", "spleen", 1),
+    ("open", "Where is the nodule?", "right upper lobe", "in the right lung", 3),
+    ("open", "Where is the nodule?", "right upper lobe", "left lower lobe", 1),
+    ("open", "What organs are visible?", "heart, lungs and liver", "heart and lungs", 3),
+    ("open", "What organs are visible?", "heart, lungs and liver", "kidneys", 1),
+    ("open", "What is the main finding?", "pneumothorax on the left", "left pneumothorax", 5),
+    ("open", "What is the main finding?", "pneumothorax on the left", "a pneumothorax", 3),
+)
+SELFCHECK_ID = f"selfcheck-{content_hash(ITEMS, length=12)}"
+
+
+@dataclass(frozen=True)
+class SelfCheck:
+    """How the judge did on the known verdicts, and whether that meets the floors."""
+
+    closed_acc: float
+    open_tau: float
+    false_correct: float
+    failures: int
+    reliable: bool
+
+    def counters(self, prefix: str) -> dict[str, float]:
+        return {
+            f"{prefix}/selfcheck_closed_acc": self.closed_acc,
+            f"{prefix}/selfcheck_open_tau": self.open_tau,
+            f"{prefix}/selfcheck_false_correct": self.false_correct,
+            f"{prefix}/selfcheck_failures": float(self.failures),
+            f"{prefix}/selfcheck_reliable": float(self.reliable),
+        }
+
+
+def selfcheck_items(rubrics: Mapping[str, Rubric]) -> list[tuple[JudgeItem, float]]:
+    return [(JudgeItem(rubrics[r], q, a, p), float(v)) for r, q, a, p, v in ITEMS]
+
+
+def run_selfcheck(
+    engine: JudgeEngine,
+    rubrics: Mapping[str, Rubric],
+    min_closed_acc: float,
+    min_open_tau: float,
+) -> SelfCheck:
+    """Judge the known items with `engine` and compare with the expected scores. A failed
+    judgment counts as wrong (and in `failures`): a judge that does not answer is not
+    reliable either."""
+    pairs = selfcheck_items(rubrics)
+    judgments = engine.judge([item for item, _ in pairs])
+    closed_hits: list[bool] = []
+    false_correct: list[bool] = []
+    open_scores: list[float] = []
+    open_expected: list[float] = []
+    for (item, expected), judgment in zip(pairs, judgments, strict=True):
+        score = judgment.score if judgment.status == "ok" else math.nan
+        if item.rubric.name == "open":
+            open_scores.append(score)
+            open_expected.append(expected)
+            continue
+        closed_hits.append(not math.isnan(score) and math.isclose(score, expected))
+        if expected == item.rubric.min_value:
+            false_correct.append(not math.isnan(score) and score == item.rubric.max_value)
+    failures = sum(j.status != "ok" for j in judgments)
+    tau = _tau(open_scores, open_expected)
+    closed_acc = sum(closed_hits) / len(closed_hits)
+    result = SelfCheck(
+        closed_acc=closed_acc,
+        open_tau=tau,
+        false_correct=sum(false_correct) / len(false_correct),
+        failures=failures,
+        reliable=closed_acc >= min_closed_acc and not math.isnan(tau) and tau >= min_open_tau,
+    )
+    level = logging.INFO if result.reliable else logging.WARNING
+    log.log(
+        level,
+        "judge self-check (%s, %s): closed %.2f (floor %.2f), open tau %.2f (floor %.2f), "
+        "'correct' on %.0f%% of wrong closed answers, %d failed: %s",
+        engine.backend.judge_id,
+        SELFCHECK_ID,
+        result.closed_acc,
+        min_closed_acc,
+        result.open_tau,
+        min_open_tau,
+        100 * result.false_correct,
+        failures,
+        "reliable" if result.reliable else "UNRELIABLE: its scores are marked in the results",
+    )
+    return result
+
+
+def _tau(scores: Sequence[float], expected: Sequence[float]) -> float:
+    """Kendall tau-b over the items that were judged; NaN if any failed or all tie."""
+    if any(math.isnan(s) for s in scores) or len(set(scores)) < 2:
+        return math.nan
+    return float(stats.kendalltau(scores, expected).statistic)
