@@ -34,6 +34,17 @@ def default_score(system: str, item: dict[str, str]) -> str:
     return "1" if hit else "0"
 
 
+def read_chat(body: dict[str, Any]) -> tuple[str, dict[str, str]]:
+    """(rubric text, item) of a request, with or without a system message (a judge that had
+    its system role rejected puts the rubric before the item in the user message)."""
+    messages = body["messages"]
+    user = next(m for m in messages if m["role"] == "user")["content"]
+    if messages[0]["role"] == "system":
+        return messages[0]["content"], json.loads(user)
+    system, item = user.rsplit("\n\n", 1)
+    return system, json.loads(item)
+
+
 class JudgeServer:
     """Scripted behaviour (set the attributes between runs):
 
@@ -51,6 +62,7 @@ class JudgeServer:
         self.delay = 2.0
         self.logprobs = True
         self.label_probs: dict[str, float] | None = None
+        self.reject_system = False  # answer HTTP 400 to chats with a system message
         self.requests: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -71,11 +83,7 @@ class JudgeServer:
         """The predictions of every item the server was asked to judge."""
         with self._lock:
             bodies = list(self.requests)
-        out = []
-        for body in bodies:
-            user = next(m for m in body["messages"] if m["role"] == "user")
-            out.append(json.loads(user["content"])["prediction"])
-        return out
+        return [read_chat(body)[1]["prediction"] for body in bodies]
 
     def start(self) -> JudgeServer:
         self._thread.start()
@@ -95,11 +103,13 @@ class JudgeServer:
                 self.fail_first -= 1
         if fail:
             return 500, {"error": {"message": "scripted failure", "type": "server_error"}}
+        if self.reject_system and any(m["role"] == "system" for m in body["messages"]):
+            message = "Conversation roles must alternate user/assistant; System role not supported"
+            return 400, {"error": {"message": message, "type": "invalid_request_error"}}
         if self.behaviour == "slow":
             time.sleep(self.delay)
-        system = body["messages"][0]["content"]
-        user = next(m for m in body["messages"] if m["role"] == "user")
-        label = self.score_fn(system, json.loads(user["content"]))
+        system, item = read_chat(body)
+        label = self.score_fn(system, item)
         if self.behaviour == "garbage":
             text = "As a language model I find this question fascinating."
         else:

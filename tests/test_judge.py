@@ -28,6 +28,7 @@ from medvqa.evaluation.judge import (
     JudgeConfigError,
     JudgeEngine,
     JudgeItem,
+    JudgeRequest,
     OpenAIBackend,
     Rubric,
     build_backend,
@@ -506,3 +507,31 @@ def test_a_failed_item_makes_its_aggregates_nan_not_the_mean_of_the_rest(
     assert math.isnan(agg["judge_closed_acc"]) and agg["judge_failures"] == 1
     assert agg["judge_open_score"] == pytest.approx((4 + 1) / 2)
     assert metric.aggregate(scored.iloc[[0, 1, 2]])["judge_closed_acc"] == 1.0  # no failure
+
+
+def test_a_server_that_rejects_the_system_role_gets_the_rubric_in_the_user_message(
+    server: JudgeServer,
+) -> None:
+    server.reject_system = True
+    metric = openai_metric(server, None, concurrency=1)  # one request in flight: one rejection
+    scored = metric.per_sample(MIXED.iloc[[1, 2, 4]])
+    assert scored[JUDGE_SCORE].tolist() == [4, 1, 0]  # the same scores as with a system role
+    first, *rest = server.requests
+    assert first["messages"][0]["role"] == "system"  # rejected once ...
+    assert all(m["role"] != "system" for body in rest for m in body["messages"])  # ... then not
+    assert OPEN.text in rest[0]["messages"][0]["content"]
+    assert metric.counters()["judge/calls"] == len(server.requests)
+
+
+def test_a_chat_template_without_a_system_role_gets_it_merged() -> None:
+    class Tokenizer:
+        def apply_chat_template(self, messages: list, **_: object) -> str:
+            if any(m["role"] == "system" for m in messages):
+                raise ValueError("System role not supported")
+            return "|".join(f"{m['role']}:{m['content']}" for m in messages)
+
+    backend = HFBackend(mode="generate", model="stub")
+    backend.__dict__["_loaded"] = (Tokenizer(), None)  # the cached_property, without a model
+    messages = [{"role": "system", "content": "rubric"}, {"role": "user", "content": "{}"}]
+    assert backend._render([JudgeRequest(messages, ("0", "1"))]) == ["user:rubric\n\n{}"]
+    assert backend.system_role is False

@@ -94,6 +94,9 @@ class JudgeBackend(ABC):
     concurrency: int = 1
     max_new_tokens: int = 64
     name: str = field(init=False, default="")
+    # False once the chat template or server has rejected the system role: the rubric then
+    # opens the user message instead (merge_system_role).
+    system_role: bool = field(init=False, default=True)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -109,6 +112,28 @@ class JudgeBackend(ABC):
     def model_name(self) -> str:
         """The judge model as it should appear in cache keys and logs."""
 
+    def messages(self, request: JudgeRequest) -> list[dict[str, str]]:
+        """The request's chat as this judge takes it (without a system role if it rejects one)."""
+        return request.messages if self.system_role else merge_system_role(request.messages)
+
+    def drop_system_role(self, error: object, messages: Sequence[Mapping[str, str]]) -> bool:
+        """After an error on `messages`: True (and from now on no system role) if they had a
+        system message and the error is a chat template or server rejecting it, e.g. those of
+        Mistral and Gemma."""
+        text = str(error).lower()
+        if not any(m["role"] == "system" for m in messages) or "system" not in text:
+            return False
+        if not ("role" in text or "not supported" in text):
+            return False
+        if self.system_role:  # another thread may have switched already
+            self.system_role = False
+            log.warning(
+                "judge %s rejects the system role (%s); the rubric now opens the user message",
+                self.model_name,
+                str(error)[:200],
+            )
+        return True
+
     @property
     def judge_id(self) -> str:
         return f"{self.name}:{self.model_name}:{self.mode}"
@@ -117,6 +142,17 @@ class JudgeBackend(ABC):
     def complete(self, requests: Sequence[JudgeRequest]) -> list[Reply]:
         """One reply per request, in order. Transport failures become `Reply.error`;
         configuration problems raise `JudgeConfigError`."""
+
+
+def merge_system_role(messages: Sequence[Mapping[str, str]]) -> list[dict[str, str]]:
+    """The same chat without a system message: its text opens the first user message."""
+    system = [m["content"] for m in messages if m["role"] == "system"]
+    rest = [dict(m) for m in messages if m["role"] != "system"]
+    for message in rest:
+        if message["role"] == "user":
+            message["content"] = "\n\n".join([*system, message["content"]])
+            break
+    return rest
 
 
 def _renormalise(probs: Mapping[str, float]) -> dict[str, float]:
@@ -134,6 +170,10 @@ OPENAI_HOST = "api.openai.com"
 # A placeholder key for local servers (vLLM, llama.cpp, TGI) that ignore it; the client
 # refuses an empty one.
 LOCAL_KEY = "EMPTY"
+
+
+class _SystemRoleRejected(Exception):
+    """The server rejected the system role; the request is sent again without it."""
 
 
 @dataclass
@@ -193,11 +233,19 @@ class OpenAIBackend(JudgeBackend):
         return [self._one(r) for r in requests]
 
     def _one(self, request: JudgeRequest) -> Reply:
+        try:
+            return self._send(request)
+        except _SystemRoleRejected:
+            reply = self._send(request)  # now without the system role
+            reply.attempts += 1
+            return reply
+
+    def _send(self, request: JudgeRequest) -> Reply:
         import openai
 
         kwargs: dict[str, Any] = {
             "model": self.model,
-            "messages": request.messages,
+            "messages": self.messages(request),
             "temperature": 0.0,
             "max_tokens": self.max_new_tokens,
         }
@@ -213,6 +261,8 @@ class OpenAIBackend(JudgeBackend):
                 last_error = f"connection error: {err}"
             except openai.APIStatusError as err:
                 code = err.status_code
+                if code == 400 and self.drop_system_role(err.message, kwargs["messages"]):
+                    raise _SystemRoleRejected from err
                 if code < 500 and code not in (408, 429):
                     raise JudgeConfigError(
                         f"judge server {self.base_url or OPENAI_HOST} answered HTTP {code} "
@@ -355,10 +405,21 @@ class HFBackend(JudgeBackend):
 
     def _render(self, requests: Sequence[JudgeRequest]) -> list[str]:
         tokenizer, _ = self._loaded
-        return [
-            tokenizer.apply_chat_template(r.messages, add_generation_prompt=True, tokenize=False)
-            for r in requests
-        ]
+        rendered = []
+        for request in requests:
+            messages = self.messages(request)
+            try:
+                text = tokenizer.apply_chat_template(
+                    messages, add_generation_prompt=True, tokenize=False
+                )
+            except Exception as err:  # jinja's TemplateError: "System role not supported"
+                if not self.drop_system_role(err, messages):
+                    raise
+                text = tokenizer.apply_chat_template(
+                    self.messages(request), add_generation_prompt=True, tokenize=False
+                )
+            rendered.append(text)
+        return rendered
 
     def _generate(self, requests: Sequence[JudgeRequest]) -> list[Reply]:
         import torch
