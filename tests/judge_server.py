@@ -63,6 +63,8 @@ class JudgeServer:
         self.logprobs = True
         self.label_probs: dict[str, float] | None = None
         self.reject_system = False  # answer HTTP 400 to chats with a system message
+        self.reject_structured = False  # answer HTTP 400 to requests with a response_format
+        self.honours_schema = False  # with a response_format, always reply valid JSON
         self.requests: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -106,11 +108,15 @@ class JudgeServer:
         if self.reject_system and any(m["role"] == "system" for m in body["messages"]):
             message = "Conversation roles must alternate user/assistant; System role not supported"
             return 400, {"error": {"message": message, "type": "invalid_request_error"}}
+        schema = body.get("response_format")
+        if self.reject_structured and schema:
+            message = "response_format of type json_schema is not supported by this server"
+            return 400, {"error": {"message": message, "type": "invalid_request_error"}}
         if self.behaviour == "slow":
             time.sleep(self.delay)
         system, item = read_chat(body)
         label = self.score_fn(system, item)
-        if self.behaviour == "garbage":
+        if self.behaviour == "garbage" and not (schema and self.honours_schema):
             text = "As a language model I find this question fascinating."
         else:
             text = json.dumps({"score": int(label), "reason": "scripted"})

@@ -535,3 +535,21 @@ def test_a_chat_template_without_a_system_role_gets_it_merged() -> None:
     messages = [{"role": "system", "content": "rubric"}, {"role": "user", "content": "{}"}]
     assert backend._render([JudgeRequest(messages, ("0", "1"))]) == ["user:rubric\n\n{}"]
     assert backend.system_role is False
+
+
+def test_structured_output_constrains_replies_and_is_dropped_where_rejected(
+    server: JudgeServer,
+) -> None:
+    server.behaviour, server.honours_schema = "garbage", True  # free text would be garbage
+    scored = openai_metric(server, None, mode="generate").per_sample(MIXED.iloc[[1, 4]])
+    assert scored[JUDGE_FAILED].tolist() == [0.0, 0.0] and len(server.requests) == 2
+    schema = server.requests[0]["response_format"]["json_schema"]["schema"]
+    assert schema["properties"]["score"]["enum"] in ([1, 2, 3, 4, 5], [0, 1])
+
+    server.requests.clear()
+    server.behaviour, server.reject_structured = "good", True
+    metric = openai_metric(server, None, mode="generate", concurrency=1)
+    assert metric.per_sample(MIXED.iloc[[1, 2]])[JUDGE_SCORE].tolist() == [4, 1]
+    first, *rest = server.requests
+    assert "response_format" in first and not any("response_format" in r for r in rest)
+    assert metric.counters()["judge/calls"] == len(server.requests) == 3

@@ -172,8 +172,32 @@ OPENAI_HOST = "api.openai.com"
 LOCAL_KEY = "EMPTY"
 
 
-class _SystemRoleRejected(Exception):
-    """The server rejected the system role; the request is sent again without it."""
+class _FeatureRejected(Exception):
+    """The server rejected the system role or structured output; the request is sent again
+    without it."""
+
+
+def reply_schema(labels: Sequence[str]) -> dict[str, Any]:
+    """The OpenAI `response_format` for a judgment: {"score": <an allowed label>, "reason"}."""
+    return {
+        "type": "json_schema",
+        "json_schema": {
+            "name": "judgment",
+            "strict": True,
+            "schema": {
+                "type": "object",
+                "properties": {
+                    "score": {"type": "integer", "enum": [int(label) for label in labels]},
+                    "reason": {"type": "string"},
+                },
+                "required": ["score", "reason"],
+                "additionalProperties": False,
+            },
+        },
+    }
+
+
+_STRUCTURED_WORDS = ("response_format", "json_schema", "structured", "guided")
 
 
 @dataclass
@@ -193,6 +217,9 @@ class OpenAIBackend(JudgeBackend):
     retries: int = 3
     backoff: float = 1.0
     top_logprobs: int = 20
+    # generate mode: ask for a reply that matches the rubric's JSON with an allowed score
+    # (`response_format` json_schema); a server that rejects it is asked without, from then on.
+    structured: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -233,12 +260,29 @@ class OpenAIBackend(JudgeBackend):
         return [self._one(r) for r in requests]
 
     def _one(self, request: JudgeRequest) -> Reply:
-        try:
-            return self._send(request)
-        except _SystemRoleRejected:
-            reply = self._send(request)  # now without the system role
-            reply.attempts += 1
+        rejected = 0
+        while True:  # each rejection turns a feature off for good, so this ends
+            try:
+                reply = self._send(request)
+            except _FeatureRejected:
+                rejected += 1
+                continue
+            reply.attempts += rejected
             return reply
+
+    def _drop_structured(self, error: object, kwargs: Mapping[str, Any]) -> bool:
+        """True (and no structured output from now on) if the server rejected it."""
+        text = str(error).lower()
+        if "response_format" not in kwargs or not any(w in text for w in _STRUCTURED_WORDS):
+            return False
+        if self.structured:  # another thread may have switched already
+            self.structured = False
+            log.warning(
+                "judge server %s rejects structured output (%s); replies are parsed as text",
+                self.base_url or OPENAI_HOST,
+                str(error)[:200],
+            )
+        return True
 
     def _send(self, request: JudgeRequest) -> Reply:
         import openai
@@ -251,6 +295,8 @@ class OpenAIBackend(JudgeBackend):
         }
         if self.mode == "logits":
             kwargs.update(logprobs=True, top_logprobs=self.top_logprobs)
+        elif self.structured:
+            kwargs["response_format"] = reply_schema(request.labels)
         last_error = ""
         for attempt in range(self.retries + 1):
             try:
@@ -261,8 +307,11 @@ class OpenAIBackend(JudgeBackend):
                 last_error = f"connection error: {err}"
             except openai.APIStatusError as err:
                 code = err.status_code
-                if code == 400 and self.drop_system_role(err.message, kwargs["messages"]):
-                    raise _SystemRoleRejected from err
+                if code == 400 and (
+                    self.drop_system_role(err.message, kwargs["messages"])
+                    or self._drop_structured(err.message, kwargs)
+                ):
+                    raise _FeatureRejected from err
                 if code < 500 and code not in (408, 429):
                     raise JudgeConfigError(
                         f"judge server {self.base_url or OPENAI_HOST} answered HTTP {code} "
@@ -524,6 +573,9 @@ class JudgeConfig:
     cache_dir: str | None = None  # the judgment cache (and the converted SmolLM2)
     # Before scoring, the judge answers items with known verdicts (judge/selfcheck.py); below
     # these floors its scores are marked unreliable in results.json, the summary and the report.
+    # openai, generate mode: constrain replies to the rubric's JSON with an allowed score
+    # (`response_format` json_schema), unless the server rejects it.
+    structured: bool = True
     selfcheck: bool = True
     selfcheck_min_closed_acc: float = 0.8
     selfcheck_min_open_tau: float = 0.5
@@ -555,6 +607,7 @@ def build_backend(cfg: Mapping[str, Any]) -> JudgeBackend:
             timeout=float(c.timeout),
             retries=int(c.retries),
             backoff=float(c.backoff),
+            structured=bool(c.structured),
         )
     if c.backend == "hf":
         # One model instance cannot run two batches at once usefully on CPU.
