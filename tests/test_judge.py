@@ -378,9 +378,13 @@ def test_openai_logits_mode_reads_top_logprobs(server: JudgeServer) -> None:
     scored = metric.per_sample(MIXED.iloc[[1, 2]])
     expected = (3 * 0.5 + 4 * 0.3 + 5 * 0.15) / 0.95
     assert scored[JUDGE_SCORE].tolist() == pytest.approx([expected, expected])
+    assert scored["judge_label_mass"].tolist() == pytest.approx([0.95, 0.95])  # "x" is not one
     assert all(body["logprobs"] is True for body in server.requests)
     server.label_probs = {"0": 0.4, "1": 0.6}
     assert metric.per_sample(MIXED.iloc[[4]])[JUDGE_SCORE].tolist() == [1]
+    assert math.isnan(
+        openai_metric(server, None).per_sample(MIXED.iloc[[4]])["judge_label_mass"][14]
+    )
 
 
 def test_openai_logits_mode_without_logprobs_says_use_generate(server: JudgeServer) -> None:

@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "CLOSED_KIND",
     "JUDGE_FAILED",
+    "JUDGE_LABEL_MASS",
     "JUDGE_REASON",
     "JUDGE_RUBRIC",
     "JUDGE_SCORE",
@@ -57,6 +58,7 @@ JUDGE_SCORE = "judge_score"
 JUDGE_RUBRIC = "judge_rubric"
 JUDGE_FAILED = "judge_failed"
 JUDGE_REASON = "judge_reason"
+JUDGE_LABEL_MASS = "judge_label_mass"  # logits mode: probability on the allowed labels
 
 
 class JudgeMetric(MetricFamily):
@@ -130,7 +132,8 @@ class JudgeMetric(MetricFamily):
         return out
 
     def per_sample(self, preds: pd.DataFrame) -> pd.DataFrame:
-        """`judge_score`, `judge_rubric`, `judge_failed` (0/1) and `judge_reason` per row.
+        """`judge_score`, `judge_rubric`, `judge_failed` (0/1), `judge_reason` and
+        `judge_label_mass` (logits mode: the probability on the allowed labels) per row.
 
         Same index as `preds`. Failed rows have `judge_score` NaN and `judge_failed` 1.
         Identical items (same rubric, question, ground truth, prediction) are judged once.
@@ -158,6 +161,7 @@ class JudgeMetric(MetricFamily):
         ]
         judgments = self.engine.judge(items)
         score = np.full(n, np.nan)
+        mass = np.array([j.label_mass for j in judgments], dtype=float)
         failed = np.zeros(n)
         reasons = [""] * n
         for i, j in enumerate(judgments):
@@ -184,6 +188,7 @@ class JudgeMetric(MetricFamily):
                 JUDGE_RUBRIC: [item.rubric.id for item in items],
                 JUDGE_FAILED: failed,
                 JUDGE_REASON: reasons,
+                JUDGE_LABEL_MASS: mass,
             },
             index=preds.index,
         )

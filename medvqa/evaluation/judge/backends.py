@@ -155,6 +155,12 @@ def merge_system_role(messages: Sequence[Mapping[str, str]]) -> list[dict[str, s
     return rest
 
 
+def label_probs_text(probs: Mapping[str, float], mass: float) -> str:
+    """A logits-mode reply as stored (`raw`): the renormalised label probabilities and the
+    mass the model put on the allowed labels (`Judgment.label_mass` reads it back)."""
+    return json.dumps({"label_probs": dict(probs), "label_mass": float(mass)})
+
+
 def _renormalise(probs: Mapping[str, float]) -> dict[str, float]:
     total = sum(probs.values())
     if total <= 0:
@@ -342,19 +348,23 @@ class OpenAIBackend(JudgeBackend):
                 f"{self.base_url or OPENAI_HOST} returned none for model {self.model!r}; "
                 "use judge.mode=generate with this server."
             )
-        probs = score_token_probs(content, labels)
-        if probs is None:
+        found = score_token_probs(content, labels)
+        if found is None:
             return Reply(
                 text=text,
                 attempts=attempts,
                 error=f"no allowed label {list(labels)} among the generated tokens: {text!r}",
             )
-        return Reply(text=json.dumps(probs), label_probs=probs, attempts=attempts)
+        probs, mass = found
+        return Reply(text=label_probs_text(probs, mass), label_probs=probs, attempts=attempts)
 
 
-def score_token_probs(content: Sequence[Any], labels: Sequence[str]) -> dict[str, float] | None:
+def score_token_probs(
+    content: Sequence[Any], labels: Sequence[str]
+) -> tuple[dict[str, float], float] | None:
     """Label probabilities at the position where the score is written, from OpenAI-style
-    `logprobs.content` (tokens with `top_logprobs`).
+    `logprobs.content` (tokens with `top_logprobs`), and the probability mass the model put
+    on the allowed labels there (before renormalising: how sure it was to write a label).
 
     The position is the first token that is an allowed label after the text "score" (so a
     digit inside the reason cannot be taken for the score), or failing that the first label
@@ -383,7 +393,7 @@ def score_token_probs(content: Sequence[Any], labels: Sequence[str]) -> dict[str
             probs[label] += math.exp(top.logprob)
     if sum(probs.values()) <= 0:  # the top list was empty: trust the sampled token
         probs[content[position].token.strip().strip('"')] = 1.0
-    return _renormalise(probs)
+    return _renormalise(probs), min(1.0, sum(probs.values()))
 
 
 # --------------------------------------------------------------------------------------------
@@ -539,7 +549,7 @@ class HFBackend(JudgeBackend):
                 continue
             replies.append(
                 Reply(
-                    text=json.dumps({"label_probs": label_probs, "label_mass": sum(raw.values())}),
+                    text=label_probs_text(label_probs, sum(raw.values())),
                     label_probs=label_probs,
                 )
             )

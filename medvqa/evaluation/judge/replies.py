@@ -37,6 +37,16 @@ class Judgment:
     status: str  # ok | failed
     error: str = ""
 
+    @property
+    def label_mass(self) -> float:
+        """In logits mode, the probability the judge put on the allowed labels where it wrote
+        the score (low: it wanted to write something else); NaN otherwise."""
+        try:
+            value = json.loads(self.raw).get("label_mass")
+        except (ValueError, AttributeError):
+            return math.nan
+        return float(value) if isinstance(value, int | float) else math.nan
+
 
 _NUMBER = r"\d+(?:\.\d+)?"
 _KEY_VALUE = re.compile(rf"""score["']?\s*[:=]\s*["']?({_NUMBER})""", re.IGNORECASE)
