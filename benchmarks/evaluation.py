@@ -3,7 +3,8 @@
 Not a test. Figures:
 - traditional metrics over 20,000 predictions;
 - one case-clustered bootstrap (B=2000) over 20,000 questions in 4,000 cases;
-- SmolLM2 judge (hf backend, logits mode) items/s at batch 8 vs one at a time, and the ratio;
+- SmolLM2 judge (hf backend, logits mode) items/s at batch 8 vs one at a time, with the shared
+  rubric prefix run once from its key/value cache and without (every prompt in full);
 - judge calls when the same items are scored again with the cache (must be 0).
 """
 
@@ -59,12 +60,13 @@ def predictions(n: int, seed: int = 0) -> pd.DataFrame:
     )
 
 
-def judge(batch_size: int, judgments: Path | None) -> JudgeMetric:
+def judge(batch_size: int, judgments: Path | None, share_prefix: bool = True) -> JudgeMetric:
     """The default (SmolLM2, logits) judge; `judgments`: a judgment cache dir, or none."""
     models = Path(os.environ.get("MEDVQA_CACHE", ROOT / ".cache")) / "judge"
     backend = build_backend(
         dataclasses.asdict(JudgeSchema(cache_dir=str(models), batch_size=batch_size))
     )
+    backend.share_prefix = share_prefix
     return JudgeMetric(backend, JudgeCache(judgments) if judgments is not None else None)
 
 
@@ -86,14 +88,27 @@ def main() -> None:
     items = predictions(32, seed=2)
     judge(8, None).per_sample(items.head(2))  # load (and on first use convert) the model
     rates = {}
-    for batch in (8, 1):
-        metric = judge(batch, None)
-        metric.per_sample(items.head(1))  # warm-up
-        start = time.perf_counter()
-        metric.per_sample(items)
-        rates[batch] = len(items) / (time.perf_counter() - start)
-        rows.append((f"SmolLM2 judge (logits), batch {batch}", f"{rates[batch]:.1f} items/s"))
-    rows.append(("judge batched / one at a time", f"{rates[8] / rates[1]:.2f}x"))
+    for share in (False, True):
+        for batch in (8, 1):
+            metric = judge(batch, None, share_prefix=share)
+            metric.per_sample(items.head(1))  # warm-up (and, shared, the prefix's cache)
+            start = time.perf_counter()
+            metric.per_sample(items)
+            rates[share, batch] = len(items) / (time.perf_counter() - start)
+            how = "shared rubric prefix" if share else "full prompts"
+            rows.append(
+                (
+                    f"SmolLM2 judge (logits), batch {batch}, {how}",
+                    f"{rates[share, batch]:.1f} items/s",
+                )
+            )
+    rows.append(
+        ("judge batched / one at a time (shared prefix)", f"{rates[True, 8] / rates[True, 1]:.2f}x")
+    )
+    best_before = max(rates[False, 8], rates[False, 1])
+    rows.append(
+        ("judge, shared prefix batch 8 / best without", f"{rates[True, 8] / best_before:.2f}x")
+    )
 
     with tempfile.TemporaryDirectory() as tmp:
         first = judge(8, Path(tmp))

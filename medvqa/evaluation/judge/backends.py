@@ -400,6 +400,73 @@ def score_token_probs(
 # Local causal LMs via transformers
 # --------------------------------------------------------------------------------------------
 
+# Shared prefixes whose key/value cache a backend keeps (the rubrics: a handful).
+PREFIXES_KEPT = 8
+
+
+def next_token_logits(
+    model: Any,
+    sequences: Sequence[Sequence[int]],
+    pad_id: int,
+    prefixes: dict | None = None,
+    share_prefix: bool = True,
+) -> Any:
+    """The next-token logits after each token sequence, as a float tensor [batch, vocab].
+
+    Judge prompts share a long start (chat template and rubric) and differ only in the item.
+    The longest start all `sequences` share is run once, and its key/value cache is kept in
+    `prefixes` for later batches. Each batch then runs only its rows' remaining tokens,
+    right-padded (a causal model never looks ahead at the padding). The logits equal those
+    of running every sequence in full (up to float rounding); tests/test_judge.py checks it.
+    `share_prefix=False` runs every sequence in full (for benchmarks/evaluation.py).
+    """
+    import copy
+
+    import torch
+
+    first = sequences[0]
+    shortest = min(len(s) for s in sequences)
+    shared = 0  # at least one token of every row stays out of the prefix: it gives the logits
+    while (
+        share_prefix
+        and shared < shortest - 1
+        and all(s[shared] == first[shared] for s in sequences)
+    ):
+        shared += 1
+    device = model.device
+    past = None
+    if shared:
+        key = tuple(first[:shared])
+        cached = None if prefixes is None else prefixes.get(key)
+        if cached is None:
+            with torch.inference_mode():
+                ids = torch.tensor([key], device=device)
+                cached = model(input_ids=ids, use_cache=True).past_key_values
+            if prefixes is not None:
+                while len(prefixes) >= PREFIXES_KEPT:
+                    prefixes.pop(next(iter(prefixes)))
+                prefixes[key] = cached
+        past = copy.deepcopy(cached)
+        past.batch_repeat_interleave(len(sequences))
+    rest = [list(s[shared:]) for s in sequences]
+    width = max(len(r) for r in rest)
+    ids = torch.full((len(rest), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rest), shared + width), dtype=torch.long)
+    mask[:, :shared] = 1
+    for i, r in enumerate(rest):
+        ids[i, : len(r)] = torch.tensor(r)
+        mask[i, shared : shared + len(r)] = 1
+    positions = (shared + torch.arange(width)).expand(len(rest), width)
+    with torch.inference_mode():
+        logits = model(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            position_ids=positions.to(device),
+            past_key_values=past,
+        ).logits
+    last = torch.tensor([len(r) - 1 for r in rest], device=logits.device)
+    return logits[torch.arange(len(rest), device=logits.device), last].float()
+
 
 @dataclass
 class HFBackend(JudgeBackend):
@@ -414,10 +481,15 @@ class HFBackend(JudgeBackend):
     cache_dir: str | Path | None = None
     device: str = "cpu"
     dtype: str = "float32"
+    # logits mode: run the prompt start all items share (chat template, rubric) once per batch
+    # from a kept key/value cache (next_token_logits); off only to measure what it saves.
+    share_prefix: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self.name = "hf"
+        # key/value caches of shared prompt starts (next_token_logits), by token ids
+        self._prefixes: dict[tuple[int, ...], Any] = {}
 
     @property
     def model_name(self) -> str:
@@ -532,14 +604,10 @@ class HFBackend(JudgeBackend):
         # serves them all because only the last position's distribution is read.
         per_request = [self.label_token_ids(r.labels) for r in requests]
         texts = [text + prefix for text, (prefix, _) in zip(rendered, per_request, strict=True)]
-        enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(
-            self.device
+        sequences = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+        logits = next_token_logits(
+            model, sequences, tokenizer.pad_token_id, self._prefixes, self.share_prefix
         )
-        mask = enc["attention_mask"]
-        # Left padding: positions must start at 0 on the first real token of every row.
-        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
-        with torch.inference_mode():
-            logits = model(**enc, position_ids=position_ids).logits[:, -1, :].float()
         probs = torch.softmax(logits, dim=-1)
         for row, (_, ids) in enumerate(per_request):
             raw = {label: float(probs[row, tid]) for label, tid in ids.items()}
