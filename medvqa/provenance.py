@@ -111,11 +111,16 @@ def add_model(provenance: MutableMapping[str, Any] | None, model: Any) -> None:
 
 
 def add_metrics(provenance: MutableMapping[str, Any] | None, families: Iterable[Any]) -> None:
-    """Each metric family's identity: its name, and what its own `provenance()` says (the
-    judge: backend, model, mode and rubric hashes)."""
+    """Each metric family's identity: what its own `provenance()` says (the judge: backend,
+    model, mode and rubric hashes), and `ci_columns`, the per-sample column and answer type
+    of each score that is a per-sample mean (how the report pairs two runs' scored tables)."""
     if provenance is None:
         return
-    provenance["metrics"] = {
-        family.name: (family.provenance() if callable(getattr(family, "provenance", None)) else {})
-        for family in families
-    }
+    out = {}
+    for family in families:
+        entry = dict(family.provenance()) if callable(getattr(family, "provenance", None)) else {}
+        columns = getattr(family, "ci_columns", None)
+        if callable(columns):
+            entry["ci_columns"] = {k: list(v) for k, v in columns().items()}
+        out[family.name] = entry
+    provenance["metrics"] = out

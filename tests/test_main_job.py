@@ -72,7 +72,11 @@ def test_record_says_where_the_numbers_came_from(smoke_run: Path) -> None:
     assert prov["data"]["dataset"] == "synthetic" and len(prov["data"]["fingerprint"]) >= 16
     assert prov["model"]["source"].startswith(cfg["paths"]["cache_dir"])
     assert prov["model"]["config_hash"] and prov["model"]["weights_fingerprint"]
-    assert prov["metrics"] == {"traditional": {}}
+    assert list(prov["metrics"]) == ["traditional"]
+    assert prov["metrics"]["traditional"]["ci_columns"]["closed_acc"] == [
+        "closed_correct",
+        "closed",
+    ]
 
 
 def test_splits_report(smoke_run: Path) -> None:

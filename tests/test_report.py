@@ -581,3 +581,42 @@ def test_a_runs_status_goes_to_the_wandb_summary(tmp_path: Path) -> None:
     finally:
         finish([logger])
     assert wandb.run is None
+
+
+def test_paired_method_differences_come_from_the_scored_tables(tmp_path: Path) -> None:
+    """Two methods on the same questions: A − B per split with a paired case-bootstrap CI,
+    from the scored tables next to the records; a side with a failed item gets no number."""
+    rng = np.random.default_rng(15)
+    ids = [f"q{i}" for i in range(40)]
+    columns = {"traditional": {"ci_columns": {"closed_acc": ["closed_correct", "closed"]}}}
+    correct = {}
+    for peft, p in (("lora", 0.8), ("full", 0.5)):
+        path = write_record(
+            tmp_path, peft, 0, metrics=headline(rng), extra={"provenance": {"metrics": columns}}
+        )
+        correct[peft] = (rng.random(80) < p).astype(float)
+        pd.DataFrame(
+            {
+                "id": ids * 2,
+                "split": ["test_iid"] * 40 + ["test_ood"] * 40,
+                "case_id": [f"c{i // 4}" for i in range(40)] * 2,
+                "answer_type": "closed",
+                "closed_correct": correct[peft],
+            }
+        ).to_parquet(path.parent / "scores.parquet")
+    paired = build_report(collect([tmp_path]), tmp_path / "out").paired
+    assert set(paired["split"]) == {"test_iid", "test_ood"} and set(paired["score"]) == {
+        "closed_acc"
+    }
+    iid = paired[paired["split"] == "test_iid"].iloc[0]
+    assert (iid["method_a"], iid["method_b"], iid["n"]) == ("Full Finetune", "LoRA", 40)
+    assert iid["diff"] == pytest.approx(correct["full"][:40].mean() - correct["lora"][:40].mean())
+    assert iid["ci_lo"] <= iid["diff"] <= iid["ci_hi"]
+    assert (tmp_path / "out" / "paired_differences.csv").is_file()
+
+    lora = next(tmp_path.rglob("modality-lora-*/seed=0/scores.parquet"))
+    table = pd.read_parquet(lora)
+    table.loc[3, "closed_correct"] = np.nan  # an item the judge could not score
+    table.to_parquet(lora)
+    paired = build_report(collect([tmp_path]), tmp_path / "out").paired
+    assert list(paired["split"]) == ["test_ood"]  # the i.i.d. pair has no number

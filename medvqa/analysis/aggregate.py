@@ -247,6 +247,14 @@ def record_rows(record: Mapping[str, Any], source: str) -> list[dict[str, Any]]:
         "source": source,
     }
     base.update(_provenance(record.get("provenance") or {}))
+    # score -> [per-sample column, answer type], for pairing scored tables (analysis.paired)
+    families = (record.get("provenance") or {}).get("metrics") or {}
+    base["score_columns"] = {
+        k: v
+        for f in families.values()
+        if isinstance(f, Mapping)
+        for k, v in f.get("ci_columns", {}).items()
+    }
     closed, open_ = ident["primary_closed"], ident["primary_open"]
     prefixes = {f"{p.split('/')[0]}/" for p in metrics if "/" in p}
     own_id = ident["method_id"]

@@ -46,7 +46,7 @@ from medvqa.data import records as R
 from medvqa.evaluation.families import traditional as M
 from medvqa.evaluation.families.judge import JUDGE_SCORE  # 1–5 open, 0/0.5/1 closed
 from medvqa.evaluation.generation import SPLIT, read_predictions
-from medvqa.evaluation.scoring import scores_path
+from medvqa.evaluation.scoring import SCORES_FILE
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,6 @@ SHEET_COLUMNS = ("id", "question", "ground_truth", "prediction", "score")
 SCORE_RANGE = (1, 5)
 #: Token metrics of the rater study (docs/rater_study.md) (``ref_word_precision`` is the paper's "EM").
 TOKEN_METRICS: tuple[str, ...] = ("bleu1", "ref_word_precision", "f1", "precision", "recall")
-SCORES_FILE = scores_path(Path("predictions.jsonl")).name  # scores.parquet
 
 
 class RatingError(ValueError):

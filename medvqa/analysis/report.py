@@ -27,6 +27,7 @@ import pandas as pd
 
 from medvqa.analysis import figures as figs
 from medvqa.analysis.aggregate import collect, collect_wandb, merge
+from medvqa.analysis.paired import paired_differences
 from medvqa.analysis.tables import (
     FOOTNOTE,
     issues_table,
@@ -49,6 +50,7 @@ class Report:
     tables: dict[str, pd.DataFrame]
     issues: pd.DataFrame
     provenance: pd.DataFrame
+    paired: pd.DataFrame
     ranks: pd.DataFrame
     variance: pd.DataFrame
     figures: dict[str, Path] = field(default_factory=dict)
@@ -68,6 +70,9 @@ def build_report(runs: pd.DataFrame, out_dir: Path | str) -> Report:
     provenance = provenance_table(runs)
     provenance.to_csv(out_dir / "provenance.csv", index=False)
     files["provenance_csv"] = out_dir / "provenance.csv"
+    paired = paired_differences(runs)
+    paired.to_csv(out_dir / "paired_differences.csv", index=False)
+    files["paired_csv"] = out_dir / "paired_differences.csv"
     report = Report(
         out_dir=out_dir,
         runs=runs,
@@ -75,6 +80,7 @@ def build_report(runs: pd.DataFrame, out_dir: Path | str) -> Report:
         tables=wide_tables(long),
         issues=issues,
         provenance=provenance,
+        paired=paired,
         ranks=figs.ranks(long),
         variance=figs.variance_split(long),
         files=files,
@@ -139,6 +145,15 @@ def write_html(report: Report) -> Path:
         parts.append("<p>None: every run finished.</p>")
     else:
         parts.append(f"<div class='bad'>{_frame_html(report.issues)}</div>")
+    parts.append("<h2>Paired differences between methods</h2>")
+    if report.paired.empty:
+        parts.append("<p>None: no table has two methods with scored tables for one seed.</p>")
+    else:
+        parts.append(
+            "<p class='note'>A − B on the same questions, per seed and split, with a paired "
+            "case-bootstrap 95% CI (paired_differences.csv).</p>"
+        )
+        parts.append(_frame_html(report.paired))
     parts.append("<h2>Provenance</h2>")
     if report.provenance.empty:
         parts.append("<p>No run recorded its provenance.</p>")

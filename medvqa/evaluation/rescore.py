@@ -41,6 +41,7 @@ from medvqa.evaluation.evaluate import split_metrics
 from medvqa.evaluation.families.traditional import PREDICTION
 from medvqa.evaluation.generation import SPLIT, read_predictions
 from medvqa.evaluation.scoring import (
+    SCORES_FILE,
     build_metrics,
     counters,
     failed_items,
@@ -54,7 +55,6 @@ from medvqa.record import RunRecord
 log = logging.getLogger(__name__)
 
 ALL_SPLIT = "all"  # the split of a file that names none
-SCORES_FILE = "scores.parquet"
 ANSWER_TYPES = ("open", "closed")
 # Other names the `table` format accepts for the canonical columns.
 ALIASES = {

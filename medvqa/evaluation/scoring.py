@@ -134,6 +134,9 @@ def unreliable(metrics: Mapping[str, float], score: str) -> bool:
     return False
 
 
+SCORES_FILE = "scores.parquet"  # the scored table of a run's predictions.jsonl
+
+
 def scores_path(predictions: Path) -> Path:
     """Where the scored table of a predictions file goes: `predictions.jsonl` ->
     `scores.parquet`, `predictions_zero_shot.jsonl` -> `scores_zero_shot.parquet`."""
