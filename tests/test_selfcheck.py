@@ -12,9 +12,11 @@ import pytest
 from medvqa.analysis.aggregate import collect
 from medvqa.analysis.summary import summary_table, write_summary
 from medvqa.analysis.tables import long_table
+from medvqa.evaluation.families.aspect_judge import AspectJudgeMetric
 from medvqa.evaluation.families.judge import JudgeMetric
 from medvqa.evaluation.judge import RUBRICS, JudgeCache, OpenAIBackend
-from medvqa.evaluation.judge.selfcheck import ITEMS, selfcheck_items
+from medvqa.evaluation.judge.selfcheck import ASPECT_ITEMS, ITEMS, selfcheck_items
+from medvqa.evaluation.scoring import unreliable
 from tests.judge_server import JudgeServer
 from tests.test_judge import MIXED, needs_smollm2
 from tests.test_report import headline, write_record
@@ -109,6 +111,7 @@ def test_unreliable_judge_scores_are_marked_in_the_summary_and_the_report(
     cells = long.set_index("column")["text"]
     assert "judge failed its self-check (1/1)" in cells["closed i.i.d."]
     assert "self-check" not in cells["open i.i.d."]
+    assert unreliable({"aspect_judge/selfcheck_reliable": 0.0}, "aspect_acc")  # aspect_ scores
 
 
 @pytest.mark.slow  # about a minute: converts the GGUF and judges the 26 items on the CPU
@@ -118,3 +121,25 @@ def test_the_embedded_smollm2_judge_is_flagged_unreliable(tmp_path: Path) -> Non
     result = m.check()
     assert result is not None and not result.reliable
     assert result.false_correct > 0.5  # it calls wrong closed answers correct
+
+
+ASPECT_EXPECTED = {(q, c, a, p): v for q, c, a, p, v in ASPECT_ITEMS}
+
+
+def test_the_aspect_judge_is_checked_on_its_own_items() -> None:
+    def knows(system: str, item: dict[str, str]) -> str:
+        key = (item["question"], item["aspect"], item["ground_truth"], item["prediction"])
+        return str(int(ASPECT_EXPECTED[key]))
+
+    for score_fn, reliable in ((knows, 1.0), (says_correct, 0.0)):
+        server = JudgeServer(score_fn=score_fn).start()
+        try:
+            backend = OpenAIBackend(
+                mode="generate", model="m", base_url=server.base_url, api_key_env=None
+            )
+            m = AspectJudgeMetric(backend, selfcheck_floors=(0.8, 0.5))
+            assert m.check() is not None and math.isnan(m.selfcheck.open_tau)  # no open items
+            assert m.counters()["aspect_judge/selfcheck_reliable"] == reliable
+            assert server.count == len(ASPECT_ITEMS)
+        finally:
+            server.stop()

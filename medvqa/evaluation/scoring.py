@@ -125,11 +125,16 @@ def failed_items(metrics: Mapping[str, float], prefix: str = "", score: str | No
 
 def unreliable(metrics: Mapping[str, float], score: str) -> bool:
     """Whether `score` comes from a judge that failed its self-check in `metrics`: a family
-    `<name>` with `<name>/selfcheck_reliable` 0 whose scores are named `<name>_...`."""
+    with `<name>/selfcheck_reliable` 0, whose scores share its failures_key's prefix
+    (`judge_` for `judge_failures`, `aspect_` for `aspect_failures`)."""
+    families = plugins.registered("metric")
     for key, value in metrics.items():
         parts = key.split("/")
-        family = parts[-2] if len(parts) >= 2 else ""
-        if parts[-1] == "selfcheck_reliable" and value == 0 and score.startswith(f"{family}_"):
+        if parts[-1] != "selfcheck_reliable" or value != 0 or len(parts) < 2:
+            continue
+        failures_key = getattr(families.get(parts[-2]), "failures_key", None)
+        prefix = failures_key.removesuffix("failures") if failures_key else f"{parts[-2]}_"
+        if score.startswith(prefix):
             return True
     return False
 

@@ -49,6 +49,12 @@ from medvqa.evaluation.judge import (
     build_backend,
     cache_from_config,
 )
+from medvqa.evaluation.judge.selfcheck import (
+    SELFCHECK_ID,
+    SelfChecked,
+    aspect_selfcheck_items,
+    floors,
+)
 from medvqa.evaluation.statistics import mean_or_nan
 
 log = logging.getLogger(__name__)
@@ -86,7 +92,7 @@ def aspects_of(value: Any) -> list[str]:
     return list(dict.fromkeys(n for n in names if n))
 
 
-class AspectJudgeMetric(MetricFamily):
+class AspectJudgeMetric(SelfChecked, MetricFamily):
     """The per-aspect judge as a metric family (`per_sample` / `aggregate` / `counters`).
 
     Built like the judge: `AspectJudgeMetric.from_config(cfg.judge)` (conf/metric/
@@ -103,16 +109,23 @@ class AspectJudgeMetric(MetricFamily):
         cache: JudgeCache | None = None,
         rubric: Rubric = CLASS_RUBRIC,
         on_judgment: Callable[[str, Judgment], None] | None = None,
+        selfcheck_floors: tuple[float, float] | None = None,
     ) -> None:
+        """`selfcheck_floors`: run the self-check (its aspect items) before the first scoring,
+        with these floors (minimum accuracy; the open tau does not apply); None: don't."""
         if ASKED_CLASS not in rubric.input_keys:
             raise ValueError(f"aspect rubric {rubric.name!r} does not show the judge the aspect")
         self.rubric = rubric
         self.engine = JudgeEngine(backend, cache, on_judgment)
+        self.selfcheck_floors = selfcheck_floors
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> AspectJudgeMetric:
         """Backend and cache from a `judge` config group (conf/judge/default.yaml)."""
-        return cls(build_backend(cfg), cache_from_config(cfg))
+        return cls(build_backend(cfg), cache_from_config(cfg), selfcheck_floors=floors(cfg))
+
+    def selfcheck_pairs(self) -> list[tuple[JudgeItem, float]]:
+        return aspect_selfcheck_items(self.rubric)
 
     @property
     def backend(self) -> JudgeBackend:
@@ -123,11 +136,17 @@ class AspectJudgeMetric(MetricFamily):
         return self.engine.cache
 
     def provenance(self) -> dict[str, Any]:
-        return {"judge_id": self.backend.judge_id, "rubrics": {self.rubric.name: self.rubric.id}}
+        return {
+            "judge_id": self.backend.judge_id,
+            "rubrics": {self.rubric.name: self.rubric.id},
+            "selfcheck": SELFCHECK_ID if self.selfcheck_floors is not None else None,
+        }
 
-    def counters(self) -> dict[str, int]:
-        """The engine's counters under `aspect_judge/` (one count per (row, aspect))."""
-        return {f"{self.name}/{k}": v for k, v in self.engine.counters.items()}
+    def counters(self) -> dict[str, float]:
+        """The engine's counters under `aspect_judge/` (one count per (row, aspect)), and the
+        self-check's `aspect_judge/selfcheck_*` once it ran."""
+        out: dict[str, float] = {f"{self.name}/{k}": v for k, v in self.engine.counters.items()}
+        return {**out, **self.selfcheck_counters(self.name)}
 
     def item(self, question: str, answer: str, prediction: str, aspect: str) -> JudgeItem:
         """What the judge reads for one aspect of a row."""
@@ -145,6 +164,7 @@ class AspectJudgeMetric(MetricFamily):
                 f"{list(preds.columns)}); it is meant for Kvasir-VQA-x1, whose rows carry "
                 "question_class"
             )
+        self.check()
         n = len(preds)
         # One engine item per (row, aspect), remembered by position.
         items: list[JudgeItem] = []

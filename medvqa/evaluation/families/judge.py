@@ -27,18 +27,16 @@ from medvqa.evaluation.judge import (
     SELFCHECK_ID,
     JudgeBackend,
     JudgeCache,
-    JudgeConfig,
     JudgeEngine,
     JudgeItem,
     Judgment,
     Rubric,
-    SelfCheck,
     as_text,
     build_backend,
     cache_from_config,
-    run_selfcheck,
     select_rubric,
 )
+from medvqa.evaluation.judge.selfcheck import SelfChecked, floors, selfcheck_items
 from medvqa.evaluation.statistics import mean_or_nan
 
 log = logging.getLogger(__name__)
@@ -61,7 +59,7 @@ JUDGE_REASON = "judge_reason"
 JUDGE_LABEL_MASS = "judge_label_mass"  # logits mode: probability on the allowed labels
 
 
-class JudgeMetric(MetricFamily):
+class JudgeMetric(SelfChecked, MetricFamily):
     """The LLM judge as a metric family (`per_sample` / `aggregate` / `counters`).
 
     `on_judgment` is handed to the engine (`JudgeEngine`): called after each judgment made
@@ -88,24 +86,14 @@ class JudgeMetric(MetricFamily):
             raise ValueError(f"judge rubrics lack {missing}; need {list(RUBRICS)}")
         self.engine = JudgeEngine(backend, cache, on_judgment)
         self.selfcheck_floors = selfcheck_floors
-        self.selfcheck: SelfCheck | None = None
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> JudgeMetric:
         """Backend and cache from a `judge` config group (conf/judge/default.yaml)."""
-        floors = None
-        if cfg.get("selfcheck", True):
-            c = JudgeConfig(**{k: v for k, v in cfg.items() if k != "_target_"})
-            floors = (float(c.selfcheck_min_closed_acc), float(c.selfcheck_min_open_tau))
-        return cls(build_backend(cfg), cache_from_config(cfg), selfcheck_floors=floors)
+        return cls(build_backend(cfg), cache_from_config(cfg), selfcheck_floors=floors(cfg))
 
-    def check(self) -> SelfCheck | None:
-        """The self-check, run once (its judgments are cached like any other, and its calls
-        are not counted in this metric's counters)."""
-        if self.selfcheck is None and self.selfcheck_floors is not None:
-            engine = JudgeEngine(self.backend, self.cache)
-            self.selfcheck = run_selfcheck(engine, self.rubrics, *self.selfcheck_floors)
-        return self.selfcheck
+    def selfcheck_pairs(self) -> list[tuple[JudgeItem, float]]:
+        return selfcheck_items(self.rubrics)
 
     @property
     def backend(self) -> JudgeBackend:
@@ -127,9 +115,7 @@ class JudgeMetric(MetricFamily):
         `judge/cache_hits`, `judge/shortcut_hits`, `judge/failures`, since construction (the
         prefix is the family's `name`), and the self-check's `judge/selfcheck_*` once it ran."""
         out: dict[str, float] = {f"{self.name}/{k}": v for k, v in self.engine.counters.items()}
-        if self.selfcheck is not None:
-            out.update(self.selfcheck.counters(self.name))
-        return out
+        return {**out, **self.selfcheck_counters(self.name)}
 
     def per_sample(self, preds: pd.DataFrame) -> pd.DataFrame:
         """`judge_score`, `judge_rubric`, `judge_failed` (0/1), `judge_reason` and

@@ -8,7 +8,9 @@ answers for the judge):
 * closed (0/1): right answers phrased verbosely, and wrong ones, including negations of the
   ground truth ("There is no mass." for "yes");
 * closed multilabel (0 / 0.5 / 1): exact, partial and wrong choices between two options;
-* open (1-5): predictions graded from a contradiction (1) to a synonym of the ground truth (5).
+* open (1-5): predictions graded from a contradiction (1) to a synonym of the ground truth (5);
+* aspect (0/1, the per-aspect judge): one aspect of a combined answer right or wrong, whatever
+  the other aspects say.
 
 Reported under the metric's counters (`judge/selfcheck_*`): `closed_acc` (share of closed and
 multilabel items scored exactly as expected), `open_tau` (Kendall tau-b between the judge's
@@ -23,12 +25,14 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 from scipy import stats
 
+from medvqa.evaluation.judge.backends import JudgeConfig
 from medvqa.evaluation.judge.engine import JudgeEngine, JudgeItem
-from medvqa.evaluation.judge.rubrics import Rubric
+from medvqa.evaluation.judge.rubrics import ASKED_CLASS, Rubric
 from medvqa.hashing import content_hash
 
 log = logging.getLogger(__name__)
@@ -62,7 +66,52 @@ ITEMS: tuple[tuple[str, str, str, str, float], ...] = (
     ("open", "What is the main finding?", "pneumothorax on the left", "left pneumothorax", 5),
     ("open", "What is the main finding?", "pneumothorax on the left", "a pneumothorax", 3),
 )
-SELFCHECK_ID = f"selfcheck-{content_hash(ITEMS, length=12)}"
+# (question, aspect, ground truth, prediction, expected score) for the per-aspect rubric
+ASPECT_ITEMS: tuple[tuple[str, str, str, str, float], ...] = (
+    (
+        "What type of polyp is it and is an instrument visible?",
+        "polyp_type",
+        "A pedunculated polyp; no instrument is visible.",
+        "The polyp is pedunculated, and forceps are visible.",
+        1,
+    ),
+    (
+        "What type of polyp is it and is an instrument visible?",
+        "instrument_presence",
+        "A pedunculated polyp; no instrument is visible.",
+        "The polyp is pedunculated, and forceps are visible.",
+        0,
+    ),
+    (
+        "How many polyps are there?",
+        "polyp_count",
+        "Two polyps.",
+        "There are 2 polyps.",
+        1,
+    ),
+    (
+        "How many polyps are there?",
+        "polyp_count",
+        "Two polyps.",
+        "A single polyp.",
+        0,
+    ),
+    (
+        "What colour is the abnormality and where is it?",
+        "abnormality_color",
+        "Red, in the lower left.",
+        "A pale white area at the top.",
+        0,
+    ),
+    (
+        "What colour is the abnormality and where is it?",
+        "abnormality_location",
+        "Red, in the lower left.",
+        "Reddish, located lower-left.",
+        1,
+    ),
+)
+SELFCHECK_ID = f"selfcheck-{content_hash([ITEMS, ASPECT_ITEMS], length=12)}"
 
 
 @dataclass(frozen=True)
@@ -86,19 +135,59 @@ class SelfCheck:
 
 
 def selfcheck_items(rubrics: Mapping[str, Rubric]) -> list[tuple[JudgeItem, float]]:
+    """The answer judge's known items (open, closed, closed multilabel) with their scores."""
     return [(JudgeItem(rubrics[r], q, a, p), float(v)) for r, q, a, p, v in ITEMS]
+
+
+def aspect_selfcheck_items(rubric: Rubric) -> list[tuple[JudgeItem, float]]:
+    """The per-aspect judge's known items with their scores."""
+    return [
+        (JudgeItem(rubric, q, a, p, {ASKED_CLASS: aspect}), float(v))
+        for q, aspect, a, p, v in ASPECT_ITEMS
+    ]
+
+
+def floors(cfg: Mapping[str, Any]) -> tuple[float, float] | None:
+    """(minimum closed accuracy, minimum open tau) from a `judge` config; None: no check."""
+    if not cfg.get("selfcheck", True):
+        return None
+    defaults = {f.name: f.default for f in fields(JudgeConfig)}
+    return (
+        float(cfg.get("selfcheck_min_closed_acc", defaults["selfcheck_min_closed_acc"])),
+        float(cfg.get("selfcheck_min_open_tau", defaults["selfcheck_min_open_tau"])),
+    )
+
+
+class SelfChecked:
+    """For a judge metric family: the self-check, run once before its first scoring, on its
+    engine's backend and cache (its calls are not counted in the family's counters)."""
+
+    engine: JudgeEngine
+    selfcheck_floors: tuple[float, float] | None = None
+    selfcheck: SelfCheck | None = None
+
+    def selfcheck_pairs(self) -> list[tuple[JudgeItem, float]]:
+        raise NotImplementedError
+
+    def check(self) -> SelfCheck | None:
+        if self.selfcheck is None and self.selfcheck_floors is not None:
+            engine = JudgeEngine(self.engine.backend, self.engine.cache)
+            self.selfcheck = run_selfcheck(engine, self.selfcheck_pairs(), *self.selfcheck_floors)
+        return self.selfcheck
+
+    def selfcheck_counters(self, prefix: str) -> dict[str, float]:
+        return {} if self.selfcheck is None else self.selfcheck.counters(prefix)
 
 
 def run_selfcheck(
     engine: JudgeEngine,
-    rubrics: Mapping[str, Rubric],
+    pairs: Sequence[tuple[JudgeItem, float]],
     min_closed_acc: float,
     min_open_tau: float,
 ) -> SelfCheck:
     """Judge the known items with `engine` and compare with the expected scores. A failed
     judgment counts as wrong (and in `failures`): a judge that does not answer is not
-    reliable either."""
-    pairs = selfcheck_items(rubrics)
+    reliable either. Without open items there is no tau to meet."""
     judgments = engine.judge([item for item, _ in pairs])
     closed_hits: list[bool] = []
     false_correct: list[bool] = []
@@ -114,14 +203,15 @@ def run_selfcheck(
         if expected == item.rubric.min_value:
             false_correct.append(not math.isnan(score) and score == item.rubric.max_value)
     failures = sum(j.status != "ok" for j in judgments)
-    tau = _tau(open_scores, open_expected)
+    tau = _tau(open_scores, open_expected) if open_scores else math.nan
+    tau_ok = not open_scores or (not math.isnan(tau) and tau >= min_open_tau)
     closed_acc = sum(closed_hits) / len(closed_hits)
     result = SelfCheck(
         closed_acc=closed_acc,
         open_tau=tau,
         false_correct=sum(false_correct) / len(false_correct),
         failures=failures,
-        reliable=closed_acc >= min_closed_acc and not math.isnan(tau) and tau >= min_open_tau,
+        reliable=closed_acc >= min_closed_acc and tau_ok,
     )
     level = logging.INFO if result.reliable else logging.WARNING
     log.log(
