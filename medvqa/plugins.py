@@ -30,6 +30,8 @@ from typing import Any, ClassVar
 
 from omegaconf import MISSING
 
+from medvqa.hashing import content_hash
+
 log = logging.getLogger(__name__)
 
 # Plug-in kind -> the package whose modules are its built-in plug-ins (and the config group).
@@ -176,8 +178,44 @@ def parameters(cls: type) -> dict[str, inspect.Parameter]:
     }
 
 
+class _Schemas:
+    """Where the generated schema classes live, under their names, so that pickle finds them
+    by reference. The SLURM launcher sends Hydra's config store to the job; a copy of a
+    generated dataclass would lose `dataclasses.MISSING`'s identity and break composition
+    there. A fresh process that asks before generating them gets them from medvqa.config."""
+
+    def __getattr__(self, name: str) -> type:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        importlib.import_module("medvqa.config").register()
+        try:
+            return self.__dict__[name]
+        except KeyError:
+            raise AttributeError(f"no generated schema {name!r}") from None
+
+
+schemas = _Schemas()
+
+
 def schema(cls: type, target: bool = True) -> type:
-    """A dataclass whose fields are the constructor's parameters (plus `_target_`)."""
+    """A dataclass whose fields are the constructor's parameters (plus `_target_`); one per
+    (class, target), kept in `schemas` under its name."""
+    key = f"{cls.__name__}Schema"
+    if not target:  # e.g. the shift and judge schemas, which name no class to instantiate
+        key = f"{cls.__name__}NoTargetSchema"
+    made = schemas.__dict__.get(key)
+    if made is not None and made.__doc__ == f"Config of {_path(cls)}.":
+        return made
+    if made is not None:  # the same class name elsewhere: keep both apart
+        key = f"{key}_{content_hash(_path(cls), length=8)}"
+    made = _make_schema(cls, target, key)
+    made.__module__ = __name__
+    made.__qualname__ = f"schemas.{key}"
+    schemas.__dict__[key] = made
+    return made
+
+
+def _make_schema(cls: type, target: bool, name: str) -> type:
     func = constructor(cls)
     init = func.__init__ if inspect.isclass(func) else func
     try:
@@ -199,5 +237,5 @@ def schema(cls: type, target: bool = True) -> type:
                 default = dataclasses.field(default=value)
         fields.append((name, kind, default))
     return dataclasses.make_dataclass(
-        f"{cls.__name__}Schema", fields, namespace={"__doc__": f"Config of {_path(cls)}."}
+        name, fields, namespace={"__doc__": f"Config of {_path(cls)}."}
     )

@@ -265,3 +265,31 @@ def test_throwaway_metric_family_runs_a_baseline(
     metrics = json.loads((run_dir / "results.json").read_text())["metrics"]
     # Most-frequent answers are one or two words (an empty one counts 0).
     assert all(0.5 < metrics[f"{split}/answer_words"] <= 2 for split in ("test_iid", "test_ood"))
+
+
+def test_the_config_store_survives_pickling_into_a_fresh_process(tmp_path: Path) -> None:
+    """The SLURM launcher sends Hydra's config store to the job, which composes the config
+    there: the generated schemas must arrive as themselves (by reference), not as copies."""
+    import subprocess
+    import sys
+
+    cloudpickle = pytest.importorskip("cloudpickle")
+    from hydra.core.config_store import ConfigStore
+
+    import medvqa.config  # noqa: F401  (fills the store)
+
+    blob = tmp_path / "repo.pkl"
+    blob.write_bytes(cloudpickle.dumps(ConfigStore.instance().repo))
+    code = f"""
+import pickle
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+repo = pickle.loads(open({str(blob)!r}, "rb").read())  # before medvqa.config is imported
+ConfigStore.instance().repo = repo
+with initialize_config_dir(config_dir={str(CONF)!r}, version_base="1.3"):
+    cfg = compose("config", overrides=["paths.root_dir=/tmp", "paths.output_dir=/tmp"])
+print(list(cfg.shift.exclude_values), cfg.shift.name)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[0] == "[]"
