@@ -434,7 +434,13 @@ def next_token_logits(
     ):
         shared += 1
     device = model.device
-    past = None
+    cached = None
+    # A kept start that every row begins with serves, even if this batch shares more.
+    kept = [k for k in (prefixes or {}) if len(k) <= shared and tuple(first[: len(k)]) == k]
+    if kept:
+        shared = max(len(k) for k in kept)
+    elif len(sequences) < 2:
+        shared = 0  # a start no other row shares: nothing to save by keeping it
     if shared:
         key = tuple(first[:shared])
         cached = None if prefixes is None else prefixes.get(key)
@@ -446,8 +452,14 @@ def next_token_logits(
                 while len(prefixes) >= PREFIXES_KEPT:
                     prefixes.pop(next(iter(prefixes)))
                 prefixes[key] = cached
+
+    def fresh_past() -> Any:  # the forward pass extends it: a copy per pass
+        if not shared:
+            return None
         past = copy.deepcopy(cached)
         past.batch_repeat_interleave(len(sequences))
+        return past
+
     rest = [list(s[shared:]) for s in sequences]
     width = max(len(r) for r in rest)
     ids = torch.full((len(rest), width), pad_id, dtype=torch.long)
@@ -457,15 +469,23 @@ def next_token_logits(
         ids[i, : len(r)] = torch.tensor(r)
         mask[i, shared : shared + len(r)] = 1
     positions = (shared + torch.arange(width)).expand(len(rest), width)
+    ends = [len(r) - 1 for r in rest]
+    keep = sorted(set(ends))  # the LM head runs only where some row ends
+    inputs = {
+        "input_ids": ids.to(device),
+        "attention_mask": mask.to(device),
+        "position_ids": positions.to(device),
+    }
     with torch.inference_mode():
-        logits = model(
-            input_ids=ids.to(device),
-            attention_mask=mask.to(device),
-            position_ids=positions.to(device),
-            past_key_values=past,
-        ).logits
-    last = torch.tensor([len(r) - 1 for r in rest], device=logits.device)
-    return logits[torch.arange(len(rest), device=logits.device), last].float()
+        try:
+            kept = torch.tensor(keep, device=device)
+            logits = model(**inputs, past_key_values=fresh_past(), logits_to_keep=kept).logits
+            columns = [keep.index(e) for e in ends]
+        except TypeError:  # a model without logits_to_keep: every position
+            logits = model(**inputs, past_key_values=fresh_past()).logits
+            columns = ends
+    rows = torch.arange(len(rest), device=logits.device)
+    return logits[rows, torch.tensor(columns, device=logits.device)].float()
 
 
 @dataclass
@@ -605,9 +625,22 @@ class HFBackend(JudgeBackend):
         per_request = [self.label_token_ids(r.labels) for r in requests]
         texts = [text + prefix for text, (prefix, _) in zip(rendered, per_request, strict=True)]
         sequences = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
-        logits = next_token_logits(
-            model, sequences, tokenizer.pad_token_id, self._prefixes, self.share_prefix
-        )
+        # One forward pass per rubric in the batch, so each shares its whole rubric prefix.
+        groups: dict[str, list[int]] = {}
+        for i, request in enumerate(requests):
+            groups.setdefault(request.messages[0]["content"], []).append(i)
+        logits = torch.empty(0)
+        for rows in groups.values():
+            part = next_token_logits(
+                model,
+                [sequences[i] for i in rows],
+                tokenizer.pad_token_id,
+                self._prefixes,
+                self.share_prefix,
+            )
+            if logits.numel() == 0:
+                logits = torch.empty(len(requests), part.shape[-1])
+            logits[rows] = part
         probs = torch.softmax(logits, dim=-1)
         for row, (_, ids) in enumerate(per_request):
             raw = {label: float(probs[row, tid]) for label, tid in ids.items()}

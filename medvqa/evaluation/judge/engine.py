@@ -7,7 +7,8 @@
 * identical items (same rubric, extra inputs, question, ground truth, prediction) are judged
   once;
 * everything else is looked up in the `JudgeCache`, and only misses reach the backend, in
-  chunks of the backend's `batch_size` (items of similar length together) on `concurrency`
+  chunks of the backend's `batch_size` (items of one rubric and similar length together) on
+  `concurrency`
   threads; each chunk is stored the moment it completes, so an interrupted run repeats no
   paid call;
 * in `generate` mode an unreadable reply gets one stricter reminder; if that fails too the
@@ -169,8 +170,11 @@ class JudgeEngine:
         """Judge `pending` in chunks of `batch_size` on `concurrency` threads, storing each
         chunk's judgments as it completes."""
         size = self.backend.batch_size
-        # Items of similar length share a batch: less padding (the order of results is kept).
-        pending = sorted(pending, key=lambda p: len(p.item.question + p.item.prediction))
+        # Items of one rubric and similar length share a batch: the rubric is a prompt start
+        # the embedded judge runs once, and there is less padding (results keep their order).
+        pending = sorted(
+            pending, key=lambda p: (p.item.scope, len(p.item.question + p.item.prediction))
+        )
         chunks = [list(pending[i : i + size]) for i in range(0, len(pending), size)]
         results: dict[str, Judgment] = {}
         stored: set[Future] = set()
