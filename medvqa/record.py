@@ -8,6 +8,7 @@ leave a truncated record.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import time
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger(__name__)
 
 RESULTS_FILE = "results.json"
 # `incomplete`: the job ran to the end, but some items could not be scored (a judge that did
@@ -85,6 +88,21 @@ class RunRecord:
         tmp.write_text(json.dumps(record, indent=2, default=str))
         os.replace(tmp, self.path)
         return self.path
+
+    def finish(self, metrics: Mapping[str, float], failed_items: int = 0) -> str:
+        """Record a run that got to its end: `finished`, or `incomplete` when `failed_items`
+        items could not be scored (their aggregates are NaN). Returns the status."""
+        if not failed_items:
+            self.write("finished", metrics)
+            log.info("finished; record at %s", self.path)
+            return "finished"
+        message = (
+            f"{failed_items} item(s) could not be scored (the *_failures metrics); every "
+            "aggregate over them is NaN. Run it again to retry only those items."
+        )
+        self.write("incomplete", metrics, failed_items=failed_items, error=message)
+        log.error("incomplete: %s Record at %s", message, self.path)
+        return "incomplete"
 
 
 def _what(config: Any) -> Any:

@@ -48,18 +48,8 @@ def run(cfg: DictConfig) -> dict[str, float] | None:
         task = instantiate(OmegaConf.masked_copy(cfg.task, options))
         metrics = task(cfg=cfg, out_dir=out_dir, loggers=loggers, provenance=record.provenance)
         failed = failed_items(metrics)
-        if failed:
-            message = (
-                f"{failed} item(s) could not be scored (the *_failures metrics); every "
-                "aggregate over them is NaN. Run the job again to retry only those items."
-            )
-            log.error("incomplete: %s Record at %s", message, record.path)
-            record.write("incomplete", metrics, failed_items=failed, error=message)
-            log_status(loggers, "incomplete", failed_items=failed)
-        else:
-            record.write("finished", metrics)
-            log_status(loggers, "finished")
-            log.info("finished; record at %s", record.path)
+        ended = record.finish(metrics, failed)
+        log_status(loggers, ended, **({"failed_items": failed} if failed else {}))
         status = "success"
         return metrics
     except Diverged as err:

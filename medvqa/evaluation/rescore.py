@@ -342,13 +342,7 @@ def score_file(
             close = getattr(metric, "close", None)
             if callable(close):
                 close()
-    failed = failed_items(metrics)
-    if failed:
-        message = f"{failed} item(s) could not be scored; every aggregate over them is NaN"
-        log.error("incomplete: %s; run medvqa-score again to retry them", message)
-        record.write("incomplete", metrics, failed_items=failed, error=message)
-    else:
-        record.write("finished", metrics)
+    record.finish(metrics, failed_items(metrics))
     _summary(metrics, list(scores), cfg, out_dir)
     return metrics
 
