@@ -269,18 +269,20 @@ def test_throwaway_metric_family_runs_a_baseline(
 
 def test_the_config_store_survives_pickling_into_a_fresh_process(tmp_path: Path) -> None:
     """The SLURM launcher sends Hydra's config store to the job, which composes the config
-    there: the generated schemas must arrive as themselves (by reference), not as copies."""
+    there: the generated schemas must arrive as themselves (by reference), not as copies.
+    Both sides are fresh processes, so no plug-in a test registered takes part."""
     import subprocess
     import sys
 
-    cloudpickle = pytest.importorskip("cloudpickle")
-    from hydra.core.config_store import ConfigStore
-
-    import medvqa.config  # noqa: F401  (fills the store)
-
+    pytest.importorskip("cloudpickle")
     blob = tmp_path / "repo.pkl"
-    blob.write_bytes(cloudpickle.dumps(ConfigStore.instance().repo))
-    code = f"""
+    send = f"""
+import cloudpickle
+from hydra.core.config_store import ConfigStore
+import medvqa.config  # fills the store
+open({str(blob)!r}, "wb").write(cloudpickle.dumps(ConfigStore.instance().repo))
+"""
+    receive = f"""
 import pickle
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
@@ -290,6 +292,7 @@ with initialize_config_dir(config_dir={str(CONF)!r}, version_base="1.3"):
     cfg = compose("config", overrides=["paths.root_dir=/tmp", "paths.output_dir=/tmp"])
 print(list(cfg.shift.exclude_values), cfg.shift.name)
 """
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
+    for code in (send, receive):
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split()[0] == "[]"
