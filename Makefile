@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # CPU wheel; install it before the package, or pip pulls the newest CUDA build.
 TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.medvqa-installed
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= -n auto  # pytest-xdist: one worker per core
 
 .PHONY: install demo test test-slow test-slurm bench bench-study lint format constraints clean
 
