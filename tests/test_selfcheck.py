@@ -15,7 +15,7 @@ from medvqa.analysis.tables import long_table
 from medvqa.evaluation.families.aspect_judge import AspectJudgeMetric
 from medvqa.evaluation.families.judge import JudgeMetric
 from medvqa.evaluation.judge import RUBRICS, JudgeCache, OpenAIBackend
-from medvqa.evaluation.judge.selfcheck import ASPECT_ITEMS, ITEMS, selfcheck_items
+from medvqa.evaluation.judge.selfcheck import CLASS_ITEMS, ITEMS, selfcheck_items
 from medvqa.evaluation.scoring import unreliable
 from tests.judge_server import JudgeServer
 from tests.test_judge import MIXED, needs_smollm2
@@ -123,13 +123,13 @@ def test_the_embedded_smollm2_judge_is_flagged_unreliable(tmp_path: Path) -> Non
     assert result.false_correct > 0.5  # it calls wrong closed answers correct
 
 
-ASPECT_EXPECTED = {(q, c, a, p): v for q, c, a, p, v in ASPECT_ITEMS}
+CLASS_EXPECTED = {(q, c, a, p): v for q, c, a, p, v in CLASS_ITEMS}
 
 
 def test_the_aspect_judge_is_checked_on_its_own_items() -> None:
     def knows(system: str, item: dict[str, str]) -> str:
         key = (item["question"], item["aspect"], item["ground_truth"], item["prediction"])
-        return str(int(ASPECT_EXPECTED[key]))
+        return str(int(CLASS_EXPECTED[key]))
 
     for score_fn, reliable in ((knows, 1.0), (says_correct, 0.0)):
         server = JudgeServer(score_fn=score_fn).start()
@@ -140,6 +140,6 @@ def test_the_aspect_judge_is_checked_on_its_own_items() -> None:
             m = AspectJudgeMetric(backend, selfcheck_floors=(0.8, 0.5))
             assert m.check() is not None and math.isnan(m.selfcheck.open_tau)  # no open items
             assert m.counters()["aspect_judge/selfcheck_reliable"] == reliable
-            assert server.count == len(ASPECT_ITEMS)
+            assert server.count == len(CLASS_ITEMS)
         finally:
             server.stop()

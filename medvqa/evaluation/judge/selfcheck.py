@@ -67,7 +67,7 @@ ITEMS: tuple[tuple[str, str, str, str, float], ...] = (
     ("open", "What is the main finding?", "pneumothorax on the left", "a pneumothorax", 3),
 )
 # (question, aspect, ground truth, prediction, expected score) for the per-aspect rubric
-ASPECT_ITEMS: tuple[tuple[str, str, str, str, float], ...] = (
+CLASS_ITEMS: tuple[tuple[str, str, str, str, float], ...] = (
     (
         "What type of polyp is it and is an instrument visible?",
         "polyp_type",
@@ -111,7 +111,7 @@ ASPECT_ITEMS: tuple[tuple[str, str, str, str, float], ...] = (
         1,
     ),
 )
-SELFCHECK_ID = f"selfcheck-{content_hash([ITEMS, ASPECT_ITEMS], length=12)}"
+SELFCHECK_ID = f"selfcheck-{content_hash([ITEMS, CLASS_ITEMS], length=12)}"
 
 
 @dataclass(frozen=True)
@@ -143,7 +143,7 @@ def aspect_selfcheck_items(rubric: Rubric) -> list[tuple[JudgeItem, float]]:
     """The per-aspect judge's known items with their scores."""
     return [
         (JudgeItem(rubric, q, a, p, {ASKED_CLASS: aspect}), float(v))
-        for q, aspect, a, p, v in ASPECT_ITEMS
+        for q, aspect, a, p, v in CLASS_ITEMS
     ]
 
 
