@@ -1,4 +1,5 @@
-"""Build a directory once, atomically: the one cache pattern of medvqa.
+"""Build a directory once, atomically: the one cache pattern of medvqa; and replace a file
+atomically (`write_file`), for records and tables that readers may open at any time.
 
 Normalised dataset tables, generated synthetic datasets and offline-built models are all
 directories that are expensive to make and shared by concurrent jobs (a multirun, a SLURM
@@ -23,6 +24,21 @@ log = logging.getLogger(__name__)
 
 class CacheWriteError(OSError):
     """The cache location cannot be written; the message says which setting to change."""
+
+
+def write_file(path: Path, write: Callable[[Path], None]) -> Path:
+    """Write `path` through `write(tmp)` into a sibling, then rename it into place: a reader
+    (or a crash) never sees a half-written file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+    return path
 
 
 def is_built(target: Path, marker: str) -> bool:

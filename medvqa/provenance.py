@@ -15,9 +15,9 @@ import platform
 import subprocess
 from collections.abc import Iterable, MutableMapping
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
+from medvqa import REPO_ROOT
 from medvqa.hashing import content_hash
 
 log = logging.getLogger(__name__)
@@ -25,13 +25,12 @@ log = logging.getLogger(__name__)
 # The distributions whose versions change the numbers (deepspeed: only when installed), after
 # medvqa's own (recorded as `medvqa`, whatever its distribution is called).
 PACKAGES = ("torch", "transformers", "peft", "lightning", "deepspeed")
-_REPO = Path(__file__).resolve().parents[1]
 
 
 def _git(*args: str) -> str | None:
     try:
         out = subprocess.run(
-            ["git", "-C", str(_REPO), *args], capture_output=True, text=True, timeout=10
+            ["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, timeout=10
         )
     except (OSError, subprocess.SubprocessError):
         return None
@@ -41,7 +40,7 @@ def _git(*args: str) -> str | None:
 def git_state() -> dict[str, Any]:
     """The commit of the medvqa checkout and whether tracked files differ from it; both None
     for an installed package that is not a git checkout."""
-    if not (_REPO / ".git").exists():
+    if not (REPO_ROOT / ".git").exists():
         return {"commit": None, "dirty": None}
     commit = _git("rev-parse", "HEAD")
     status = _git("status", "--porcelain", "--untracked-files=no")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,14 +17,17 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from medvqa.atomic import write_file
+
 log = logging.getLogger(__name__)
 
 RESULTS_FILE = "results.json"
 # `incomplete`: the job ran to the end, but some items could not be scored (a judge that did
 # not answer); the aggregates over them are NaN and a re-run retries only those items.
 STATUSES = ("running", "finished", "incomplete", "diverged", "failed")
-# Where a W&B run's summary holds the status (medvqa.tracking.log_status).
-STATUS_KEY = "medvqa/status"
+# Where a W&B run's summary holds the record's status and details (medvqa.tracking.log_status):
+# `medvqa/status`, `medvqa/diverged_step`, `medvqa/failed_items`.
+SUMMARY_PREFIX = "medvqa/"
 # Keys that say how to run a job, not what it computes: they never make a finished job stale.
 _HOW_TO_RUN = ("force", "ckpt_path")
 
@@ -83,11 +85,8 @@ class RunRecord:
             "provenance": self.provenance,
             "config": self.config,
         }
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(record, indent=2, default=str))
-        os.replace(tmp, self.path)
-        return self.path
+        text = json.dumps(record, indent=2, default=str)
+        return write_file(self.path, lambda tmp: tmp.write_text(text))
 
     def finish(self, metrics: Mapping[str, float], failed_items: int = 0) -> str:
         """Record a run that got to its end: `finished`, or `incomplete` when `failed_items`

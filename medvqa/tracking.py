@@ -12,7 +12,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
-from medvqa.record import STATUS_KEY
+from medvqa.record import SUMMARY_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +67,8 @@ def log_status(loggers: Sequence[Logger], status: str, **details: Any) -> None:
         if isinstance(lg, WandbLogger):
             try:
                 summary = lg.experiment.summary
-                summary[STATUS_KEY] = status
-                for key, value in details.items():
-                    summary[f"medvqa/{key}"] = value
+                for key, value in {"status": status, **details}.items():
+                    summary[f"{SUMMARY_PREFIX}{key}"] = value
             except Exception:  # the record holds the status anyway
                 log.exception("could not log the status to W&B")
 

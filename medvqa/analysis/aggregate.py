@@ -24,7 +24,7 @@ import pandas as pd
 
 from medvqa.analysis.summary import COLUMNS
 from medvqa.evaluation.scoring import unreliable
-from medvqa.record import RESULTS_FILE, STATUS_KEY, read_record
+from medvqa.record import RESULTS_FILE, SUMMARY_PREFIX, read_record
 
 log = logging.getLogger(__name__)
 
@@ -449,13 +449,13 @@ def wandb_run_record(run: Any) -> dict[str, Any]:
     metrics = {
         k: v
         for k, v in summary.items()
-        if not str(k).startswith(("_", "medvqa/"))
+        if not str(k).startswith(("_", SUMMARY_PREFIX))
         and isinstance(v, int | float)
         and not isinstance(v, bool)
     }
     state = str(getattr(run, "state", "finished"))
     # The run's own status (diverged, incomplete) where it logged one; W&B's state otherwise.
-    status = str(summary.get(STATUS_KEY) or _WANDB_STATES.get(state, state))
+    status = str(summary.get(f"{SUMMARY_PREFIX}status") or _WANDB_STATES.get(state, state))
     return {
         "status": status,
         "seed": config.get("seed"),
@@ -463,8 +463,8 @@ def wandb_run_record(run: Any) -> dict[str, Any]:
         "config": config,
         "metrics": metrics,
         "error": None if status == "finished" else f"{status} (W&B state {state!r})",
-        "diverged_step": summary.get("medvqa/diverged_step"),
-        "failed_items": summary.get("medvqa/failed_items"),
+        "diverged_step": summary.get(f"{SUMMARY_PREFIX}diverged_step"),
+        "failed_items": summary.get(f"{SUMMARY_PREFIX}failed_items"),
         "started_at": getattr(run, "created_at", None),
     }
 

@@ -12,7 +12,6 @@ no number.
 from __future__ import annotations
 
 import itertools
-import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -25,8 +24,6 @@ from medvqa.data import records as R
 from medvqa.evaluation.scoring import SCORES_FILE
 from medvqa.evaluation.statistics import paired_bootstrap_diff
 from medvqa.record import RESULTS_FILE
-
-log = logging.getLogger(__name__)
 
 COLUMNS = [
     "table",
@@ -66,10 +63,9 @@ def _pairs(
     return joined
 
 
-def paired_differences(
-    frame: pd.DataFrame, B: int = 2000, seed: int = 42, level: float = 0.95
-) -> pd.DataFrame:
-    """One row per (table, seed, method pair, split, headline score) with both scored tables."""
+def paired_differences(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per (table, seed, method pair, split, headline score) with both scored tables
+    (the bootstrap's defaults: B 2000, seed 42, 95%)."""
     if frame.empty:
         return pd.DataFrame(columns=COLUMNS)
     runs = frame[(frame["kind"] == "run") & frame["status"].isin(USABLE)]
@@ -99,9 +95,6 @@ def paired_differences(
                         joined[f"{column}_b"].to_numpy(float),
                         joined[f"{R.CASE_ID}_b"].to_numpy(object),
                         paired=True,
-                        B=B,
-                        seed=seed,
-                        level=level,
                     )
                     out.append(
                         {

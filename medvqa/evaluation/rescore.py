@@ -35,6 +35,7 @@ from typing import Any
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from medvqa import CONF_DIR
 from medvqa.data import records as R
 from medvqa.data.questions import closed_candidates, is_yes_no
 from medvqa.evaluation.evaluate import split_metrics
@@ -66,7 +67,6 @@ ALIASES = {
     "qid": R.ID,
     "question_id": R.ID,
 }
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 
 class ScoreInputError(ValueError):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -20,6 +19,7 @@ import pandas as pd
 from hydra.utils import instantiate
 
 from medvqa import plugins
+from medvqa.atomic import write_file
 from medvqa.data import records as R
 
 
@@ -100,11 +100,13 @@ def score_frame(
     return scored, scores
 
 
-def failure_keys() -> frozenset[str]:
-    """The aggregates that count items a family could not score (`MetricFamily.failures_key`
-    of every registered family, e.g. `judge_failures`)."""
-    families = plugins.registered("metric").values()
-    return frozenset(key for cls in families if (key := getattr(cls, "failures_key", None)))
+def _failing_families() -> dict[str, type]:
+    """The registered families that can fail per item, by name (`MetricFamily.failures_key`)."""
+    return {
+        name: cls
+        for name, cls in plugins.registered("metric").items()
+        if getattr(cls, "failures_key", None)
+    }
 
 
 def failed_items(metrics: Mapping[str, float], prefix: str = "", score: str | None = None) -> int:
@@ -112,9 +114,9 @@ def failed_items(metrics: Mapping[str, float], prefix: str = "", score: str | No
     the sum of the per-split failure counts; with `score`, only those of the family the score
     belongs to (`judge_failures` for `judge_closed_acc`). Breakdown keys (`field=value/...`)
     and engine counters (`judge/failures`, which include retried calls) are not counted."""
-    keys = failure_keys()
-    if score is not None:
-        keys = frozenset(k for k in keys if score.startswith(k.removesuffix("failures")))
+    keys = {
+        cls.failures_key for cls in _failing_families().values() if score is None or cls.owns(score)
+    }
     counts = [
         float(value)
         for key, value in metrics.items()
@@ -124,17 +126,13 @@ def failed_items(metrics: Mapping[str, float], prefix: str = "", score: str | No
 
 
 def unreliable(metrics: Mapping[str, float], score: str) -> bool:
-    """Whether `score` comes from a judge that failed its self-check in `metrics`: a family
-    with `<name>/selfcheck_reliable` 0, whose scores share its failures_key's prefix
-    (`judge_` for `judge_failures`, `aspect_` for `aspect_failures`)."""
-    families = plugins.registered("metric")
-    for key, value in metrics.items():
-        parts = key.split("/")
-        if parts[-1] != "selfcheck_reliable" or value != 0 or len(parts) < 2:
-            continue
-        failures_key = getattr(families.get(parts[-2]), "failures_key", None)
-        prefix = failures_key.removesuffix("failures") if failures_key else f"{parts[-2]}_"
-        if score.startswith(prefix):
+    """Whether `score` comes from a judge that failed its self-check in `metrics`: the family
+    `<name>` that owns the score (`MetricFamily.owns`) has `<name>/selfcheck_reliable` 0."""
+    for name, cls in _failing_families().items():
+        if cls.owns(score) and any(
+            key.rsplit("/", 2)[-2:] == [name, "selfcheck_reliable"] and value == 0
+            for key, value in metrics.items()
+        ):
             return True
     return False
 
@@ -166,11 +164,7 @@ def write_scores(scored: pd.DataFrame, path: Path) -> Path:
                 table[column] = [
                     None if v is None else json.dumps(v, default=str) for v in table[column]
                 ]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".parquet.tmp")
-    table.to_parquet(tmp, index=False)
-    os.replace(tmp, path)
-    return path
+    return write_file(path, lambda tmp: table.to_parquet(tmp, index=False))
 
 
 def counters(metrics: Sequence[Metric]) -> dict[str, float]:

@@ -14,9 +14,9 @@ import pandas as pd
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig
 
+from medvqa.data import records as R
 from medvqa.evaluation.baselines import chance_scores, most_frequent_predictions
 from medvqa.evaluation.evaluate import split_metrics
-from medvqa.evaluation.generation import SPLIT
 from medvqa.evaluation.scoring import (
     build_metrics,
     counters,
@@ -44,7 +44,7 @@ def most_frequent(
     for split in eval_splits:
         preds, coverage[split] = most_frequent_predictions(splits["train"], splits[split])
         scored, scores[split] = score_frame(preds, metrics_, list(cfg.evaluation.breakdown))
-        scored_by_split[split] = scored.assign(**{SPLIT: split})
+        scored_by_split[split] = scored.assign(**{R.SPLIT: split})
         scores[split]["coverage"] = coverage[split]
     predictions = out_dir / "predictions.jsonl"
     table = pd.concat(scored_by_split.values(), ignore_index=True)

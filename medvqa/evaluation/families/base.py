@@ -33,6 +33,14 @@ class MetricFamily(Plugin, ABC):
     plugin_kind: ClassVar[str] = "metric"
     failures_key: ClassVar[str | None] = None
 
+    @classmethod
+    def owns(cls, score: str) -> bool:
+        """Whether `score` is one of this family's (a family that can fail per item names its
+        scores after its `failures_key`: `judge_closed_acc` and `judge_failures`)."""
+        return bool(cls.failures_key) and score.startswith(
+            cls.failures_key.removesuffix("failures")
+        )
+
     @abstractmethod
     def per_sample(self, preds: pd.DataFrame) -> pd.DataFrame:
         """Score columns for every row of `preds` (same index, no input columns)."""

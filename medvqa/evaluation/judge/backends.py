@@ -121,15 +121,19 @@ class JudgeBackend(ABC):
         system message and the error is a chat template or server rejecting it, e.g. those of
         Mistral and Gemma."""
         text = str(error).lower()
-        if not any(m["role"] == "system" for m in messages) or "system" not in text:
-            return False
-        if not ("role" in text or "not supported" in text):
-            return False
-        if self.system_role:  # another thread may have switched already
-            self.system_role = False
+        rejected = "system" in text and ("role" in text or "not supported" in text)
+        sent = any(m["role"] == "system" for m in messages)
+        return sent and rejected and self._turn_off("system_role", error, "the system role")
+
+    def _turn_off(self, feature: str, error: object, what: str) -> bool:
+        """Switch the boolean `feature` off for good after `error` rejected it (once, with a
+        warning; another thread may have switched it already). True: send the request again."""
+        if getattr(self, feature):
+            setattr(self, feature, False)
             log.warning(
-                "judge %s rejects the system role (%s); the rubric now opens the user message",
-                self.model_name,
+                "judge %s rejects %s (%s); asking without it from now on",
+                self.judge_id,
+                what,
                 str(error)[:200],
             )
         return True
@@ -279,16 +283,9 @@ class OpenAIBackend(JudgeBackend):
     def _drop_structured(self, error: object, kwargs: Mapping[str, Any]) -> bool:
         """True (and no structured output from now on) if the server rejected it."""
         text = str(error).lower()
-        if "response_format" not in kwargs or not any(w in text for w in _STRUCTURED_WORDS):
-            return False
-        if self.structured:  # another thread may have switched already
-            self.structured = False
-            log.warning(
-                "judge server %s rejects structured output (%s); replies are parsed as text",
-                self.base_url or OPENAI_HOST,
-                str(error)[:200],
-            )
-        return True
+        rejected = any(word in text for word in _STRUCTURED_WORDS)
+        sent = "response_format" in kwargs
+        return sent and rejected and self._turn_off("structured", error, "structured output")
 
     def _send(self, request: JudgeRequest) -> Reply:
         import openai

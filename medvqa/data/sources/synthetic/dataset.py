@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import time
 from collections.abc import Sequence
@@ -28,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from medvqa.atomic import build_once
+from medvqa.atomic import build_once, write_file
 from medvqa.data import records as R
 from medvqa.data.base import DataError, VQASource
 from medvqa.data.sources.synthetic.cases import (
@@ -276,9 +275,8 @@ class SyntheticVQA(VQASource):
             "counts": counts,
             "cases_per_split": split_counts,
         }
-        part = directory / f"{MANIFEST}.tmp"
-        part.write_text(json.dumps(manifest, indent=2, sort_keys=True))
-        os.replace(part, directory / MANIFEST)
+        text = json.dumps(manifest, indent=2, sort_keys=True)
+        write_file(directory / MANIFEST, lambda tmp: tmp.write_text(text))
         return counts
 
     def _read(self) -> pd.DataFrame:
