@@ -7,13 +7,15 @@ import json
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from medvqa.analysis.rater import main as rater_main
 from medvqa.analysis.rater import read_items
 from medvqa.evaluation.generation import read_predictions
 from medvqa.evaluation.judge import JudgeCache
-from tests.conftest import run_main
+from tests.conftest import SMALL_MODEL, run_main
 from tests.judge_server import JudgeServer, judge_overrides
+from tests.native.slake import write as write_slake
 
 
 def test_run_with_the_judge_and_a_rerun_makes_no_calls(tmp_path: Path, cache_dir: Path) -> None:
@@ -119,3 +121,42 @@ def test_a_dead_judge_leaves_the_run_incomplete_and_a_rerun_judges_only_those_it
         assert 0.0 <= record["metrics"]["test_iid/judge_closed_acc"] <= 1.0
     finally:
         server.stop()
+
+
+def test_a_sure_experiment_headlines_the_judge(tmp_path: Path, cache_dir: Path) -> None:
+    """`+experiment=slake_modality` scores with the judge and takes RR from it (closed: judge
+    accuracy, open: the raw 1-5 judge score), with case-clustered CIs; the token metrics are
+    still reported beside it."""
+    fixture = write_slake(tmp_path / "slake")
+    server = JudgeServer(score_fn=_by_question_length).start()  # non-zero on both sides
+    try:
+        args = [
+            "+experiment=slake_modality",
+            f"dataset.root={fixture.root}",
+            "debug=smoke",
+            "logger=csv",
+            "task.references=[]",
+            *judge_overrides(server, tmp_path / "judgments")[1:],  # metric comes from headline
+        ]
+        run = run_main(args, tmp_path / "run", cache_dir, small=SMALL_MODEL)
+        assert run.returncode == 0, run.stderr[-3000:]
+    finally:
+        server.stop()
+    record = json.loads((tmp_path / "run" / "results.json").read_text())
+    metrics = record["metrics"]
+    assert record["config"]["evaluation"]["primary_open"] == "judge_open_score"
+    for alias, key in (("closed", "judge_closed_acc"), ("open", "judge_open_score")):
+        iid, ood = metrics[f"test_iid/{key}"], metrics[f"test_ood/{key}"]
+        assert metrics[f"robustness/rr_{alias}"] == pytest.approx(ood / iid)
+        lo, hi = metrics[f"test_iid/{key}_ci_lo"], metrics[f"test_iid/{key}_ci_hi"]
+        assert lo <= iid <= hi
+    assert 1.0 <= metrics["test_iid/judge_open_score"] <= 5.0
+    assert "test_iid/closed_acc" in metrics and "test_iid/open_f1" in metrics
+
+
+def _by_question_length(system: str, item: dict[str, str]) -> str:
+    """A grader that ignores the prediction: a score fixed by the question's length."""
+    k = len(item["question"])
+    if '"score": <1, 2, 3, 4 or 5>' in system:
+        return str(1 + k % 5)
+    return str(k % 3) if '"score": <0, 1 or 2>' in system else str(k % 2)

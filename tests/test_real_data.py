@@ -183,6 +183,7 @@ def test_experiment_debug_fit(experiment: str, tmp_path: Path, cache_dir: Path) 
             "debug=smoke",
             "logger=csv",
             "task.references=[]",
+            "headline=tokens",  # the judge headline: tests/test_judge_run.py
         ],
         run_dir,
         cache_dir,

@@ -165,7 +165,11 @@ def test_headline_intervals_resample_cases() -> None:
             "bootstrap": {"samples": 500, "seed": 1, "level": 0.9},
         }
     )
-    out = headline_intervals(frames, [TraditionalMetric()], cfg)
+    scores = {
+        s: {"closed_acc": f["closed_correct"].mean(), "open_f1": f["open_f1"].mean()}
+        for s, f in frames.items()
+    }
+    out = headline_intervals(frames, scores, [TraditionalMetric()], cfg)
     iid = frames["test_iid"].iloc[:90]
     expected = cluster_bootstrap(iid["closed_correct"], iid["case_id"], B=500, seed=1, level=0.9)
     assert out["test_iid/closed_acc_ci_lo"] == expected.lo
@@ -187,4 +191,66 @@ def test_headline_intervals_resample_cases() -> None:
     # One open row per split (a single case): the interval is NaN, not a fake zero width.
     assert math.isnan(out["test_iid/open_f1_ci_half"])
     cfg.bootstrap.samples = 0
-    assert headline_intervals(frames, [TraditionalMetric()], cfg) == {}
+    assert headline_intervals(frames, scores, [TraditionalMetric()], cfg) == {}
+
+
+def test_judge_headline_gets_intervals_unless_a_judgment_failed() -> None:
+    """The judge's headline scores (raw 1-5 open score, closed accuracy) get case-clustered
+    CIs and an RR interval; a split with a failed judgment has a NaN score and no interval,
+    and RR/difference get none either (no interval around the survivors)."""
+    from medvqa.evaluation.families.judge import JUDGE_FAILED, JUDGE_SCORE, JudgeMetric
+    from medvqa.evaluation.scoring import headline_intervals
+    from medvqa.evaluation.statistics import cluster_bootstrap, rr_ci
+
+    def split(closed: list[float], open_: list[float]) -> pd.DataFrame:
+        n = len(closed) + len(open_)
+        return pd.DataFrame(
+            {
+                "answer_type": ["closed"] * len(closed) + ["open"] * len(open_),
+                "case_id": [f"c{i // 2}" for i in range(n)],
+                JUDGE_SCORE: [*closed, *open_],
+                JUDGE_FAILED: [float(math.isnan(v)) for v in (*closed, *open_)],
+            }
+        )
+
+    frames = {
+        "test_iid": split([1, 1, 0, 1, 1, 0, 1, 1], [5, 4, 3, 5, 2, 5]),
+        "test_ood": split([1, 0, 0, 1, 0, 1], [2, 3, 1, 4, 2, 5]),
+    }
+    cfg = OmegaConf.create(
+        {
+            "primary_closed": "judge_closed_acc",
+            "primary_open": "judge_open_score",
+            "bootstrap": {"samples": 400, "seed": 3, "level": 0.95},
+        }
+    )
+    judge = JudgeMetric.__new__(JudgeMetric)  # aggregate/ci_columns need no backend
+    scores = {s: judge.aggregate(f) for s, f in frames.items()}
+    out = headline_intervals(frames, scores, [judge], cfg)
+    iid_open = frames["test_iid"].query("answer_type == 'open'")
+    expected = cluster_bootstrap(
+        iid_open[JUDGE_SCORE], iid_open["case_id"], B=400, seed=3, level=0.95
+    )
+    assert expected.point == pytest.approx(24 / 6) == scores["test_iid"]["judge_open_score"]
+    assert out["test_iid/judge_open_score_ci_lo"] == expected.lo
+    assert out["test_iid/judge_open_score_ci_hi"] == expected.hi
+    closed = {s: f.query("answer_type == 'closed'") for s, f in frames.items()}
+    rr = rr_ci(
+        closed["test_iid"][JUDGE_SCORE],
+        closed["test_iid"]["case_id"],
+        closed["test_ood"][JUDGE_SCORE],
+        closed["test_ood"]["case_id"],
+        B=400,
+        seed=3,
+    )
+    assert rr.point == pytest.approx((3 / 6) / (6 / 8))
+    assert out["robustness/rr_closed_ci_half"] == rr.half
+
+    frames["test_ood"].loc[7, [JUDGE_SCORE, JUDGE_FAILED]] = [float("nan"), 1.0]  # open row
+    scores = {s: judge.aggregate(f) for s, f in frames.items()}
+    assert math.isnan(scores["test_ood"]["judge_open_score"])
+    out = headline_intervals(frames, scores, [judge], cfg)
+    assert "test_iid/judge_open_score_ci_lo" in out
+    assert not any(k.startswith("test_ood/judge_open_score") for k in out)
+    assert not any(k.startswith(("robustness/rr_open", "robustness/diff_open")) for k in out)
+    assert "robustness/rr_closed_ci_half" in out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -19,6 +20,8 @@ from medvqa.evaluation.scoring import (
     scores_path,
     write_scores,
 )
+
+log = logging.getLogger(__name__)
 
 IID, OOD = "test_iid", "test_ood"
 # Counts, error rates, interval bounds and reference levels are not performances: no
@@ -57,14 +60,22 @@ def split_metrics(
     if IID in scores_by_split and OOD in scores_by_split:
         iid, ood = scores_by_split[IID], scores_by_split[OOD]
         keys = [k for k in iid if "/" not in k and is_performance(k)]
-        primary = {
-            name: key
-            for name, key in (
-                ("closed", evaluation_cfg.primary_closed),
-                ("open", evaluation_cfg.primary_open),
-            )
-            if key in iid and key in ood
-        }
+        headline = (
+            ("closed", evaluation_cfg.primary_closed),
+            ("open", evaluation_cfg.primary_open),
+        )
+        primary = {name: key for name, key in headline if key in iid and key in ood}
+        for name, key in headline:
+            if name not in primary:
+                log.warning(
+                    "evaluation.primary_%s=%s is not a score of the selected metric families, "
+                    "so there is no robustness/rr_%s: add the family that computes it to "
+                    "`metric` (e.g. judge for judge_* scores) or pick another headline "
+                    "(headline=tokens).",
+                    name,
+                    key,
+                    name,
+                )
         metrics.update(prefixed("robustness/", robustness_metrics(iid, ood, keys, primary)))
     return metrics
 
@@ -88,7 +99,7 @@ def score_splits(
         scored_by_split[split] = scored.assign(**{SPLIT: split})
     results = {
         **split_metrics(scores, evaluation_cfg),
-        **headline_intervals(scored_by_split, metrics, evaluation_cfg),
+        **headline_intervals(scored_by_split, scores, metrics, evaluation_cfg),
         **counters(metrics),
     }
     scored = pd.concat(scored_by_split.values(), ignore_index=True)

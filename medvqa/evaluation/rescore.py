@@ -333,7 +333,7 @@ def score_file(
             scored_by_split[str(split)] = scored
         metrics = {
             **split_metrics(scores, cfg.evaluation),
-            **headline_intervals(scored_by_split, metrics_, cfg.evaluation),
+            **headline_intervals(scored_by_split, scores, metrics_, cfg.evaluation),
             **counters(metrics_),
         }
         write_scores(pd.concat(scored_by_split.values()), out_dir / SCORES_FILE)

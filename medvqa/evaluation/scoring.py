@@ -243,6 +243,7 @@ def paired_delta_intervals(
 
 def headline_intervals(
     scored_by_split: Mapping[str, pd.DataFrame],
+    scores_by_split: Mapping[str, Mapping[str, float]],
     metrics: Sequence[Metric],
     evaluation_cfg: Any,
     iid: str = "test_iid",
@@ -254,7 +255,9 @@ def headline_intervals(
     `robustness/diff_<alias>` (OoD − i.i.d.) with its CI; alias is closed/open. Only scores that
     are per-sample means (a family's `ci_columns()`) get one here; families with other
     aggregates report their own (e.g. `mcq_acc_ci_half`). `evaluation.bootstrap.samples: 0`
-    turns this off.
+    turns this off. A split whose score is NaN (e.g. a judge that could not score every row)
+    gets no interval, and nor do RR and the difference: an interval around the rows that were
+    scored would describe the survivors, not the split.
     """
     from medvqa.evaluation.statistics import cluster_bootstrap, paired_bootstrap_diff, rr_ci
 
@@ -270,7 +273,8 @@ def headline_intervals(
         sides = {}
         for split, scored in scored_by_split.items():
             rows = scored.loc[scored[R.ANSWER_TYPE] == answer_type]
-            if rows[column].notna().sum() == 0:
+            point = scores_by_split.get(split, {}).get(key, math.nan)
+            if rows[column].notna().sum() == 0 or not math.isfinite(point):
                 continue
             sides[split] = (rows[column].to_numpy(float), rows[R.CASE_ID].to_numpy(object))
             out.update(cluster_bootstrap(*sides[split], **opts).entries(f"{split}/{key}"))

@@ -52,7 +52,7 @@ def most_frequent(
     write_scores(table, scores_path(predictions))
     metrics = {
         **split_metrics(scores, cfg.evaluation),
-        **headline_intervals(scored_by_split, metrics_, cfg.evaluation),
+        **headline_intervals(scored_by_split, scores, metrics_, cfg.evaluation),
         **counters(metrics_),
     }
     report_run(cfg, out_dir, loggers, metrics, [(cfg.label or "most frequent answer", "")])

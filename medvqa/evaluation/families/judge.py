@@ -181,7 +181,8 @@ class JudgeMetric(SelfChecked, MetricFamily):
 
     def aggregate(self, scored: pd.DataFrame) -> dict[str, float]:
         """`judge_closed_acc` (mean closed score), `judge_open_score` (mean 1-5),
-        `judge_open_score_norm` (mean of (s-1)/4, on the 0-1 scale RR and tables use), and
+        `judge_open_score_norm` (mean of (s-1)/4, a 0-1 scale for display beside the token
+        metrics; RR is a ratio, so it uses the raw `judge_open_score`), and
         `judge_failures` (rows that could not be judged). A mean over rows of which one could
         not be judged is NaN (a failed row's score is NaN): never a mean over the survivors,
         which would keep the easy items (exact matches are scored without a call). Means over
@@ -193,6 +194,14 @@ class JudgeMetric(SelfChecked, MetricFamily):
             "judge_open_score": mean_or_nan(open_scores),
             "judge_open_score_norm": mean_or_nan((open_scores - 1.0) / 4.0),
             "judge_failures": float(scored[JUDGE_FAILED].sum()),
+        }
+
+    def ci_columns(self) -> dict[str, tuple[str, str]]:
+        """Aggregate name -> (per-sample column, answer type it averages over), for CIs: the
+        headline judge scores, the open one on its raw 1-5 scale as RR uses it."""
+        return {
+            "judge_closed_acc": (JUDGE_SCORE, "closed"),
+            "judge_open_score": (JUDGE_SCORE, "open"),
         }
 
     def close(self) -> None:
