@@ -52,6 +52,9 @@ class ModelSchema:
     # Recompute activations in the backward pass: far less activation memory for a 7B model,
     # for about one extra forward pass per step.
     gradient_checkpointing: bool = False
+    # A named chat template (medvqa.models.prompting.CHAT_TEMPLATES, e.g. llava_med) replacing
+    # the processor's own, for checkpoints saved without the one the model was trained with.
+    chat_template: str | None = None
 
 
 @dataclass
@@ -165,6 +168,7 @@ class Config:
     model: ModelSchema = MISSING
     peft: PeftSchema = MISSING
     metric: Any = MISSING  # family name -> its config; `metric=[traditional,judge]`
+    prompt: Any = MISSING  # a medvqa.models.prompting.PromptTemplate (conf/prompt/)
     evaluation: EvaluationSchema = dataclasses.field(default_factory=EvaluationSchema)
     judge: JudgeSchema = MISSING
     trainer: TrainerSchema = MISSING

@@ -61,7 +61,9 @@ def test_text_logits_equal_original_smollm2(loaded, original) -> None:
         out = model(**ids).logits
     vocab = ref.shape[-1]
     assert out.shape[-1] == vocab + 1  # the added <image> token
-    assert torch.allclose(out[..., :vocab], ref, atol=1e-5, rtol=0)
+    # float32 through 30 layers: kernels differ between CPUs by a few ulps (1e-4 on logits ~16);
+    # a wrong weight or layer moves logits by far more than 1e-3.
+    assert torch.allclose(out[..., :vocab], ref, atol=1e-4, rtol=1e-5)
     assert torch.equal(out[..., :vocab].argmax(-1), ref.argmax(-1))
     # the tokenizer is SmolLM2's, plus <image>
     assert processor.tokenizer("hello world")["input_ids"] == tokenizer("hello world")["input_ids"]

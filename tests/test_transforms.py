@@ -190,7 +190,7 @@ def test_dataset_applies_the_rows_transform(tmp_path: Path, monkeypatch) -> None
 
     seen = []
 
-    def fake_encode(processor, question, image, answer=None):
+    def fake_encode(processor, question, image, answer=None, system=None):
         seen.append(np.asarray(image))
         return {}
 

@@ -16,7 +16,7 @@ from medvqa.data import records as R
 from medvqa.data.base import VQASource
 from medvqa.data.shifts import IMAGE_TRANSFORM
 from medvqa.data.transforms import apply_transform
-from medvqa.models.prompting import encode, pad_batch
+from medvqa.models.prompting import PromptTemplate, encode, pad_batch
 
 META_KEY = "record_ids"
 IMAGE_MODES = ("image", "none", "blank")
@@ -28,6 +28,7 @@ class VQADataset(Dataset):
     `with_answer=True` gives training examples (prompt + answer, labels on the answer);
     `False` gives generation prompts. `image_mode`: "image"; "none" (no image and no image
     tokens: the no-image baseline); "blank" (a black image of the same size: the blind test).
+    `prompt`: the protocol's template (system turn, closed options) every row goes through.
     """
 
     def __init__(
@@ -37,6 +38,7 @@ class VQADataset(Dataset):
         processor: Any,
         with_answer: bool,
         image_mode: str = "image",
+        prompt: PromptTemplate | None = None,
     ) -> None:
         if image_mode not in IMAGE_MODES:
             raise ValueError(f"image_mode must be one of {IMAGE_MODES}, got {image_mode!r}")
@@ -45,6 +47,7 @@ class VQADataset(Dataset):
         self.processor = processor
         self.with_answer = with_answer
         self.image_mode = image_mode
+        self.prompt = prompt or PromptTemplate()
 
     def __len__(self) -> int:
         return len(self.frame)
@@ -61,9 +64,10 @@ class VQADataset(Dataset):
                 image = Image.new("RGB", image.size)
         features: dict[str, Any] = encode(
             self.processor,
-            row[R.QUESTION],
+            self.prompt.question(row[R.QUESTION], row.get(R.ANSWER_TYPE), row.get(R.CANDIDATES)),
             image,
             answer=row[R.ANSWER] if self.with_answer else None,
+            system=self.prompt.system,
         )
         features[META_KEY] = row[R.ID]
         return features
@@ -115,6 +119,7 @@ class VQADataModule(L.LightningDataModule):
         num_workers: int = 0,
         seed: int = 0,
         image_mode: str = "image",
+        prompt: PromptTemplate | None = None,
     ) -> None:
         super().__init__()
         self.frames = dict(frames)
@@ -125,10 +130,11 @@ class VQADataModule(L.LightningDataModule):
         self.num_workers = num_workers
         self.seed = seed
         self.image_mode = image_mode
+        self.prompt = prompt
 
     def _dataset(self, split: str) -> VQADataset:
         return VQADataset(
-            self.frames[split], self.source, self.processor, True, image_mode=self.image_mode
+            self.frames[split], self.source, self.processor, True, self.image_mode, self.prompt
         )
 
     def train_dataloader(self) -> DataLoader:

@@ -32,6 +32,7 @@ from medvqa.data.datamodule import META_KEY, VQADataset, make_loader
 from medvqa.distributed import is_global_zero
 from medvqa.evaluation.families.traditional import PREDICTION
 from medvqa.hashing import Hasher
+from medvqa.models.prompting import PromptTemplate
 
 log = logging.getLogger(__name__)
 
@@ -163,9 +164,11 @@ class GenerationData(L.LightningDataModule):
         batch_size: int,
         image_mode: str = "image",
         num_workers: int = 0,
+        prompt: PromptTemplate | None = None,
     ) -> None:
         super().__init__()
         self.frame = frame
+        self.prompt = prompt
         self.source = source
         self.processor = processor
         self.out_path = Path(out_path)
@@ -193,7 +196,7 @@ class GenerationData(L.LightningDataModule):
         todo = self.trainer.strategy.broadcast(todo, src=0)
         self.n_todo = len(todo)
         rows = self.frame.loc[self.frame[R.ID].isin(set(todo))]
-        dataset = VQADataset(rows, self.source, self.processor, False, self.image_mode)
+        dataset = VQADataset(rows, self.source, self.processor, False, self.image_mode, self.prompt)
         return make_loader(
             dataset,
             self.batch_size,
@@ -274,6 +277,7 @@ def generate_predictions(
     trainer_cfg: Any = None,
     num_workers: int = 0,
     model_id: str | None = None,
+    prompt: PromptTemplate | None = None,
 ) -> pd.DataFrame | None:
     """Generate answers for `frame` into `out_path` (resuming), return this split's records.
 
@@ -282,7 +286,16 @@ def generate_predictions(
     """
     model_id = model_id or weights_fingerprint(model)
     data = GenerationData(
-        frame, source, processor, out_path, split, model_id, batch_size, image_mode, num_workers
+        frame,
+        source,
+        processor,
+        out_path,
+        split,
+        model_id,
+        batch_size,
+        image_mode,
+        num_workers,
+        prompt,
     )
     trainer = prediction_trainer(trainer_cfg)
     module = GenerationModule(model, processor.tokenizer, max_new_tokens)
@@ -345,7 +358,8 @@ def prediction_key(
     key.update(getattr(processor.tokenizer, "chat_template", None) or "")
     precision = getattr(settings.get("trainer_cfg"), "precision", None)
     what = {k: v for k, v in settings.items() if k in ("max_new_tokens", "image_mode")}
-    key.update({**what, "precision": precision})
+    prompt = settings.get("prompt") or PromptTemplate()
+    key.update({**what, "precision": precision, "prompt": prompt.settings()})
     for split, frame in sorted(frames.items()):
         key.update(split).update(frame.to_json(orient="records", default_handler=str))
     return key.hexdigest()

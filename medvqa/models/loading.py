@@ -16,6 +16,7 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 
 import medvqa.models.processors  # noqa: F401  (registers torchvision-free processors)
 from medvqa.config import ModelSchema
+from medvqa.models.prompting import chat_template
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +125,9 @@ def load_vlm(model_cfg: Any) -> tuple[torch.nn.Module, Any]:
             f"AutoProcessor.from_pretrained({source!r}) returned no multimodal processor; the "
             "family's processor is not registered (see docs/offline.md on torchvision-free setups)."
         )
+    template = model_option(model_cfg, "chat_template")
+    if template is not None:
+        processor.chat_template = chat_template(str(template))
     log.info(
         "loaded %s (%s, %s, %s attention) from %s",
         model_cfg.name,

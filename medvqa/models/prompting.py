@@ -4,12 +4,19 @@ Prompts go through the processor's own chat template, so every VLM family format
 and turn markers its own way. The answer's tokens (and only they) are the training labels: the
 answer text is whatever the template puts after the generation prompt when the assistant turn is
 rendered, so end-of-turn markers are learnt exactly as the template writes them.
+
+What a protocol adds to the question (a system turn, the closed question's options) is a
+:class:`PromptTemplate` from the `prompt` config group; the dataset rows go through it in one
+place (`medvqa.data.datamodule.VQADataset`), for training and generation alike.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import re
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -39,27 +46,121 @@ def virtual_prefix(processor: Any) -> str:
     return prefix
 
 
-def build_messages(question: str, with_image: bool = True) -> list[dict[str, Any]]:
-    """The user turn: the image (if any) followed by the question."""
+# Chat templates a model config can name (`model.chat_template`) to replace its processor's:
+# for checkpoints whose processor was saved without the template the model was trained with.
+# llava_med: LLaVA-Med v1.5 (Mistral instruct): "[INST] <image>\n{question} [/INST] {answer}</s>"
+# after the tokenizer's BOS; a system turn goes first inside [INST] as Llama-2's <<SYS>> block,
+# as LLaVA's LLAMA_2 separator style writes it.
+CHAT_TEMPLATES = {
+    "llava_med": (
+        "{%- for message in messages -%}"
+        "{%- if message['role'] == 'user' -%}"
+        "{{ '[INST] ' }}"
+        "{%- if loop.index0 == 1 and messages[0]['role'] == 'system' -%}"
+        "{{ '<<SYS>>\\n' + messages[0]['content'][0]['text'] + '\\n<</SYS>>\\n\\n' }}"
+        "{%- endif -%}"
+        "{%- for part in message['content'] if part['type'] == 'image' -%}"
+        "{{ '<image>\\n' }}"
+        "{%- endfor -%}"
+        "{%- for part in message['content'] if part['type'] == 'text' -%}"
+        "{{ part['text'] }}"
+        "{%- endfor -%}"
+        "{{ ' [/INST]' }}"
+        "{%- elif message['role'] == 'assistant' -%}"
+        "{{ ' ' }}"
+        "{%- for part in message['content'] if part['type'] == 'text' -%}"
+        "{{ part['text'] }}"
+        "{%- endfor -%}"
+        "{{ '</s>' }}"
+        "{%- endif -%}"
+        "{%- endfor -%}"
+    ),
+}
+
+
+def chat_template(name: str) -> str:
+    """The Jinja text of a named chat template (error naming the known ones)."""
+    if name not in CHAT_TEMPLATES:
+        raise ValueError(
+            f"model.chat_template={name!r} is not a known template; choose one of "
+            f"{sorted(CHAT_TEMPLATES)} or null (the processor's own)."
+        )
+    return CHAT_TEMPLATES[name]
+
+
+_NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+
+
+@dataclass(frozen=True)
+class PromptTemplate:
+    """What a protocol adds around a row's question, identically in training and inference.
+
+    `system`: a system turn (e.g. Kvasir-VQA-x1's instruction), or none. `options`: appended to
+    a closed question that has candidates, formatted with `{n}` (the number of candidates, in
+    words up to nine) and `{options}` (the candidates joined by ", "): SURE-VQA's
+    " Please choose from the following {n} options: [{options}]." is built from the row's own
+    candidates, never from its answer, so the model is not told which answer type to expect.
+    """
+
+    system: str | None = None
+    options: str | None = None
+
+    def question(
+        self, question: str, answer_type: str | None, candidates: Sequence[str] | None
+    ) -> str:
+        """The user turn's text for one row."""
+        if self.options is None or answer_type != "closed" or candidates is None:
+            return question
+        n = len(candidates)
+        words = _NUMBER_WORDS[n] if n < len(_NUMBER_WORDS) else str(n)
+        return question + self.options.format(n=words, options=", ".join(map(str, candidates)))
+
+    def settings(self) -> dict[str, Any]:
+        """The fields, for cache keys of generated answers."""
+        return dataclasses.asdict(self)
+
+
+def build_messages(
+    question: str, with_image: bool = True, system: str | None = None
+) -> list[dict[str, Any]]:
+    """The (system and) user turn: the image (if any) followed by the question."""
     content: list[dict[str, Any]] = [{"type": "image"}] if with_image else []
     content.append({"type": "text", "text": question})
-    return [{"role": "user", "content": content}]
+    turns = [{"role": "user", "content": content}]
+    if system is not None:
+        turns.insert(0, {"role": "system", "content": [{"type": "text", "text": system}]})
+    return turns
 
 
-def prompt_text(processor: Any, question: str, with_image: bool = True) -> str:
+def prompt_text(
+    processor: Any, question: str, with_image: bool = True, system: str | None = None
+) -> str:
     """The prompt up to and including the assistant's generation prompt."""
-    return processor.apply_chat_template(
-        build_messages(virtual_prefix(processor) + question, with_image),
+    text = processor.apply_chat_template(
+        build_messages(virtual_prefix(processor) + question, with_image, system),
         add_generation_prompt=True,
         tokenize=False,
     )
+    if system is not None and system not in text:
+        raise ValueError(
+            "the model's chat template drops the system turn the prompt template asks for "
+            "(prompt.system); use a model whose template has a system role, or set "
+            "model.chat_template, or prompt=plain."
+        )
+    return text
 
 
-def answer_text(processor: Any, question: str, answer: str, with_image: bool = True) -> str:
+def answer_text(
+    processor: Any,
+    question: str,
+    answer: str,
+    with_image: bool = True,
+    system: str | None = None,
+) -> str:
     """What the template renders after the generation prompt for `answer` (incl. end marker)."""
-    prompt = prompt_text(processor, question, with_image)
+    prompt = prompt_text(processor, question, with_image, system)
     messages = [
-        *build_messages(virtual_prefix(processor) + question, with_image),
+        *build_messages(virtual_prefix(processor) + question, with_image, system),
         {"role": "assistant", "content": [{"type": "text", "text": answer}]},
     ]
     full = processor.apply_chat_template(messages, tokenize=False)
@@ -77,13 +178,14 @@ def encode(
     question: str,
     image: Image.Image | None,
     answer: str | None = None,
+    system: str | None = None,
 ) -> dict[str, torch.Tensor]:
     """Tokenise one example (unpadded, batch dimension removed for per-token tensors).
 
     With `answer`, the answer tokens are appended and become the only labels (loss on answer
     tokens only); without it the result is a generation prompt.
     """
-    text = prompt_text(processor, question, with_image=image is not None)
+    text = prompt_text(processor, question, with_image=image is not None, system=system)
     kwargs: dict[str, Any] = {"text": [text], "return_tensors": "pt"}
     if image is not None:
         kwargs["images"] = [image]
@@ -95,7 +197,7 @@ def encode(
     out: dict[str, torch.Tensor] = {"input_ids": input_ids[0]}
     out.update({k: v[0] for k, v in per_token.items()})
     if answer is not None:
-        suffix = answer_text(processor, question, answer, with_image=image is not None)
+        suffix = answer_text(processor, question, answer, image is not None, system)
         ans = processor.tokenizer(suffix, add_special_tokens=False, return_tensors="pt")
         ans_ids = ans["input_ids"][0]
         out["input_ids"] = torch.cat([out["input_ids"], ans_ids])

@@ -74,6 +74,7 @@ def train_eval(
 
     model, processor = load_vlm(cfg.model)
     add_model(provenance, model)
+    prompt = instantiate(cfg.prompt)  # one template for training and generation
     generate = partial(
         generate_splits,
         processor=processor,
@@ -83,6 +84,7 @@ def train_eval(
         max_new_tokens=generation_length(cfg.model, source),
         trainer_cfg=cfg.trainer,
         num_workers=int(cfg.data.num_workers),
+        prompt=prompt,
     )
     shared = Path(cfg.paths.cache_dir) / SHARED_PREDICTIONS
     eval_image = str(cfg.data.eval_image)
@@ -109,6 +111,7 @@ def train_eval(
             num_workers=int(cfg.data.num_workers),
             seed=int(cfg.seed),
             image_mode=str(cfg.data.train_image),
+            prompt=prompt,
         )
         trainer: L.Trainer = instantiate(
             cfg.trainer,

@@ -27,7 +27,8 @@ RESERVED_TOKENS = ["<pad>", "<s>", "</s>", "<image>"]
 # Kept deliberately plain: every token here costs sequence length on a CPU.
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}"
-    "{% if m['role'] == 'user' %}USER: "
+    "{% if m['role'] == 'system' %}SYSTEM: {{ m['content'][0]['text'] }}{{ '\\n' }}"
+    "{% elif m['role'] == 'user' %}USER: "
     "{% for c in m['content'] %}{% if c['type'] == 'image' %}<image>{{ '\\n' }}"
     "{% elif c['type'] == 'text' %}{{ c['text'] }}{% endif %}{% endfor %}{{ '\\n' }}"
     "{% else %}ASSISTANT: {% for c in m['content'] %}{{ c['text'] }}{% endfor %}{{ eos_token }}"
@@ -37,6 +38,10 @@ CHAT_TEMPLATE = (
 
 class TinyLlavaBuilder(CachedModelBuilder):
     """Build (once) and return the directory of a tiny pre-trained LLaVA."""
+
+    def key_extra(self) -> dict[str, Any]:
+        """The chat template is saved with the processor: a new one means a new build."""
+        return {"chat_template": CHAT_TEMPLATE}
 
     def __init__(
         self,
