@@ -200,7 +200,7 @@ def test_experiment_debug_fit(experiment: str, tmp_path: Path, cache_dir: Path) 
 # -- The real releases, when a copy is at hand -------------------------------------------------
 # Point an environment variable at a dataset's folder (native layout, annotation files are
 # enough) and these tests check the published counts; without it they are skipped.
-#   MEDVQA_REAL_SLAKE=/data/Slake1.0 pytest tests/test_real_data.py -k real
+#   MEDVQA_REAL_SLAKE=/data/Slake1.0 pytest tests/test_real_data.py -k "real_slake or real_vqa"
 
 
 def _real_root(variable: str) -> Path:
