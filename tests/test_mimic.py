@@ -122,7 +122,7 @@ def test_every_row_matches_the_fixture(mimic, tmp_path: Path) -> None:
         assert row.case_id == str(subject.subject_id)
         assert row.ethnicity == subject.ethnicity
         if subject.gender is None:
-            assert pd.isna(row.gender) and pd.isna(row.age)
+            assert row.gender == "UNKNOWN" and pd.isna(row.age)
         else:
             assert row.gender == subject.gender and row.age == subject.age
         assert row.image.startswith(f"{IMAGES}/files/p10/p{subject.subject_id}/s")
@@ -215,12 +215,17 @@ def _sizes(table: pd.DataFrame, iid: pd.Series, ood: pd.Series) -> dict[str, int
 def test_gender_shift(mimic, tmp_path: Path) -> None:
     table, splits = _splits("mimic_gender", mimic.root, tmp_path)
     assert "gender" not in set(table["content_type"])  # set by the experiment
-    sizes = _sizes(table, table["gender"] == "M", table["gender"] == "F")
+    # SURE-VQA's rule: i.i.d. is "gender != F", so patients of unknown gender are i.i.d.
+    sizes = _sizes(table, table["gender"] != "F", table["gender"] == "F")
     assert {k: len(v) for k, v in splits.frames.items()} == sizes and sizes["train"] >= 8
     assert set(splits["test_ood"]["gender"]) == {"F"}
-    for name in ("train", "val", "test_iid"):
-        assert set(splits[name]["gender"]) == {"M"}  # unknown gender is excluded
-    assert splits.dropped["excluded_by_shift"] == int(table["gender"].isna().sum()) > 0
+    unknown = {s.subject_id for s in SUBJECTS if s.gender is None}
+    for name in ("train", "test_iid"):
+        assert set(splits[name]["gender"]) == {"M", "UNKNOWN"}
+        assert set(splits[name].loc[splits[name]["gender"] == "UNKNOWN", R.CASE_ID]) == {
+            str(i) for i in unknown
+        }
+    assert splits.dropped["excluded_by_shift"] == 0
 
 
 def test_ethnicity_shift(mimic, tmp_path: Path) -> None:
@@ -240,6 +245,7 @@ def test_age_shift(mimic, tmp_path: Path) -> None:
     assert {k: len(v) for k, v in splits.frames.items()} == sizes and sizes["train"] >= 8
     assert splits["test_ood"]["age"].max() < 40
     assert all(splits[n]["age"].min() >= 60 for n in ("train", "val", "test_iid"))
-    # The 40-59 gap and unknown ages are in no split.
+    # The 40-59 gap and unknown ages are in no split (SURE-VQA: NaN fails both age tests).
     used = pd.concat(splits.frames.values())
     assert not used["age"].between(40, 59).any() and used["age"].notna().all()
+    assert "UNKNOWN" not in set(used["gender"])

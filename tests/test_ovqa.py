@@ -14,7 +14,7 @@ from medvqa.data.shifts import Shift, make_splits
 from medvqa.data.sources.ovqa import Ovqa, closed_candidates, keep_closed, modality_options
 from tests.conftest import compose
 from tests.native import edit_json_row
-from tests.native.ovqa import ROW_KINDS
+from tests.native.ovqa import RENAMED, ROW_KINDS
 from tests.native.ovqa import write as write_ovqa
 
 
@@ -78,24 +78,59 @@ def test_closed_candidates(ovqa) -> None:
         ({"answer_type": "MAYBE"}, "malformed", "'answer_type' is 'MAYBE'"),
         ({"image_name": "../../secret.jpg"}, "path_escape", "escapes the dataset root"),
         ({"qid": 0}, "duplicate_id", "qid 0 occurs earlier"),
+        ({"answer": ""}, "malformed", "a CLOSED question with an empty answer"),
     ],
 )
 def test_bad_rows_error_or_skip(ovqa, change, kind, message) -> None:
-    edit_json_row(ovqa.root / "train.json", 5, **change)  # row 5: a kept closed yes/no row
+    edit_json_row(ovqa.root / "trainset.json", 5, **change)  # row 5: a kept closed yes/no row
     with pytest.raises(DataError) as err:
         Ovqa(ovqa.root).table()
-    assert "train.json row 5" in str(err.value) and message in str(err.value)
+    assert "trainset.json row 5" in str(err.value) and message in str(err.value)
     source = Ovqa(ovqa.root, on_bad_row="skip")
     table = source.table()
     skipped = source.report()["skipped_rows"]
-    assert skipped["counts"] == {kind: 1} and "train.json row 5" in skipped["examples"][0]
+    assert skipped["counts"] == {kind: 1} and "trainset.json row 5" in skipped["examples"][0]
     assert (table[R.SOURCE_SPLIT] == "train").sum() == ovqa.kept["train"] - 1
 
 
 def test_missing_annotation_file_names_it(ovqa) -> None:
-    (ovqa.root / "test.json").unlink()
-    with pytest.raises(DataError, match=r"OVQA test annotations not found at .*test.json"):
+    (ovqa.root / "testset.json").unlink()
+    with pytest.raises(
+        DataError, match=r"OVQA test annotations not found .*testset.json, test.json"
+    ):
         Ovqa(ovqa.root).table()
+
+
+def test_release_names_and_renamed_copies_give_the_same_table(ovqa, tmp_path: Path) -> None:
+    """The release ships trainset/valset/testset.json; SURE-VQA's instructions rename them to
+    train/validate/test.json. Both are read as they are; both at once is an error."""
+    renamed = write_ovqa(tmp_path / "renamed", names=RENAMED)
+    assert not (renamed.root / "trainset.json").exists()
+    assert Ovqa(renamed.root).table().equals(Ovqa(ovqa.root).table())
+    (ovqa.root / "validate.json").write_text((ovqa.root / "valset.json").read_text())
+    with pytest.raises(DataError, match=r"both .*valset.json and .*validate.json"):
+        Ovqa(ovqa.root).table()
+
+
+def test_oddities_are_kept_and_counted(ovqa) -> None:
+    source = Ovqa(ovqa.root)
+    table = source.table()
+    n_images = {k: len({r["image_name"] for r in rows}) for k, rows in ovqa.rows.items()}
+    total = sum(n_images.values())
+    assert (table[R.ANSWER] == "3").sum() == total  # the JSON number, as text
+    assert (table[R.ANSWER] == "").sum() == total  # an empty open answer is kept
+    padded = table[table[R.QUESTION] == "Is the bone   intact?"]  # answer_type "CLOSED "
+    assert len(padded) == total and set(padded[R.ANSWER_TYPE]) == {"closed"}
+    assert all(c == ["yes", "no"] for c in padded[R.CANDIDATES])
+    report = source.report()["kept_oddities"]
+    assert report["counts"] == {
+        "non_string_answer": total,
+        "empty_answer": total,
+        "padded_answer_type": total,
+        "inner_whitespace_question": total,
+    }
+    assert report["by_split"]["padded_answer_type"] == n_images
+    assert source.report()["skipped_rows"]["total"] == 0
 
 
 def _splits(experiment: str, root: Path, tmp_path: Path):

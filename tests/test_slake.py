@@ -108,8 +108,31 @@ def test_bad_rows_error_or_skip(slake, change, kind, message, caplog) -> None:
 
 def test_missing_annotation_file_names_it(slake) -> None:
     (slake.root / "validate.json").unlink()
-    with pytest.raises(DataError, match=r"validate annotations not found at .*validate.json"):
+    with pytest.raises(
+        DataError, match=r"validate annotations not found .*validate.json, validation.json"
+    ):
         Slake(slake.root).table()
+
+
+def test_hub_copy_validation_json_is_read(tmp_path: Path) -> None:
+    """The Hugging Face copy names the file validation.json: same table, same counts."""
+    hub = write_slake(tmp_path / "hub", validate_file="validation.json")
+    assert not (hub.root / "validate.json").exists()
+    table = Slake(hub.root).table()
+    assert table[R.SOURCE_SPLIT].value_counts().to_dict() == hub.kept
+    (hub.root / "validate.json").write_text((hub.root / "validation.json").read_text())
+    with pytest.raises(DataError, match=r"both .*validate.json and .*validation.json"):
+        Slake(hub.root).table()
+
+
+def test_closed_row_with_empty_answer_is_a_bad_row(slake) -> None:
+    closed = next(i for i, k in enumerate(ROW_KINDS) if k[1] == "CLOSED" and k[0] == "en")
+    edit_json_row(slake.root / "test.json", closed, answer="")
+    with pytest.raises(DataError, match=r"test.json row \d+: a CLOSED question with an empty"):
+        Slake(slake.root).table()
+    source = Slake(slake.root, on_bad_row="skip")
+    assert (source.table()[R.SOURCE_SPLIT] == "test").sum() == slake.kept["test"] - 1
+    assert source.report()["skipped_rows"]["counts"] == {"malformed": 1}
 
 
 def test_invalid_json_names_the_file(slake) -> None:
@@ -127,11 +150,20 @@ def test_real_release_oddities_are_kept_and_counted(slake, tmp_path: Path) -> No
     source = Slake(slake.root, cache_dir=tmp_path / "cache")
     table = source.table()
     n_images = sum(len({r["img_id"] for r in rows}) for rows in slake.rows.values())
+    per_split = {k: len({r["img_id"] for r in rows}) for k, rows in slake.rows.items()}
     empty = table[table[R.ANSWER] == ""]
     assert len(empty) == n_images and set(empty[R.ANSWER_TYPE]) == {"open"}
     assert (table[R.ANSWER] == "2").sum() == n_images  # the JSON number, as text
-    oddities = source.report()["kept_oddities"]["counts"]
-    assert oddities == {"empty_answer": n_images, "non_string_answer": n_images}
+    # The double blank is kept as released (the paper's answers contain it).
+    assert (table[R.ANSWER] == "Transverse  Plane").sum() == n_images
+    report = source.report()["kept_oddities"]
+    oddities = report["counts"]
+    assert oddities == {
+        "empty_answer": n_images,
+        "non_string_answer": n_images,
+        "inner_whitespace_answer": n_images,
+    }
+    assert report["by_split"]["empty_answer"] == per_split
     assert not source.report()["skipped_rows"]["counts"]
     cached = Slake(slake.root, cache_dir=tmp_path / "cache").report()["kept_oddities"]
     assert cached["counts"] == oddities  # the report survives the table cache
@@ -139,3 +171,40 @@ def test_real_release_oddities_are_kept_and_counted(slake, tmp_path: Path) -> No
     scored, scores = score_frame(preds, build_metrics(compose([]).metric), ["question_type"])
     assert len(scored) == len(empty) and scores["n_open"] == len(empty)
     assert scores["open_f1"] == 0.0  # an empty reference shares no token with an answer
+
+
+def test_oddities_in_rows_dropped_by_cleaning_are_reported_apart(slake) -> None:
+    """A Chinese row (dropped by keep_english) with a numeric answer is counted, but as
+    in_dropped_rows, so the per-split counts are those of the rows the table holds."""
+    chinese = next(i for i, k in enumerate(ROW_KINDS) if k[0] == "zh")
+    edit_json_row(slake.root / "validate.json", chinese, answer=3.0)
+    source = Slake(slake.root)
+    by_split = source.report()["kept_oddities"]["by_split"]["non_string_answer"]
+    kept = {k: len({r["img_id"] for r in rows}) for k, rows in slake.rows.items()}
+    assert by_split == {**kept, "in_dropped_rows": 1}
+    assert source.table()[R.ANSWER].isin(["3"]).sum() == 0  # the row itself is gone
+
+
+@pytest.mark.parametrize(
+    ("value", "kinds"),
+    [
+        ("Lung", []),
+        ("Transverse  Plane", ["inner_whitespace"]),
+        ("Heart \tlungs", ["inner_whitespace"]),
+        (" superficial ", ["padded"]),
+        ("", ["empty"]),
+        ("   ", ["empty"]),
+        (2, ["non_string"]),
+    ],
+)
+def test_text_oddities_kinds(tmp_path: Path, value, kinds) -> None:
+    source = Slake(tmp_path)
+    source.text_oddities({"answer": value}, ("answer",), "f row 0", "train/0")
+    assert dict(source.oddities.counts) == {f"{k}_answer": 1 for k in kinds}
+
+
+def test_answer_text() -> None:
+    from medvqa.data.annotated import answer_text
+
+    assert answer_text(2) == "2" and answer_text(2.0) == "2" and answer_text(0) == "0"
+    assert answer_text(1.5) == "1.5" and answer_text(" Left ") == " Left "

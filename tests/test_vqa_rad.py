@@ -10,9 +10,10 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from medvqa.data import records as R
+from medvqa.data.annotated import answer_text
 from medvqa.data.base import DataError
 from medvqa.data.shifts import Shift, make_splits
-from medvqa.data.sources.vqa_rad import VqaRad, answer_text, case_from_url, closed_options
+from medvqa.data.sources.vqa_rad import VqaRad, case_from_url, closed_options, question_types
 from tests.conftest import compose
 from tests.native import edit_json_row
 from tests.native.vqa_rad import ANNOTATION_FILE, ROW_KINDS, split_of
@@ -41,8 +42,12 @@ def test_closed_options() -> None:
 
 
 def test_field_parsers() -> None:
-    assert answer_text(2) == "2" and answer_text(2.0) == "2" and answer_text(0) == "0"
-    assert answer_text(" Left ") == "Left" and answer_text(1.5) == "1.5"
+    assert question_types("PRES") == (["PRES"], [])
+    assert question_types("PRES, POS") == (["PRES", "POS"], ["combined_question_type"])
+    assert question_types("Other") == (["OTHER"], ["lower_case_question_type"])
+    assert question_types("ATRIB") == (["ATTRIB"], ["misspelled_question_type"])
+    assert question_types("PRSE") == (["PRES"], ["misspelled_question_type"])
+    assert question_types("SHAPE") == (["SHAPE"], ["unknown_question_type"])
     assert case_from_url("https://medpix.nlm.nih.gov/case?id=abc-1", "x") == "abc-1"
     assert case_from_url("NULL", "synpic1") == "synpic1"
 
@@ -85,12 +90,37 @@ def test_every_row_kind_is_loaded_as_designed(rad) -> None:
         assert kind.fate == "kept" and row[R.SOURCE_SPLIT] == split_of(kind)
         assert row[R.ANSWER_TYPE] == ("closed" if kind.candidates else "open")
         assert row[R.CANDIDATES] == (list(kind.candidates) if kind.candidates else None)
-        expected = answer_text(kind.answer)
+        expected = answer_text(kind.answer).strip()
         assert row[R.ANSWER] == (expected.lower() if kind.candidates == ("yes", "no") else expected)
-        assert row[R.QUESTION_TYPE] == kind.question_type.split(",")[0]
+        assert row[R.QUESTION] == kind.question.strip()
+        assert row[R.QUESTION_TYPE] == kind.expected_type
         assert row["question_type_raw"] == kind.question_type
         assert row["phrasing"] == kind.phrase_type.removeprefix("test_")
     assert seen == {k for k in ROW_KINDS if k.fate == "kept"}
+
+
+def test_release_oddities_are_kept_and_counted(rad) -> None:
+    """Every quirk of the release's rows is counted once per row showing it, split by where the
+    row ended up; none of them costs a row."""
+    source = VqaRad(rad.root)
+    source.table()
+    report = source.report()
+    n_images = len(rad.images)
+    expected: dict[str, int] = {}
+    for kind in ROW_KINDS:
+        for oddity in kind.oddities:
+            expected[oddity] = expected.get(oddity, 0) + n_images
+    assert report["kept_oddities"]["counts"] == expected
+    assert report["skipped_rows"]["total"] == 0
+    by_split = report["kept_oddities"]["by_split"]
+    assert by_split["padded_answer_type"] == {"train": n_images}
+    assert by_split["non_string_answer"] == {"train": 2 * n_images, "test": n_images}
+
+
+def test_blank_question_is_a_bad_row(rad) -> None:
+    edit_json_row(rad.root / ANNOTATION_FILE, 3, question=" \t ")
+    with pytest.raises(DataError, match=r"row 3: field 'question' is blank"):
+        VqaRad(rad.root).table()
 
 
 def test_paraphrase_groups_never_straddle_source_splits(rad) -> None:

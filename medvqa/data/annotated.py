@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from abc import abstractmethod
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -80,22 +81,50 @@ class BadRows:
 
 class KeptOddities:
     """Rows the release really contains that look odd but are kept as the papers kept them
-    (an empty answer, an integer answer): counted in splits.json, never dropped."""
+    (an empty answer, an integer answer): counted in splits.json, never dropped.
+
+    Each oddity may name its record (the table's `id`), so the report can say in which source
+    split the kept rows landed and how many sat in rows a later cleaning step dropped.
+    """
 
     def __init__(self, source: str) -> None:
         self.source = source
         self.counts: Counter[str] = Counter()
         self.examples: list[str] = []
+        self.records: dict[str, list[str]] = {}
 
-    def __call__(self, kind: str, where: str) -> None:
+    def __call__(self, kind: str, where: str, record: str | None = None) -> None:
         self.counts[kind] += 1
+        if record is not None:
+            self.records.setdefault(kind, []).append(record)
         if len(self.examples) < _EXAMPLES_KEPT:
             self.examples.append(f"{where}: {kind}")
         if self.counts[kind] == 1:
             log.info("%s: kept %s (%s); counted in splits.json", self.source, kind, where)
 
-    def report(self) -> dict[str, Any]:
-        return {"counts": dict(self.counts), "examples": self.examples}
+    def report(self, table: pd.DataFrame | None = None) -> dict[str, Any]:
+        """Counts and examples; with the final table, where each kind's records ended up."""
+        out: dict[str, Any] = {"counts": dict(self.counts), "examples": self.examples}
+        if table is not None and self.records:
+            split_of = dict(zip(table[R.ID], table[R.SOURCE_SPLIT], strict=True))
+            out["by_split"] = {
+                kind: dict(Counter(split_of.get(r, "in_dropped_rows") for r in records))
+                for kind, records in self.records.items()
+            }
+        return out
+
+
+# Whitespace inside a value that a clean label would not have: a tab or newline, or a run of
+# two or more blanks ("Transverse  Plane").
+_INNER_WHITESPACE = re.compile(r"\s{2,}|[^\S ]")
+
+
+def answer_text(value: Any) -> str:
+    """A release's answer as text. Counts stored as JSON numbers become their digits
+    (3 and 3.0 -> "3"); other values are given back as written (no stripping)."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return value if isinstance(value, str) else str(value)
 
 
 def safe_relative(ref: str) -> bool:
@@ -279,7 +308,7 @@ class AnnotatedSource(VQASource):
         self._report = {
             "cleaning": cleaning.report(),
             "skipped_rows": bad.report(),
-            "kept_oddities": self.oddities.report(),
+            "kept_oddities": self.oddities.report(table),
         }
         if entry is not None:
 
@@ -325,7 +354,8 @@ class AnnotatedSource(VQASource):
         """(index, where, row) for each row that is an object with every required field.
 
         Other rows are reported once each as bad rows; `where` names the file and row number.
-        Fields in `may_be_empty` may hold an empty string (counted as a kept oddity).
+        Fields in `may_be_empty` may hold an empty string: the loader counts it as a kept
+        oddity with `text_oddities`, naming the record.
         """
         for i, row in enumerate(rows):
             where = f"{path} row {i}"
@@ -336,10 +366,51 @@ class AnnotatedSource(VQASource):
                 self.field(row, key, where, bad, may_be_empty=key in may_be_empty) is not None
                 for key in required
             ):
-                for key in may_be_empty:
-                    if row[key] == "":
-                        self.oddities(f"empty_{key}", where)
                 yield i, where, row
+
+    def text_oddities(
+        self, row: Mapping[str, Any], fields: Sequence[str], where: str, record: str
+    ) -> None:
+        """Count how each text field of a kept row differs from clean text.
+
+        Kinds: `non_string_<field>` (a JSON number), `empty_<field>`, `padded_<field>`
+        (whitespace at either end, stripped by the loaders) and `inner_whitespace_<field>`
+        (a tab or a double blank inside, kept as released).
+        """
+        for key in fields:
+            value = row.get(key)
+            if value is None:
+                continue
+            if not isinstance(value, str):
+                self.oddities(f"non_string_{key}", where, record)
+                continue
+            if not value.strip():
+                self.oddities(f"empty_{key}", where, record)
+                continue
+            if value != value.strip():
+                self.oddities(f"padded_{key}", where, record)
+            if _INNER_WHITESPACE.search(value.strip()):
+                self.oddities(f"inner_whitespace_{key}", where, record)
+
+    def split_file(self, split: str, names: Sequence[str], what: str) -> Path:
+        """The one annotation file of `split`, under whichever of the `names` copies use.
+
+        Releases and their copies name files differently (SLAKE's `validate.json` is
+        `validation.json` on the Hugging Face Hub): exactly one of the names must exist.
+        """
+        found = [self.root / n for n in names if (self.root / n).is_file()]
+        if len(found) > 1:
+            raise DataError(
+                f"{self.name}: both {found[0]} and {found[1]} hold the {split} split; keep "
+                "one of them (they are copies of the same file under different names)."
+            )
+        if not found:
+            raise DataError(
+                f"{self.name}: {what} not found in {self.root} (looked for "
+                f"{', '.join(names)}); point dataset.root at the dataset's folder in its "
+                "native layout (see the dataset's config in conf/dataset/)."
+            )
+        return found[0]
 
     def image_ref(self, ref: str, where: str, bad: BadRows) -> str | None:
         """An image reference relative to the root, or None (bad row) if it escapes the root."""

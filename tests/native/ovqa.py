@@ -1,4 +1,4 @@
-"""OVQA's native layout: train/validate/test.json + img/<image_name>."""
+"""OVQA's native layout as released (`OVQA_publish/`): trainset/valset/testset.json + img/."""
 
 from __future__ import annotations
 
@@ -9,6 +9,9 @@ from pathlib import Path
 from tests.native import write_image
 
 ORGANS = ("LEG", "HAND", "CHEST", "HEAD")
+RELEASE_NAMES = {"train": "trainset.json", "validate": "valset.json", "test": "testset.json"}
+# The names SURE-VQA's setup instructions give the same files.
+RENAMED = {"train": "train.json", "validate": "validate.json", "test": "test.json"}
 
 # (answer_type, question_type, question, answer, kept by the cleaning?)
 ROW_KINDS: tuple[tuple[str, str, str, str, bool], ...] = (
@@ -31,6 +34,11 @@ ROW_KINDS: tuple[tuple[str, str, str, str, bool], ...] = (
         "Fracture of the fifth metacarpal bone of left hand.",
         True,
     ),
+    # Kinds of text the loader must keep rather than reject (each counted in kept_oddities):
+    # a count stored as a JSON number, an empty open answer, a label with a trailing blank.
+    ("OPEN", "Attribute Other", "How many screws are visible?", 3, True),
+    ("OPEN", "Condition", "What else is abnormal?", "", True),
+    ("CLOSED ", "Abnormality", "Is the bone   intact?", "Yes", True),
 )
 
 
@@ -42,8 +50,16 @@ class OvqaFixture:
     rows: dict[str, list[dict]] = field(default_factory=dict)
 
 
-def write(root: Path, images: dict[str, int] | None = None, kinds=ROW_KINDS) -> OvqaFixture:
-    """Every image gets one row of every kind; the organ cycles LEG, HAND, CHEST, HEAD."""
+def write(
+    root: Path,
+    images: dict[str, int] | None = None,
+    kinds=ROW_KINDS,
+    names: dict[str, str] = RELEASE_NAMES,
+) -> OvqaFixture:
+    """Every image gets one row of every kind; the organ cycles LEG, HAND, CHEST, HEAD.
+
+    Files carry the release's names unless `names=RENAMED`.
+    """
     images = images or {"train": 8, "validate": 4, "test": 4}
     fixture = OvqaFixture(root)
     qid, img_id = 0, 0
@@ -68,7 +84,7 @@ def write(root: Path, images: dict[str, int] | None = None, kinds=ROW_KINDS) -> 
                 )
                 qid += 1
             img_id += 1
-        (root / f"{split}.json").write_text(json.dumps(rows))
+        (root / names[split]).write_text(json.dumps(rows))
         fixture.rows[split] = rows
         fixture.raw[split] = len(rows)
         fixture.kept[split] = n_images * sum(k[4] for k in kinds)

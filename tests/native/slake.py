@@ -11,9 +11,10 @@ from tests.native import write_image
 MODALITIES = ("CT", "MRI", "X-Ray")
 
 # (q_lang, answer_type, content_type, question, answer, kept by the cleaning?)
-# The real release's oddities are row kinds too: an English OPEN row whose answer is the empty
-# string (train.json has one; the paper's counts include it) and an answer stored as a JSON
-# number; both are kept and counted (`kept_oddities` in splits.json).
+# The real release's oddities are row kinds too, all kept and counted (`kept_oddities` in
+# splits.json): an English OPEN row whose answer is the empty string (train.json has one; the
+# paper's counts include it), the answer "Transverse  Plane" with a double blank (91 rows over
+# the three files) and an answer stored as a JSON number.
 ROW_KINDS: tuple[tuple[str, str, str, str, str | int, bool], ...] = (
     ("en", "OPEN", "Organ", "Which organ is shown?", "Lung", True),
     ("zh", "OPEN", "Organ", "图中显示的是哪个器官?", "肺", False),
@@ -43,6 +44,7 @@ ROW_KINDS: tuple[tuple[str, str, str, str, str | int, bool], ...] = (
     ("en", "OPEN", "Position", "Where is the abnormality?", "Left Lung, Right", True),
     ("en", "OPEN", "Organ", "What is the largest organ in the picture?", "", True),
     ("en", "OPEN", "Quantity", "How many lungs are in this image?", 2, True),
+    ("en", "OPEN", "Plane", "What is the scanning plane of this image?", "Transverse  Plane", True),
 )
 
 
@@ -55,8 +57,16 @@ class SlakeFixture:
     rows: dict[str, list[dict]] = field(default_factory=dict)
 
 
-def write(root: Path, images: dict[str, int] | None = None, kinds=ROW_KINDS) -> SlakeFixture:
-    """Every image gets one row of every kind; modality cycles CT, MRI, X-Ray over images."""
+def write(
+    root: Path,
+    images: dict[str, int] | None = None,
+    kinds=ROW_KINDS,
+    validate_file: str = "validate.json",
+) -> SlakeFixture:
+    """Every image gets one row of every kind; modality cycles CT, MRI, X-Ray over images.
+
+    `validate_file="validation.json"` writes the Hugging Face copy's name for that split.
+    """
     images = images or {"train": 6, "validate": 3, "test": 3}
     fixture = SlakeFixture(root)
     qid, img_id = 0, 0
@@ -84,7 +94,8 @@ def write(root: Path, images: dict[str, int] | None = None, kinds=ROW_KINDS) -> 
                 )
                 qid += 1
             img_id += 1
-        (root / f"{split}.json").write_text(json.dumps(rows, ensure_ascii=False))
+        fname = validate_file if split == "validate" else f"{split}.json"
+        (root / fname).write_text(json.dumps(rows, ensure_ascii=False))
         fixture.rows[split] = rows
         fixture.raw[split] = len(rows)
         fixture.english[split] = n_images * sum(k[0] == "en" for k in kinds)

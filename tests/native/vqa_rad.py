@@ -25,14 +25,40 @@ class Kind(NamedTuple):
     answer: Any
     fate: str  # kept | frame (dropped) | leak (dropped: paraphrase of a test question)
     candidates: tuple[str, ...] | None = None  # expected; None: open after loading
+    # The release's quirks this row shows, as counted in `kept_oddities` (the row is kept).
+    oddities: tuple[str, ...] = ()
+    canonical_type: str | None = None  # expected question_type if not the first listed
+
+    @property
+    def expected_type(self) -> str:
+        return self.canonical_type or self.question_type.split(",")[0].strip()
 
 
 ROW_KINDS: tuple[Kind, ...] = (
     Kind("freeform", "g1", "CLOSED", "PRES", "Is there a mass?", "Yes", "kept", ("yes", "no")),
     Kind("para", "g1", "CLOSED", "PRES", "Is a mass present?", "yes", "kept", ("yes", "no")),
     Kind("frame", "g1", "CLOSED", "PRES", "Is there a mass in the organ?", "Yes", "frame"),
-    Kind("freeform", "g2", "OPEN", "COUNT", "How many lesions are there?", 2, "kept"),
-    Kind("para", "g2", "OPEN", "COUNT", "What is the number of lesions?", 2.0, "kept"),
+    # Counts are JSON numbers in the release (integers; 2.0 stands for a copy that wrote floats).
+    Kind(
+        "freeform",
+        "g2",
+        "OPEN",
+        "COUNT",
+        "How many lesions are there?",
+        2,
+        "kept",
+        oddities=("non_string_answer",),
+    ),
+    Kind(
+        "para",
+        "g2",
+        "OPEN",
+        "COUNT",
+        "What is the number of lesions?",
+        2.0,
+        "kept",
+        oddities=("non_string_answer",),
+    ),
     Kind(
         "freeform", "g3", "CLOSED", "MODALITY", "Is this a CT or MRI?", "MRI", "kept", ("MRI", "CT")
     ),
@@ -45,6 +71,7 @@ ROW_KINDS: tuple[Kind, ...] = (
         "What imaging modality is used?",
         "CT",
         "kept",
+        oddities=("combined_question_type",),
     ),
     Kind(
         "freeform",
@@ -55,6 +82,7 @@ ROW_KINDS: tuple[Kind, ...] = (
         "right",
         "kept",
         ("right", "left"),
+        oddities=("combined_question_type",),
     ),
     Kind(
         "para",
@@ -89,7 +117,66 @@ ROW_KINDS: tuple[Kind, ...] = (
         "kept",
         ("yes", "no"),
     ),
-    Kind("test_freeform", "t3", "OPEN", "COUNT", "How many ribs are broken?", 0, "kept"),
+    Kind(
+        "test_freeform",
+        "t3",
+        "OPEN",
+        "COUNT",
+        "How many ribs are broken?",
+        0,
+        "kept",
+        oddities=("non_string_answer",),
+    ),
+    # The release's quirks as they occur in its rows: "CLOSED " with a trailing blank,
+    # misspelled (PRSE, ATRIB) and lower-case ("Other") question types, tabs inside and blanks
+    # around the text, and "NULL" for a question without paraphrase link (group "NULL").
+    Kind(
+        "freeform",
+        "g7",
+        "CLOSED ",
+        "PRSE",
+        "was the patient positioned appropriately \twithout tilting?",
+        "yes",
+        "kept",
+        ("yes", "no"),
+        ("padded_answer_type", "misspelled_question_type", "inner_whitespace_question"),
+        "PRES",
+    ),
+    Kind(
+        "para",
+        "g7",
+        "CLOSED",
+        "ATRIB, PRES",
+        " is the patient straight on the table?",
+        "Yes",
+        "kept",
+        ("yes", "no"),
+        ("combined_question_type", "misspelled_question_type", "padded_question"),
+        "ATTRIB",
+    ),
+    Kind(
+        "freeform",
+        "NULL",
+        "OPEN",
+        "Other",
+        "Which organ systems are shown?",
+        "Heart \tlungs",
+        "kept",
+        None,
+        ("lower_case_question_type", "inner_whitespace_answer", "null_qid_linked_id"),
+        "OTHER",
+    ),
+    Kind(
+        "freeform",
+        "g9",
+        "OPEN",
+        "POS",
+        "Where is the gas?",
+        " superficial to the patient's skin",
+        "kept",
+        None,
+        ("padded_answer",),
+    ),
 )
 
 
@@ -124,7 +211,7 @@ def write(root: Path, n_images: int = 6, kinds=ROW_KINDS) -> VqaRadFixture:
                 {
                     "qid": qid,
                     "phrase_type": kind.phrase_type,
-                    "qid_linked_id": f"link-{img}-{kind.group}",
+                    "qid_linked_id": "NULL" if kind.group == "NULL" else f"link-{img}-{kind.group}",
                     "image_case_url": f"https://medpix.nlm.nih.gov/case?id=case-{img}",
                     "image_name": name,
                     "image_organ": organ,

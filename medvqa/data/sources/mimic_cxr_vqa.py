@@ -52,6 +52,10 @@ LITERAL_OPTIONS = {"gender": ["male", "female"], "plane": ["AP", "PA"]}
 NONE, BOTH = "none", "both"
 
 UNKNOWN = "UNKNOWN/OTHER"
+# Gender of a subject without (or with conflicting) MIMIC-IV records. A value rather than null:
+# SURE-VQA's gender shift keeps these rows on the i.i.d. side (its rule is "gender != F"),
+# and shifts exclude rows without a value.
+UNKNOWN_GENDER = "UNKNOWN"
 ETHNICITIES = ("WHITE", "BLACK", "ASIAN", "HISPANIC/LATINO", UNKNOWN)
 # MIMIC-IV race strings by prefix ("WHITE - RUSSIAN", "BLACK/CAPE VERDEAN", "HISPANIC OR
 # LATINO", "ASIAN - KOREAN", ...); PORTUGUESE is filed under WHITE as SURE-VQA does. Everything
@@ -206,7 +210,7 @@ class MimicCxrVqa(AnnotatedSource):
     """
 
     name = "mimic_cxr_vqa"
-    loader_version = 1
+    loader_version = 2  # 2: unknown gender is the value UNKNOWN (i.i.d. in mimic_gender)
     # Query answers are comma-joined finding lists; the reference code generated up to 100 new
     # tokens, and the models' 12-16 would cut the lists short.
     answer_tokens = 100
@@ -327,8 +331,9 @@ class MimicCxrVqa(AnnotatedSource):
         subjects = native[R.CASE_ID]
         gender = subjects.map(demo["gender"])
         known = gender.map(lambda g: isinstance(g, str))
-        # None (not NaN) for unknown: the gender shift lists it in `exclude_values` ([null]).
-        native["gender"] = [g if ok else None for g, ok in zip(gender, known, strict=True)]
+        native["gender"] = [
+            g if ok else UNKNOWN_GENDER for g, ok in zip(gender, known, strict=True)
+        ]
         # float, NaN if unknown: pd.NA (nullable Int64) would not survive JSON prediction records.
         native["age"] = pd.to_numeric(subjects.map(demo["age"]), errors="coerce").astype(float)
         native["ethnicity"] = subjects.map(demo["ethnicity"]).fillna(UNKNOWN)
@@ -343,13 +348,16 @@ class MimicCxrVqa(AnnotatedSource):
                 )
             )
         native = cleaning.apply(native, steps)
+        missing = native["gender"] == UNKNOWN_GENDER
         cleaning.note(
             "missing_demographics",
             "Subjects absent from hosp/patients.csv (or with conflicting entries) keep their "
-            "rows with gender and age null; the gender and age shifts exclude them.",
+            f"rows with gender {UNKNOWN_GENDER} and age null, as SURE-VQA's preprocessing "
+            "leaves them: its gender shift keeps them i.i.d. (gender != F), its age shift "
+            "excludes them on both sides.",
             native,
-            native["gender"].isna(),
-            subjects=int(native.loc[native["gender"].isna(), R.CASE_ID].nunique()),
+            missing,
+            subjects=int(native.loc[missing, R.CASE_ID].nunique()),
         )
         return native.loc[
             :,

@@ -1,7 +1,10 @@
 """OVQA (orthopaedic VQA) in its native layout, with the cleaning that reproduces SURE-VQA.
 
-Layout under `root`: `train.json`, `validate.json`, `test.json` (lists of rows with `qid,
-image_name, question, answer, answer_type, question_type, image_organ`) and `img/<image_name>`.
+Layout under `root`: the release's folder `OVQA_publish` as downloaded, i.e. `trainset.json`,
+`valset.json`, `testset.json` (lists of rows with `qid, image_name, question, answer,
+answer_type, question_type, image_organ`) and `img/<image_name>`. The names SURE-VQA's
+instructions rename them to (`train.json`, `validate.json`, `test.json`) are read as well; a
+split present under both names is an error, so no file is silently ignored.
 `question_type` is one of Modality, Abnormality, Attribute Other, Condition, Organ System, PLANE;
 `image_organ` one of LEG, HAND, CHEST, HEAD (the shifts use both).
 
@@ -9,6 +12,10 @@ Cleaning (docs/datasets.md): drop CLOSED rows whose answer is not yes/no, except
 questions ("Is this a CT or X-Ray?"): the others are free-text answers mislabelled as closed,
 which closed accuracy cannot score. Result on the real files: train 13492, validate 1645,
 test 1657.
+
+Kept and counted in splits.json (`kept_oddities`): answers stored as JSON numbers (kept as their
+digits), blanks around or inside the text, and blanks around `answer_type`, `question_type` or
+`image_organ` (stripped, so the shifts see the release's labels).
 """
 
 from __future__ import annotations
@@ -20,11 +27,18 @@ from typing import Any
 import pandas as pd
 
 from medvqa.data import records as R
-from medvqa.data.annotated import AnnotatedSource, BadRows, read_json_rows
+from medvqa.data.annotated import AnnotatedSource, BadRows, answer_text, read_json_rows
 from medvqa.data.cleaning import CleaningLog, Step
 from medvqa.data.questions import YES_NO
 
-SPLIT_FILES = {"train": "train.json", "validate": "validate.json", "test": "test.json"}
+# Each split's file as released, then as SURE-VQA's setup instructions rename it.
+SPLIT_FILES = {
+    "train": ("trainset.json", "train.json"),
+    "validate": ("valset.json", "validate.json"),
+    "test": ("testset.json", "test.json"),
+}
+# Labels the shifts compare exactly: stray blanks are stripped (and counted).
+LABELS = ("answer_type", "question_type", "image_organ")
 REQUIRED = ("qid", "image_name", "question", "answer", "answer_type", "question_type")
 METADATA = ("image_organ",)
 # Imaging modalities a binary modality question may name (lower-case, as compared).
@@ -38,7 +52,7 @@ _BINARY = re.compile(
 
 def normalise_answer(answer: Any) -> str:
     """Strip whitespace and a trailing period ("Yes." -> "Yes"); yes/no become lower-case."""
-    text = str(answer).strip().rstrip(".").strip()
+    text = answer_text(answer).strip().rstrip(".").strip()
     return text.lower() if text.lower() in YES_NO else text
 
 
@@ -97,7 +111,7 @@ class Ovqa(AnnotatedSource):
     """OVQA from `root`; `clean_closed=false` keeps the mislabelled closed rows."""
 
     name = "ovqa"
-    loader_version = 1
+    loader_version = 2  # 2: the release's file names, labels stripped, oddities counted
 
     def __init__(
         self,
@@ -110,17 +124,35 @@ class Ovqa(AnnotatedSource):
         self.clean_closed = clean_closed
 
     def annotation_files(self) -> list[Path]:
-        return [self.root / f for f in SPLIT_FILES.values()]
+        return [
+            self.split_file(split, names, f"OVQA {split} annotations")
+            for split, names in SPLIT_FILES.items()
+        ]
 
     def _native(self, bad: BadRows) -> pd.DataFrame:
         rows = []
-        for split, fname in SPLIT_FILES.items():
-            path = self.require(self.root / fname, f"OVQA {split} annotations")
+        for split, path in zip(SPLIT_FILES, self.annotation_files(), strict=True):
             seen: set[str] = set()
             for _, where, row in self.valid_rows(
-                read_json_rows(path, self.name), path, bad, REQUIRED
+                read_json_rows(path, self.name), path, bad, REQUIRED, may_be_empty=("answer",)
             ):
-                if self.field(row, "answer_type", where, bad, ("OPEN", "CLOSED")) is None:
+                labels = {
+                    k: row[k].strip() if isinstance(row.get(k), str) else row.get(k) for k in LABELS
+                }
+                if labels["answer_type"] not in ("OPEN", "CLOSED"):
+                    bad(
+                        "malformed",
+                        where,
+                        f"field 'answer_type' is {row['answer_type']!r}; expected one of "
+                        "['OPEN', 'CLOSED']",
+                    )
+                    continue
+                if labels["answer_type"] == "CLOSED" and not answer_text(row["answer"]).strip():
+                    bad(
+                        "malformed",
+                        where,
+                        "a CLOSED question with an empty answer cannot be scored",
+                    )
                     continue
                 if str(row["qid"]) in seen:
                     bad("duplicate_id", where, f"qid {row['qid']!r} occurs earlier in the file")
@@ -129,10 +161,16 @@ class Ovqa(AnnotatedSource):
                 if ref is None:
                     continue
                 seen.add(str(row["qid"]))
+                record = f"{split}/{row['qid']}"
+                self.text_oddities(row, ("question", "answer"), where, record)
+                for key in LABELS:
+                    if labels[key] != row.get(key):
+                        self.oddities(f"padded_{key}", where, record)
                 rows.append(
                     {
                         **{k: row[k] for k in REQUIRED},
                         **{k: row.get(k) for k in METADATA},
+                        **labels,
                         R.IMAGE: ref,
                         R.SOURCE_SPLIT: split,
                     }
@@ -146,7 +184,7 @@ class Ovqa(AnnotatedSource):
         questions = native["question"].astype(str).str.strip()
         # Closed answers are compared with candidates, so "Yes." must become "yes"; open
         # answers are kept as written (metrics normalise punctuation themselves).
-        answers = native["answer"].astype(str).str.strip()
+        answers = native["answer"].map(answer_text).str.strip()
         answers = answers.where(~closed, native["answer"].map(normalise_answer))
         # OVQA has no patient ids; an image is the finest grouping it offers.
         image_ids = native["image_name"].astype(str)

@@ -2,14 +2,17 @@
 
 Layout under `root`: `train.json`, `validate.json`, `test.json` (lists of rows with `img_id,
 img_name, question, answer, q_lang, location, modality, answer_type, base_type, content_type,
-qid`) and `imgs/<img_name>` (e.g. `imgs/xmlab0/source.jpg`).
+qid`) and `imgs/<img_name>` (e.g. `imgs/xmlab0/source.jpg`). The Hugging Face copy calls the
+validation file `validation.json`; either name is read (both present is an error).
 
 Cleaning (docs/datasets.md): keep English rows; drop CLOSED rows whose answer is not yes/no when the
 question offers more than two options or does not contain the answer. These rows are really
 multiple-choice or free questions mislabelled as closed, and closed accuracy cannot score them.
 Result on the real files: train 4866, validate 1043, test 1050. Those counts include an English
 OPEN row of train.json whose answer is the empty string: it is kept, as the paper kept it, and
-counted in splits.json (`kept_oddities`), like answers stored as JSON numbers.
+counted in splits.json (`kept_oddities`), like the 91 answers "Transverse  Plane" (double blank,
+kept as released) and any answer stored as a JSON number (kept as its text). A CLOSED row with
+an empty answer cannot be scored and is a bad row.
 """
 
 from __future__ import annotations
@@ -19,11 +22,16 @@ from pathlib import Path
 import pandas as pd
 
 from medvqa.data import records as R
-from medvqa.data.annotated import AnnotatedSource, BadRows, read_json_rows
+from medvqa.data.annotated import AnnotatedSource, BadRows, answer_text, read_json_rows
 from medvqa.data.cleaning import CleaningLog, Step
 from medvqa.data.questions import closed_candidates, is_yes_no, question_options
 
-SPLIT_FILES = {"train": "train.json", "validate": "validate.json", "test": "test.json"}
+# The names each split's file has in the release and in its copies.
+SPLIT_FILES = {
+    "train": ("train.json",),
+    "validate": ("validate.json", "validation.json"),
+    "test": ("test.json",),
+}
 REQUIRED = ("qid", "img_id", "img_name", "question", "answer", "q_lang", "answer_type")
 METADATA = ("modality", "location", "content_type", "base_type")
 
@@ -55,7 +63,7 @@ class Slake(AnnotatedSource):
     """SLAKE from `root`; `languages` and `clean_closed` exist to reproduce other protocols."""
 
     name = "slake"
-    loader_version = 2  # 2: empty and numeric answers are kept
+    loader_version = 3  # 2: empty and numeric answers kept; 3: validation.json, per-split oddities
 
     def __init__(
         self,
@@ -70,25 +78,35 @@ class Slake(AnnotatedSource):
         self.clean_closed = clean_closed
 
     def annotation_files(self) -> list[Path]:
-        return [self.root / f for f in SPLIT_FILES.values()]
+        return [
+            self.split_file(split, names, f"SLAKE {split} annotations")
+            for split, names in SPLIT_FILES.items()
+        ]
 
     def _native(self, bad: BadRows) -> pd.DataFrame:
         rows = []
-        for split, fname in SPLIT_FILES.items():
-            path = self.require(self.root / fname, f"SLAKE {split} annotations")
+        for split, path in zip(SPLIT_FILES, self.annotation_files(), strict=True):
             for _, where, row in self.valid_rows(
                 read_json_rows(path, self.name), path, bad, REQUIRED, may_be_empty=("answer",)
             ):
-                if not isinstance(row["answer"], str):  # e.g. a count stored as a JSON number
-                    self.oddities("non_string_answer", where)
                 if self.field(row, "answer_type", where, bad, ("OPEN", "CLOSED")) is None:
+                    continue
+                answer = answer_text(row["answer"])
+                if row["answer_type"] == "CLOSED" and not answer.strip():
+                    bad(
+                        "malformed",
+                        where,
+                        "a CLOSED question with an empty answer cannot be scored",
+                    )
                     continue
                 ref = self.image_ref(f"imgs/{row['img_name']}", where, bad)
                 if ref is None:
                     continue
+                self.text_oddities(row, ("question", "answer"), where, f"{split}/{row['qid']}")
                 rows.append(
                     {
                         **{k: row[k] for k in REQUIRED},
+                        "answer": answer,
                         **{k: row.get(k) for k in METADATA},
                         R.IMAGE: ref,
                         R.SOURCE_SPLIT: split,
@@ -108,7 +126,7 @@ class Slake(AnnotatedSource):
         ]
         native = cleaning.apply(native, steps)
         closed = native["answer_type"] == "CLOSED"
-        answers = native["answer"].astype(str).str.strip()
+        answers = native["answer"].str.strip()
         answers = answers.where(~answers.map(is_yes_no), answers.str.lower())
         return pd.DataFrame(
             {

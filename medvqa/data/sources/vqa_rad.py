@@ -21,6 +21,12 @@ Decisions (each counted in the report or visible in the table):
   release's label, so those rows can be counted or filtered.
 - `question_type` may be comma-joined in the release ("PRES, POS"): `question_type` is the first
   type, `question_type_raw` the release's string.
+
+The release's oddities are kept and counted in splits.json (`kept_oddities`), never dropped:
+answers stored as JSON numbers (kept as their digits), tabs and blanks around or inside the
+text (ends stripped, inner whitespace kept), `answer_type` "CLOSED " with a trailing blank,
+question types in lower case ("Other"), misspelled ("ATRIB", "PRSE": read as ATTRIB, PRES) or
+combined, and "NULL" in the optional fields. A blank question is a bad row.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from urllib.parse import parse_qs, urlparse
 import pandas as pd
 
 from medvqa.data import records as R
-from medvqa.data.annotated import AnnotatedSource, BadRows, read_json_rows
+from medvqa.data.annotated import AnnotatedSource, BadRows, answer_text, read_json_rows
 from medvqa.data.base import DataError
 from medvqa.data.cleaning import CleaningLog, Step
 from medvqa.data.questions import YES_NO, is_yes_no, listed_options, or_options
@@ -45,6 +51,23 @@ log = logging.getLogger(__name__)
 PHRASE_TYPES = ("freeform", "para", "frame", "test_freeform", "test_para")
 ORGANS = ("HEAD", "CHEST", "ABD")
 ANSWER_TYPES = ("OPEN", "CLOSED")
+# The 11 question types of the release's documentation, and the misspellings its rows contain.
+QUESTION_TYPES = (
+    "MODALITY",
+    "PLANE",
+    "ORGAN",
+    "ABN",
+    "PRES",
+    "POS",
+    "COLOR",
+    "SIZE",
+    "ATTRIB",
+    "COUNT",
+    "OTHER",
+)
+MISSPELLED_TYPES = {"ATRIB": "ATTRIB", "PRSE": "PRES"}
+# Optional fields the loader reads; "NULL" there is counted (`null_<field>`) and means absent.
+OPTIONAL = ("qid_linked_id", "image_case_url", "evaluation")
 REQUIRED = (
     "qid",
     "phrase_type",
@@ -64,6 +87,7 @@ NATIVE_COLUMNS = (
     "image_organ",
     "evaluation",
     "question",
+    "question_type",
     "question_type_raw",
     "answer",
     "answer_type_native",
@@ -82,11 +106,23 @@ def _present(value: Any) -> bool:
     return str(value).strip().lower() not in _NULL
 
 
-def answer_text(value: Any) -> str:
-    """Answers are JSON numbers for counting questions (2, 2.0): give them back as text."""
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    return str(value).strip()
+def question_types(raw: str) -> tuple[list[str], list[str]]:
+    """The release's `question_type` ("PRES, POS", "Other", "ATRIB") as canonical types, and
+    the oddity kinds it shows (combined, lower_case, misspelled, unknown)."""
+    parts = [p.strip() for p in raw.split(",") if p.strip()]
+    kinds = ["combined_question_type"] if len(parts) > 1 else []
+    types = []
+    for part in parts:
+        if part != part.upper():
+            kinds.append("lower_case_question_type")
+        upper = part.upper()
+        if upper in MISSPELLED_TYPES:
+            kinds.append("misspelled_question_type")
+            upper = MISSPELLED_TYPES[upper]
+        elif upper not in QUESTION_TYPES:
+            kinds.append("unknown_question_type")
+        types.append(upper)
+    return types, list(dict.fromkeys(kinds))
 
 
 def case_from_url(url: Any, fallback: str) -> str:
@@ -137,7 +173,7 @@ class VqaRad(AnnotatedSource):
     """VQA-RAD from `root` (see the module docstring for layout and decisions)."""
 
     name = "vqa_rad"
-    loader_version = 1
+    loader_version = 2  # 2: question types canonicalised, oddities counted, blank questions bad
 
     def __init__(
         self,
@@ -185,6 +221,9 @@ class VqaRad(AnnotatedSource):
                 key, value, allowed = wrong[0]
                 bad("malformed", where, f"field {key!r} is {value!r}; expected one of {allowed}")
                 continue
+            if not str(row["question"]).strip():
+                bad("malformed", where, "field 'question' is blank")
+                continue
             qid = str(row["qid"]).strip()
             if qid in seen:
                 bad("duplicate", where, f"qid {qid!r} occurs more than once")
@@ -193,8 +232,11 @@ class VqaRad(AnnotatedSource):
             if ref is None:
                 continue
             seen.add(qid)
+            split = "test" if phrase.startswith("test_") else "train"
+            self._count_oddities(row, where, f"{split}/{qid}")
             image_id = Path(ref).stem
             linked = row.get("qid_linked_id")
+            types, _ = question_types(str(row["question_type"]))
             rows.append(
                 {
                     "qid": qid,
@@ -202,18 +244,33 @@ class VqaRad(AnnotatedSource):
                     "phrasing": phrase.removeprefix("test_"),
                     PARAPHRASE_GROUP: str(linked).strip() if _present(linked) else f"qid:{qid}",
                     "image_organ": organ,
-                    "evaluation": row.get("evaluation"),
+                    "evaluation": row.get("evaluation")
+                    if _present(row.get("evaluation"))
+                    else None,
                     "question": str(row["question"]).strip(),
-                    "question_type_raw": str(row["question_type"]).strip(),
-                    "answer": answer_text(row["answer"]),
+                    "question_type": types[0] if types else "OTHER",
+                    "question_type_raw": str(row["question_type"]),
+                    "answer": answer_text(row["answer"]).strip(),
                     "answer_type_native": atype,
                     R.IMAGE: ref,
                     R.IMAGE_ID: image_id,
                     R.CASE_ID: case_from_url(row.get("image_case_url"), image_id),
-                    R.SOURCE_SPLIT: "test" if phrase.startswith("test_") else "train",
+                    R.SOURCE_SPLIT: split,
                 }
             )
         return pd.DataFrame(rows, columns=list(NATIVE_COLUMNS))
+
+    def _count_oddities(self, row: dict[str, Any], where: str, record: str) -> None:
+        """The release's quirks in one kept row (see the module docstring)."""
+        self.text_oddities(row, ("question", "answer"), where, record)
+        if str(row["answer_type"]) != str(row["answer_type"]).strip():
+            self.oddities("padded_answer_type", where, record)
+        for kind in question_types(str(row["question_type"]))[1]:
+            self.oddities(kind, where, record)
+        for key in OPTIONAL:
+            value = row.get(key)
+            if isinstance(value, str) and value.strip().upper() == "NULL":
+                self.oddities(f"null_{key}", where, record)
 
     def build(self, bad: BadRows, cleaning: CleaningLog) -> pd.DataFrame:
         native = cleaning.apply(self._native(bad), CLEANING).reset_index(drop=True)
@@ -231,7 +288,6 @@ class VqaRad(AnnotatedSource):
             self.name,
             relabelled,
         )
-        first_type = [t.split(",")[0].strip().upper() for t in native["question_type_raw"]]
         return pd.DataFrame(
             {
                 R.ID: native[R.SOURCE_SPLIT] + "/" + native["qid"],
@@ -239,7 +295,7 @@ class VqaRad(AnnotatedSource):
                 R.QUESTION: native["question"],
                 R.ANSWER: answers,
                 R.ANSWER_TYPE: ["closed" if c else "open" for c in closed],
-                R.QUESTION_TYPE: first_type,
+                R.QUESTION_TYPE: native["question_type"],
                 R.CANDIDATES: candidates,
                 R.CASE_ID: native[R.CASE_ID],
                 R.IMAGE_ID: native[R.IMAGE_ID],
