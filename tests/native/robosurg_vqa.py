@@ -96,8 +96,7 @@ QUESTIONS: dict[str, dict[str, Any]] = {
         "canonical": "Do official instrument masks occupy at least 5% of the central 50% by 50% "
         "image region?",
         "train_paraphrases": [
-            "Is at least 5% of the central 50% by 50% region covered by official instrument "
-            "masks?",
+            "Is at least 5% of the central 50% by 50% region covered by official instrument masks?",
             "Within the central 50% by 50% window, do instrument masks cover 5% or more?",
         ],
         "heldout_paraphrase": "Is instrument-mask coverage at least 5% inside the central 50% by "
