@@ -294,6 +294,9 @@ class ClosedSetMetric(MetricFamily):
         """Task scores from summed totals (..., 3L + 3); NaN where there are no rows."""
         tp, fp, fn = (totals[..., k * n_labels : (k + 1) * n_labels] for k in range(3))
         rows, right, bad = (totals[..., 3 * n_labels + k] for k in range(3))
+        if n_labels == 0:  # a task without rows (its labels come from its rows' candidates)
+            nan = np.full(np.shape(rows), np.nan)
+            return {k: nan for k in ("macro_f1", "acc", "balanced_acc", "invalid_rate")}
         none = np.where(rows > 0, 0.0, np.nan)
         fixed = self.labels == "fixed"
         observed_truth = (tp + fn).sum(axis=-1) > 0
