@@ -1,246 +1,257 @@
-"""Closed-set (RoboSurg) metrics: a hand-computed example with Unknowns, invalid outputs and
-the Q4 tuple, plus parsing and agreement with scikit-learn's definitions."""
+"""Closed-set metrics with the RoboSurg release's fixed-label semantics: hand-computed scores,
+the headline over primary tasks, the source-sequence bootstrap and paired deltas."""
 
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import pandas as pd
 import pytest
+from sklearn.metrics import balanced_accuracy_score, f1_score, recall_score
 
-from medvqa.data.sources.robosurg_vqa import ARTEFACT_SPACE, QUESTIONS
 from medvqa.evaluation.families.closed_set import (
     CS_CHOICE,
-    ROBOSURG_QUESTIONS,
-    ROBOSURG_UNKNOWN_QUESTIONS,
     ClosedSetMetric,
     balanced_accuracy,
     macro_f1,
-    parse_label,
 )
+from medvqa.evaluation.statistics import cluster_sum_replicates
 
-Q8_SPACE = list(QUESTIONS["Q8"][1])  # yes, no, Unknown
-Q6_SPACE = list(QUESTIONS["Q6"][1])  # yes, no
-Q4_SPACE = list(ARTEFACT_SPACE)
+Q5 = ["blurry", "clear", "mixed"]
+YES_NO = ["no", "yes"]
+# q5, 4 rows: truth, raw prediction. "mixed" occurs in neither truth nor prediction.
+Q5_ROWS = [("clear", "clear"), ("clear", "blurry"), ("blurry", "Blurry."), ("clear", "sharp")]
+# Per label (tp, fp, fn): blurry (1, 1, 0) F1 2/3, recall 1; clear (1, 0, 2) F1 1/2, recall 1/3;
+# mixed (0, 0, 0) F1 0, recall 0; "sharp" is invalid: a miss of "clear", no fp anywhere.
+Q5_MACRO_F1 = Fraction(2, 3) / 3 + Fraction(1, 2) / 3  # 7/18
+Q5_BALANCED = (1 + Fraction(1, 3)) / 3  # 4/9
+# q6, 4 rows: no (tp 1, fp 0, fn 1) F1 2/3; yes (tp 2, fp 1, fn 0) F1 4/5 -> 11/15.
+Q6_ROWS = [("no", "no"), ("no", "Yes, there is glare"), ("yes", "yes"), ("yes", "yes")]
+Q6_MACRO_F1 = (Fraction(2, 3) + Fraction(4, 5)) / 2
 
 
-def _row(qid: str, space: list[str], answer: str, prediction: str, case: str) -> dict:
+def _row(task: str, labels: list[str], answer: str, prediction: str, sequence: str, i: int):
     return {
-        "id": f"{case}/{qid}",
+        "id": f"{sequence}/{i}|{task}",
         "question": "q",
         "answer": answer,
         "prediction": prediction,
         "answer_type": "closed",
-        "candidates": space,
-        "case_id": case,
-        "question_id": qid,
-        "site": "A",
+        "candidates": labels,
+        "case_id": sequence,
+        "question_id": task,
     }
 
 
-def _bits(b: str, s: str, o: str) -> str:
-    return f"bleeding={b}, smoke={s}, occlusion={o}"
+def _table(sequence_of=lambda i: "test|site2/video1") -> pd.DataFrame:
+    rows = [_row("q5", Q5, a, p, sequence_of(i), i) for i, (a, p) in enumerate(Q5_ROWS)]
+    rows += [_row("q6", YES_NO, a, p, sequence_of(i), i) for i, (a, p) in enumerate(Q6_ROWS)]
+    # A non-primary task the headline must ignore: all wrong.
+    rows += [
+        _row(
+            "q9",
+            ["near instrument jaws", "none"],
+            "none",
+            "near instrument jaws",
+            sequence_of(0),
+            9,
+        )
+    ]
+    return pd.DataFrame(rows)
 
 
-# Q8 (yes / no / Unknown), 7 rows: gt, prediction -> parsed label
-Q8_ROWS = [
-    ("yes", "Yes", "yes"),  # 1 correct
-    ("yes", "unknown", "Unknown"),  # 2 abstains (whole words: "unknown" does not contain "no")
-    ("no", "No.", "no"),  # 3 correct
-    ("no", "yes", "yes"),  # 4 wrong
-    ("Unknown", "Unknown", "Unknown"),  # 5 correct
-    ("no", "maybe", None),  # 6 invalid: no label
-    ("yes", "yes or no", None),  # 7 invalid: two labels
-]
-# Q6 (yes / no), 3 rows
-Q6_ROWS = [
-    ("yes", "yes", "yes"),  # correct
-    ("no", "Yes, there is glare", "yes"),  # wrong (containment selects yes)
-    ("no", "", None),  # invalid: empty output
-]
-# Q4 (artefact tuple), 4 rows
-Q4_ROWS = [
-    (_bits("no", "yes", "no"), "bleeding=no, smoke=yes, occlusion=no", _bits("no", "yes", "no")),
-    # key=value in another order with ';' -> parsed, occlusion bit wrong
-    (_bits("yes", "no", "no"), "smoke=no; bleeding=yes; occlusion=yes", _bits("yes", "no", "yes")),
-    (_bits("no", "no", "yes"), "Occlusion only", None),  # invalid: no bits at all
-    # prose around the tuple -> containment of exactly one tuple label
-    (
-        _bits("yes", "yes", "no"),
-        "The artefacts: bleeding=yes, smoke=yes, occlusion=no.",
-        _bits("yes", "yes", "no"),
-    ),
-]
-
-
-@pytest.fixture
-def table() -> pd.DataFrame:
-    rows = []
-    for i, (gt, pred, _) in enumerate(Q8_ROWS):
-        rows.append(_row("Q8", Q8_SPACE, gt, pred, f"f{i}"))
-    for i, (gt, pred, _) in enumerate(Q6_ROWS):
-        rows.append(_row("Q6", Q6_SPACE, gt, pred, f"f{i}"))
-    for i, (gt, pred, _) in enumerate(Q4_ROWS):
-        rows.append(_row("Q4", Q4_SPACE, gt, pred, f"f{i}"))
-    return pd.DataFrame(rows, index=pd.RangeIndex(100, 100 + len(rows)))
-
-
-def _score(metric: ClosedSetMetric, table: pd.DataFrame) -> pd.DataFrame:
+def _scored(metric: ClosedSetMetric, table: pd.DataFrame) -> pd.DataFrame:
     return table.join(metric.per_sample(table))
 
 
-def test_parsed_labels(table: pd.DataFrame) -> None:
-    per = ClosedSetMetric().per_sample(table)
-    assert per.index.equals(table.index)
-    expected = [r[2] for r in (*Q8_ROWS, *Q6_ROWS, *Q4_ROWS)]
-    assert per[CS_CHOICE].tolist() == expected
-    assert per["cs_invalid"].tolist() == [float(e is None) for e in expected]
-    # Unknown flag only where the space has Unknown (Q8); NaN for Q6 and Q4.
-    assert per["cs_unknown"].iloc[:7].tolist() == [0, 1, 0, 0, 1, 0, 0]
-    assert per["cs_unknown"].iloc[7:].isna().all()
-
-
-def test_known_answer_example(table: pd.DataFrame) -> None:
-    out = ClosedSetMetric().aggregate(_score(ClosedSetMetric(), table))
-    expected = {
-        # Q8: correct rows 1, 3, 5 -> acc 3/7.
-        # F1 yes: tp 1 (r1), fp 1 (r4), fn 2 (r2, r7) -> 2/5
-        # F1 no: tp 1 (r3), fp 0, fn 2 (r4, r6) -> 2/4
-        # F1 Unknown: tp 1 (r5), fp 1 (r2), fn 0 -> 2/3
-        # macro-F1 = (2/5 + 1/2 + 2/3) / 3 = 47/90
-        "cs_Q8_macro_f1": 47 / 90,
-        "cs_Q8_acc": 3 / 7,
-        # recall yes 1/3 (r1 of r1,r2,r7), no 1/3 (r3 of r3,r4,r6), Unknown 1/1 -> 5/9
-        "cs_Q8_balanced_acc": 5 / 9,
-        # Unknown predicted on r2, r5 -> coverage 1 - 2/7
-        "cs_Q8_coverage": 5 / 7,
-        # committed rows r1, r3, r4, r6 (invalid), r7 (invalid) -> correct r1, r3 -> 2/5
-        "cs_Q8_cond_acc": 2 / 5,
-        "cs_Q8_invalid_rate": 2 / 7,
-        "cs_Q8_n": 7.0,
-        # Q6: F1 yes tp 1 fp 1 fn 0 -> 2/3; F1 no tp 0 fn 2 -> 0; macro 1/3
-        "cs_Q6_macro_f1": 1 / 3,
-        "cs_Q6_acc": 1 / 3,
-        "cs_Q6_balanced_acc": 1 / 2,  # recall yes 1, no 0
-        "cs_Q6_invalid_rate": 1 / 3,
-        "cs_Q6_n": 3.0,
-        # Q4 tuples: rows 1 and 4 exact -> 2/4
-        "cs_Q4_tuple_em": 0.5,
-        # bleeding gt [no, yes, no, yes] pred [no, yes, -, yes]: yes 2tp -> 1; no tp1 fn1 -> 2/3
-        "cs_Q4_bleeding_macro_f1": 5 / 6,
-        # smoke gt [yes, no, no, yes] pred [yes, no, -, yes]: same pattern -> 5/6
-        "cs_Q4_smoke_macro_f1": 5 / 6,
-        # occlusion gt [no, no, yes, no] pred [no, yes, -, no]:
-        # no tp 2 fn 1 -> 4/5; yes tp 0 fp 1 fn 1 -> 0; macro 2/5
-        "cs_Q4_occlusion_macro_f1": 2 / 5,
-        "cs_Q4_bit_macro_f1": (5 / 6 + 5 / 6 + 2 / 5) / 3,  # 31/45
-        "cs_Q4_invalid_rate": 1 / 4,
-        "cs_Q4_n": 4.0,
-        # overall = mean(Q8 47/90, Q6 30/90, Q4 62/90) = 139/270
-        "cs_overall_macro_f1": 139 / 270,
-        "cs_invalid_rate": 4 / 14,  # 2 + 1 + 1 invalid of 14 rows
-        "cs_n": 14.0,
-    }
-    assert set(out) == set(expected)
-    for key, value in expected.items():
-        assert out[key] == pytest.approx(value, abs=1e-12), key
-    assert all("/" not in k for k in out)
-
-
-def test_aggregate_on_subsets_and_fixed_questions(table: pd.DataFrame) -> None:
-    metric = ClosedSetMetric(
-        questions=ROBOSURG_QUESTIONS, unknown_questions=ROBOSURG_UNKNOWN_QUESTIONS
+def test_fixed_label_scores_by_hand() -> None:
+    gt = [a for a, _ in Q5_ROWS]
+    pred = ["clear", "blurry", "blurry", None]
+    assert macro_f1(gt, pred, Q5) == pytest.approx(float(Q5_MACRO_F1))
+    assert balanced_accuracy(gt, pred, Q5) == pytest.approx(float(Q5_BALANCED))
+    # Over the observed labels instead: blurry and clear only.
+    assert macro_f1(gt, pred) == pytest.approx(7 / 12)
+    assert balanced_accuracy(gt, pred) == pytest.approx(2 / 3)
+    # The release's scikit-learn calls agree with the fixed list; balanced_accuracy_score does not.
+    sk_pred = [p or "<invalid>" for p in pred]
+    assert f1_score(gt, sk_pred, labels=Q5, average="macro", zero_division=0) == pytest.approx(
+        7 / 18
     )
-    assert ROBOSURG_UNKNOWN_QUESTIONS == ("Q3", "Q5", "Q8")
-    scored = _score(metric, table)
-    q6 = metric.aggregate(scored[scored["question_id"] == "Q6"])
-    assert q6["cs_overall_macro_f1"] == pytest.approx(1 / 3)
-    assert math.isnan(q6["cs_Q8_macro_f1"]) and q6["cs_Q8_n"] == 0.0
-    assert math.isnan(q6["cs_Q4_tuple_em"]) and math.isnan(q6["cs_Q8_coverage"])
-    assert "cs_Q6_coverage" not in q6
-    full = metric.aggregate(scored)
-    assert set(full) == set(metric.aggregate(scored.iloc[:0]))  # same keys for any subset
-    assert math.isnan(metric.aggregate(scored.iloc[:0])["cs_overall_macro_f1"])
-    # Per-site breakdown works on groups (one site here).
-    for _, group in scored.groupby("site"):
-        assert metric.aggregate(group)["cs_n"] == 14.0
-
-
-def test_invalid_counts_as_wrong_never_dropped() -> None:
-    """All predictions invalid: every score is 0 (not NaN, not 'perfect on zero rows').
-    ("no idea" would not do: it selects "no" as a whole word, as a model's "no" would.)"""
-    rows = [_row("Q6", Q6_SPACE, gt, "cannot tell", f"f{i}") for i, gt in enumerate(["yes", "no"])]
-    table = pd.DataFrame(rows)
-    metric = ClosedSetMetric()
-    out = metric.aggregate(_score(metric, table))
-    assert out["cs_Q6_macro_f1"] == 0.0 and out["cs_Q6_acc"] == 0.0
-    assert out["cs_Q6_balanced_acc"] == 0.0 and out["cs_invalid_rate"] == 1.0
-
-
-def test_parse_label_rules() -> None:
-    assert parse_label("ROBOTIC CAMERA", QUESTIONS["Q3"][1]) == "robotic camera"
-    assert parse_label("It looks robotic_camera to me", QUESTIONS["Q3"][1]) == "robotic camera"
-    assert parse_label("unknown", Q8_SPACE) == "Unknown"
-    assert parse_label("not known", Q8_SPACE) is None
-    assert parse_label(None, Q8_SPACE) is None
-    assert parse_label("Smoke: left and right", QUESTIONS["Q9"][1]) is None  # two labels
-    assert parse_label("OCCLUSION=NO, SMOKE=NO, BLEEDING=YES", Q4_SPACE, True) == _bits(
-        "yes", "no", "no"
+    assert recall_score(gt, sk_pred, labels=Q5, average="macro", zero_division=0) == pytest.approx(
+        4 / 9
     )
-    assert parse_label("bleeding=yes, smoke=no", Q4_SPACE, True) is None  # a bit missing
+    with pytest.warns(UserWarning):
+        assert balanced_accuracy_score(gt, sk_pred) != pytest.approx(4 / 9)
+    assert math.isnan(macro_f1([], [], Q5))
 
 
-def test_macro_f1_and_balanced_accuracy_match_sklearn() -> None:
-    metrics = pytest.importorskip("sklearn.metrics")
-    rng = np.random.default_rng(0)
-    labels = ["a", "b", "c", "d"]
-    for _ in range(20):
-        gt = rng.choice(labels[:3], size=30).tolist()
-        pred = [None if rng.random() < 0.15 else str(x) for x in rng.choice(labels, size=30)]
-        present = sorted(set(gt) | {p for p in pred if p is not None})
-        sk_pred = ["<invalid>" if p is None else p for p in pred]
-        want = metrics.f1_score(gt, sk_pred, labels=present, average="macro", zero_division=0)
-        assert macro_f1(gt, pred) == pytest.approx(want, abs=1e-12)
-        # sklearn's balanced accuracy averages recall over the classes of y_true.
-        recalls = metrics.recall_score(
-            gt, sk_pred, labels=sorted(set(gt)), average=None, zero_division=0
+def test_aggregate_per_task_and_headline() -> None:
+    metric = ClosedSetMetric(tasks=["q5", "q6", "q2"], primary=["q5", "q6"], B=50)
+    scored = _scored(metric, _table())
+    assert scored[CS_CHOICE].tolist()[:8] == [
+        "clear",
+        "blurry",
+        "blurry",
+        None,
+        "no",
+        "yes",
+        "yes",
+        "yes",
+    ]
+    out = metric.aggregate(scored)
+    assert out["cs_q5_macro_f1"] == pytest.approx(7 / 18)
+    assert out["cs_q5_balanced_acc"] == pytest.approx(4 / 9)
+    assert out["cs_q5_acc"] == pytest.approx(0.5)
+    assert out["cs_q5_invalid_rate"] == pytest.approx(0.25)
+    assert out["cs_q6_macro_f1"] == pytest.approx(11 / 15)
+    assert out["cs_q6_balanced_acc"] == pytest.approx((0.5 + 1) / 2)
+    assert out["cs_q9_macro_f1"] == 0.0
+    assert out["cs_primary_macro_f1"] == pytest.approx(float((Q5_MACRO_F1 + Q6_MACRO_F1) / 2))
+    assert out["cs_primary_invalid_rate"] == pytest.approx(0.125)
+    assert out["cs_invalid_rate"] == pytest.approx(1 / 9)
+    # A listed task without rows has NaN keys; one cluster gives no interval.
+    assert math.isnan(out["cs_q2_macro_f1"]) and out["cs_q2_n"] == 0.0
+    assert math.isnan(out["cs_primary_macro_f1_ci_lo"])
+    # A primary task without rows makes the headline NaN, not a mean over the others.
+    metric_q2 = ClosedSetMetric(primary=["q2", "q5", "q6"])
+    assert math.isnan(metric_q2.aggregate(_scored(metric_q2, _table()))["cs_primary_macro_f1"])
+    # labels=observed: q5 over blurry and clear only.
+    observed = ClosedSetMetric(primary=["q5"], labels="observed")
+    assert observed.aggregate(_scored(observed, _table()))["cs_q5_macro_f1"] == pytest.approx(
+        7 / 12
+    )
+
+
+def _sequence(i: int) -> str:
+    # (split, video_key): site2/video1 is two sequences, a training and a test one.
+    return ("train|site2/video1", "test|site2/video1", "test|site2/video2")[i % 3]
+
+
+def _brute_headline(rows: pd.DataFrame, labels: dict[str, list[str]]) -> float:
+    return float(
+        np.mean(
+            [macro_f1(g["answer"], g[CS_CHOICE], labels[t]) for t, g in rows.groupby("question_id")]
         )
-        assert balanced_accuracy(gt, pred) == pytest.approx(float(np.mean(recalls)), abs=1e-12)
+    )
 
 
-def test_missing_question_id_names_the_fix(table: pd.DataFrame) -> None:
-    with pytest.raises(ValueError, match="question_id"):
-        ClosedSetMetric().per_sample(table.drop(columns="question_id"))
+def test_bootstrap_resamples_sequences_by_the_draw_contract() -> None:
+    B, seed = 200, 7
+    metric = ClosedSetMetric(primary=["q5", "q6"], B=B, seed=seed)
+    scored = _scored(metric, _table(_sequence))
+    scored = scored[scored["question_id"] != "q9"]
+    clusters = sorted(set(scored["case_id"]))
+    assert len(clusters) == 3  # the two site2/video1 sequences stay apart
+    labels = {"q5": Q5, "q6": YES_NO}
+    rng = np.random.default_rng(seed)
+    reps = []
+    for _ in range(B):
+        drawn = [clusters[min(int(u * 3), 2)] for u in rng.random(3)]
+        rows = pd.concat([scored[scored["case_id"] == c] for c in drawn])
+        reps.append(
+            _brute_headline(rows, labels) if set(rows["question_id"]) == {"q5", "q6"} else np.nan
+        )
+    reps = np.asarray(reps)
+    lo, hi = np.quantile(reps[np.isfinite(reps)], [0.025, 0.975])
+    out = metric.aggregate(scored)
+    assert out["cs_primary_macro_f1"] == pytest.approx(_brute_headline(scored, labels))
+    assert out["cs_primary_macro_f1_ci_lo"] == pytest.approx(lo)
+    assert out["cs_primary_macro_f1_ci_hi"] == pytest.approx(hi)
+    assert out["cs_primary_macro_f1_ci_half"] == pytest.approx((hi - lo) / 2)
 
 
-def test_open_rows_are_not_scored(table: pd.DataFrame) -> None:
-    extra = pd.DataFrame([{**_row("Q6", Q6_SPACE, "x", "x", "z"), "answer_type": "open"}])
-    extra["candidates"] = [None]
-    both = pd.concat([table, extra], ignore_index=True)
+def test_paired_delta_uses_the_same_draws() -> None:
+    B, seed = 200, 3
+    metric = ClosedSetMetric(primary=["q5", "q6"], B=B, seed=seed)
+    a = _scored(metric, _table(_sequence))
+    a = a[a["question_id"] != "q9"]
+    b_table = a.drop(columns=[c for c in a.columns if c.startswith("cs_")])
+    b_table = b_table.assign(prediction=np.where(b_table["question_id"] == "q5", "clear", "no"))
+    b = _scored(metric, b_table)
+    labels = {"q5": Q5, "q6": YES_NO}
+    clusters = sorted(set(a["case_id"]))
+    rng = np.random.default_rng(seed)
+    deltas = []
+    for _ in range(B):
+        drawn = [clusters[min(int(u * 3), 2)] for u in rng.random(3)]
+        pick = [pd.concat([s[s["case_id"] == c] for c in drawn]) for s in (a, b)]
+        if set(pick[0]["question_id"]) == {"q5", "q6"}:
+            deltas.append(_brute_headline(pick[0], labels) - _brute_headline(pick[1], labels))
+    ci = metric.paired_delta(a, b)
+    assert ci.point == pytest.approx(_brute_headline(a, labels) - _brute_headline(b, labels))
+    assert (ci.lo, ci.hi) == pytest.approx(tuple(np.quantile(deltas, [0.025, 0.975])))
+    # A condition against itself: every paired replicate is 0.
+    same = metric.paired_delta(a, a)
+    assert (same.point, same.lo, same.hi) == (0.0, 0.0, 0.0)
+    with pytest.raises(ValueError, match="same questions"):
+        metric.paired_delta(a, b.iloc[1:])
+
+
+def test_cluster_sum_replicates_follows_the_draw_contract() -> None:
+    totals = np.array([[1.0, 0.0], [0.0, 2.0], [5.0, 1.0]])
+    reps = cluster_sum_replicates(totals, B=4, seed=11)
+    rng = np.random.default_rng(11)
+    for b in range(4):
+        idx = np.minimum((rng.random(3) * 3).astype(int), 2)
+        assert np.array_equal(reps[b], totals[idx].sum(axis=0))
+    with pytest.raises(ValueError, match="non-empty"):
+        cluster_sum_replicates(np.zeros((0, 2)))
+
+
+def test_errors_and_options() -> None:
+    with pytest.raises(ValueError, match="labels must be one of"):
+        ClosedSetMetric(labels="all")
+    table = _table()
+    table.loc[5, "candidates"] = ["yes", "no"]  # another label list for q6
     metric = ClosedSetMetric()
-    per = metric.per_sample(both)
-    assert per.iloc[-1][["cs_correct", "cs_invalid"]].isna().all()
-    assert metric.aggregate(both.join(per))["cs_n"] == 14.0
+    with pytest.raises(ValueError, match="task 'q6' has rows with different label lists"):
+        metric.aggregate(_scored(metric, table))
+    with pytest.raises(ValueError, match="question_id"):
+        metric.per_sample(table.drop(columns="question_id"))
+    # An abstention label, where a data set defines one: coverage and committed accuracy.
+    rows = [
+        _row("q", ["yes", "no", "Unknown"], a, p, "s", i)
+        for i, (a, p) in enumerate(
+            [("yes", "yes"), ("no", "Unknown"), ("no", "yes"), ("Unknown", "Unknown")]
+        )
+    ]
+    abstaining = ClosedSetMetric(abstain_label="Unknown")
+    out = abstaining.aggregate(_scored(abstaining, pd.DataFrame(rows)))
+    assert out["cs_q_coverage"] == pytest.approx(0.5)
+    assert out["cs_q_cond_acc"] == pytest.approx(0.5)
 
 
-def test_real_records_through_the_configured_family(tmp_path) -> None:
-    """RoboSurg records from the native fixture, scored by the family that `metric=closed_set`
-    builds, with the scoring layer's per-site breakdown: an oracle scores 1 everywhere and
-    its coverage is the share of non-Unknown ground truth."""
+def test_config_scores_the_loader_records(tmp_path) -> None:
+    """RoboSurg records from the release fixture, scored by the family `metric=closed_set`
+    builds: predicting the truth gives accuracy 1, but macro-F1 only (labels seen) / (labels
+    in the fixed list), since each label absent from truth and prediction counts 0."""
     from medvqa.data.sources.robosurg_vqa import RoboSurgVqa
-    from medvqa.evaluation.scoring import build_metrics, score_frame
+    from medvqa.evaluation.scoring import build_metrics
     from tests.conftest import compose
     from tests.native.robosurg_vqa import write as write_robosurg
 
     table = RoboSurgVqa(write_robosurg(tmp_path / "robosurg").root).table()
+    test = table[table["source_split"] == "test"]
     (metric,) = build_metrics(compose(["metric=closed_set"]).metric)
     assert isinstance(metric, ClosedSetMetric)
-    preds = table.assign(prediction=table["answer"].str.upper())
-    _, scores = score_frame(preds, [metric], ["site"])
-    assert scores["cs_overall_macro_f1"] == 1.0 and scores["cs_invalid_rate"] == 0.0
-    assert scores["cs_Q4_tuple_em"] == 1.0 and scores["cs_Q4_bit_macro_f1"] == 1.0
-    q8 = table[table["question_id"] == "Q8"]
-    assert scores["cs_Q8_coverage"] == pytest.approx((q8["answer"] != "Unknown").mean())
-    sites = sorted(table["site"].unique())
-    assert all(scores[f"site={s}/cs_overall_macro_f1"] == 1.0 for s in sites)
+    out = metric.aggregate(_scored(metric, test.assign(prediction=test["answer"])))
+    share = {}
+    for task in metric.tasks:
+        assert out[f"cs_{task}_acc"] == 1.0 and out[f"cs_{task}_invalid_rate"] == 0.0
+        rows = test[test["question_id"] == task]
+        share[task] = rows["answer"].nunique() / len(rows["candidates"].iloc[0])
+        assert out[f"cs_{task}_macro_f1"] == pytest.approx(share[task])
+    assert metric.primary == [
+        "q2",
+        "q4.bleeding",
+        "q4.occlusion",
+        "q5",
+        "q6",
+        "q7",
+        "q8.mask_center_5pct_v1",
+    ]
+    assert out["cs_primary_macro_f1"] == pytest.approx(np.mean([share[t] for t in metric.primary]))
+    assert min(share.values()) < 1.0  # the fixture leaves some labels unused
+    assert out["cs_n"] == len(test)

@@ -1,13 +1,13 @@
-"""RoboSurg-VQA from its manifest: records per question, answer spaces, the smoke rule, splits."""
+"""RoboSurg-VQA in its release layout: records per wording, fixed labels, sequence keys, the
+wording conditions, bad rows, frame arrays and the site shift."""
 
 from __future__ import annotations
 
-import csv
 import json
 import logging
 from pathlib import Path
 
-import pandas as pd
+import numpy as np
 import pytest
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
@@ -15,36 +15,17 @@ from omegaconf import OmegaConf
 from medvqa.data import records as R
 from medvqa.data.base import DataError
 from medvqa.data.shifts import Shift, make_splits
-from medvqa.data.sources.robosurg_vqa import (
-    ARTEFACT_SPACE,
-    QUESTIONS,
-    RoboSurgVqa,
-    format_artefacts,
-    parse_artefacts,
-)
+from medvqa.data.sources.robosurg_vqa import NEUTRAL_QUESTION, RoboSurgVqa
 from tests.conftest import compose
-from tests.native.robosurg_vqa import COLUMNS
+from tests.native.robosurg_vqa import LABELS, QUESTIONS, write_jsonl
 from tests.native.robosurg_vqa import write as write_robosurg
 
-# Native spelling -> canonical answer (the fixture's aliases and case variants).
-CANONICAL = {
-    "Robotic Camera": "robotic camera",
-    "unknown": "Unknown",
-    "UNKNOWN": "Unknown",
-    "center": "centre",
-    "Gallbladder": "gallbladder",
-    "Yes": "yes",
-}
-QCOLUMNS = {
-    "Q1": "q1_context",
-    "Q2": "q2_anatomy",
-    "Q3": "q3_view",
-    "Q5": "q5_quality",
-    "Q6": "q6_glare",
-    "Q7": "q7_contrast",
-    "Q8": "q8_centre_occluded",
-    "Q9": "q9_smoke_region",
-}
+# The release's shared answer space (data/vqa_summary.json "global_answer_vocabulary").
+VOCABULARY = (
+    "nephrectomy (robot-assisted); covered kidney (fat/fascia-covered kidney); kidney "
+    "(parenchyma); other abdominal soft tissue (peritoneum/mesentery/fat); small intestine; "
+    "robotic camera; no; yes; blurry; clear; mixed; near instrument jaws; none"
+)
 
 
 @pytest.fixture
@@ -52,154 +33,173 @@ def robosurg(tmp_path: Path):
     return write_robosurg(tmp_path / "robosurg")
 
 
-def _canon(value: str) -> str:
-    return CANONICAL.get(value, value)
+def _by_split(table, split: str):
+    return table[table[R.SOURCE_SPLIT] == split]
 
 
-def test_nine_records_per_kept_frame(robosurg, tmp_path: Path) -> None:
+def test_records_per_split_and_wording(robosurg, tmp_path: Path) -> None:
     source = RoboSurgVqa(robosurg.root, cache_dir=tmp_path / "cache")
     table = source.table()
-    counts = table[R.SOURCE_SPLIT].value_counts().to_dict()
-    assert counts == {split: 9 * n for split, n in robosurg.frames.items()}
-    per_frame = table.groupby([R.SOURCE_SPLIT, R.IMAGE_ID])["question_id"].apply(sorted)
-    assert per_frame.map(lambda q: q == sorted(QUESTIONS)).all()
+    for split, copies in (("train", 3), ("validate", 1), ("test", 1)):
+        base = robosurg.base_rows(split)
+        # 2 frames x (8 tasks on site1 + 9 on site2) x 2 sequences, q1/q3 dropped.
+        assert len(base) == 34
+        rows = _by_split(table, split)
+        assert len(rows) == copies * len(base)
+        wordings = rows["wording"].value_counts().to_dict()
+        if split == "train":
+            assert wordings == {"train_paraphrase": 68, "canonical": 34}
+        else:
+            assert wordings == {"canonical": 34}
     (step,) = source.report()["cleaning"]
-    assert step["step"] == "drop_smoke_region_contradiction"
-    assert step["dropped_by_split"] == robosurg.dropped
-    # The rule holds on what is left.
-    q9 = table[table["question_id"] == "Q9"]
-    assert (q9.loc[q9["smoke"] == "no", R.ANSWER] == "none").all()
-    assert table[R.ANSWER_TYPE].eq("closed").all()
-    assert table[R.IMAGE].str.startswith("frames/").all()
-    assert table["mask"].str.startswith("masks/").all()
+    assert step["step"] == "drop_single_label_tasks"
+    assert step["dropped_by_split"] == {"train": 8, "validate": 8, "test": 8}
+    assert not set(table["question_id"]) & {"q1", "q3"}
+    # The cached table is the same table.
+    cached = RoboSurgVqa(robosurg.root, cache_dir=tmp_path / "cache").table()
+    assert cached.equals(table)
 
 
-def test_answers_match_the_manifest_in_canonical_spelling(robosurg) -> None:
+def test_answers_labels_and_sequence_keys(robosurg) -> None:
     table = RoboSurgVqa(robosurg.root).table().set_index(R.ID)
-    kept = [r for r in robosurg.rows if r["q4_smoke"] == "yes" or r["q9_smoke_region"] == "none"]
-    assert len(table) == 9 * len(kept)
-    split = {"train": "train", "val": "validate", "test": "test"}
-    for row in kept:
-        prefix = f"{row['site']}/{split[row['split']]}/{row['id']}"
-        for qid, column in QCOLUMNS.items():
-            assert table.loc[f"{prefix}/{qid}", R.ANSWER] == _canon(row[column])
-        bits = {name: _canon(row[f"q4_{name}"]) for name in ("bleeding", "smoke", "occlusion")}
-        q4 = table.loc[f"{prefix}/Q4"]
-        assert q4[R.ANSWER] == format_artefacts(bits)
-        assert {k: q4[k] for k in bits} == bits
-        assert q4[R.CASE_ID] == q4[R.IMAGE_ID] == f"{row['site']}/{row['id']}"
+    for record in robosurg.records:
+        if len(record["valid_answers"]) < 2:
+            continue
+        row = table.loc[record["qa_id"]]
+        assert row[R.ANSWER] == record["answer"]
+        assert row[R.CANDIDATES] == LABELS[record["task"]]
+        assert row["question_id"] == record["task"]
+        assert row[R.IMAGE_ID] == record["record_id"]
+        assert row[R.CASE_ID] == record["source_sequence_id"]
+    # site2/video1 is a training and a test sequence: two clusters, never one.
+    sequences = set(table.loc[table["video_key"] == "site2/video1", R.CASE_ID])
+    assert sequences == {"train|site2/video1", "test|site2/video1"}
+    assert not set(table.loc[table[R.SOURCE_SPLIT] == "test", R.CASE_ID]) & set(
+        table.loc[table[R.SOURCE_SPLIT] != "test", R.CASE_ID]
+    )
+    # q2 (anatomy) only on site2, as the release's task_applicability says.
+    assert set(table.loc[table["question_id"] == "q2", "site"]) == {"site2"}
 
 
-def test_candidates_are_the_answer_spaces(robosurg) -> None:
-    table = RoboSurgVqa(robosurg.root).table()
-    for qid, (_, space) in QUESTIONS.items():
-        rows = table[table["question_id"] == qid]
-        assert rows[R.CANDIDATES].map(lambda c, s=space: c == list(s)).all(), qid
-        assert rows[R.QUESTION].nunique() == 1
-    assert len(ARTEFACT_SPACE) == len(set(ARTEFACT_SPACE)) == 8
-    assert "Unknown" in QUESTIONS["Q3"][1] and "Unknown" in QUESTIONS["Q8"][1]
-    # The fixture uses every value of every single-valued space (aliases included).
-    for qid in ("Q3", "Q5", "Q8"):
-        answers = set(table.loc[table["question_id"] == qid, R.ANSWER])
-        assert answers == set(QUESTIONS[qid][1]), qid
-
-
-def test_parse_artefacts_round_trip() -> None:
-    for text in ARTEFACT_SPACE:
-        assert format_artefacts(parse_artefacts(text)) == text
-    assert parse_artefacts("Smoke=Yes; bleeding=no, occlusion=no.") == {
-        "smoke": "yes",
-        "bleeding": "no",
-        "occlusion": "no",
-    }
-    for bad in ("bleeding=yes, smoke=no", "bleeding=yes, smoke=no, occlusion=maybe", "smoke"):
-        assert parse_artefacts(bad) is None
-    assert parse_artefacts("bleeding=yes, bleeding=no, smoke=no, occlusion=no") is None
-
-
-def test_configured_label_sets(robosurg) -> None:
-    rows = [
-        dict(r, q1_context={"dissection": "a", "suturing": "b", "idle": "c"}[r["q1_context"]])
-        for r in robosurg.rows
+def test_training_wordings_are_canonical_and_both_paraphrases(robosurg) -> None:
+    table = RoboSurgVqa(robosurg.root).table().set_index(R.ID)
+    qa = "site2/train/video1frame000|q6"
+    asked = [
+        table.loc[qa + suffix, R.QUESTION]
+        for suffix in ("", "#train_paraphrase_1", "#train_paraphrase_2")
     ]
-    _write(robosurg.manifest, rows)
-    with pytest.raises(DataError, match=r"'q1_context' is 'a'"):
-        RoboSurgVqa(robosurg.root).table()
-    table = RoboSurgVqa(robosurg.root, context_labels=["a", "b", "c"]).table()
-    q1 = table[table["question_id"] == "Q1"]
-    assert q1[R.CANDIDATES].map(lambda c: c == ["a", "b", "c"]).all()
-    assert "a, b, c" in q1[R.QUESTION].iloc[0]
-    with pytest.raises(ValueError, match="context_labels"):
-        RoboSurgVqa(robosurg.root, context_labels=["a"])
-
-
-def test_jsonl_and_parquet_manifests(robosurg, tmp_path: Path) -> None:
-    expected = RoboSurgVqa(robosurg.root).table()
-    (robosurg.root / "manifest.jsonl").write_text("\n".join(json.dumps(r) for r in robosurg.rows))
-    pd.DataFrame(robosurg.rows).to_parquet(robosurg.root / "manifest.parquet")
-    for name in ("manifest.jsonl", "manifest.parquet"):
-        table = RoboSurgVqa(robosurg.root, manifest=name).table()
-        pd.testing.assert_frame_equal(table, expected)
-
-
-def _write(path: Path, rows: list[dict]) -> None:
-    with path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
+    spec = QUESTIONS["q6"]
+    expected = [spec["canonical"], *spec["train_paraphrases"]]
+    assert asked == [f"{text} Answer with one of: {VOCABULARY}." for text in expected]
+    assert spec["heldout_paraphrase"] not in " ".join(table[R.QUESTION])
 
 
 @pytest.mark.parametrize(
-    ("change", "kind", "message"),
+    ("wording", "task", "asked"),
     [
-        ({"q5_quality": "foggy"}, "malformed", "'q5_quality' is 'foggy'"),
-        ({"q4_smoke": ""}, "malformed", "missing field 'q4_smoke'"),
-        ({"split": "dev"}, "malformed", "'split' is 'dev'"),
-        ({"frame": "../../etc/passwd"}, "path_escape", "escapes the dataset root"),
-        ({"mask": "/etc/passwd"}, "path_escape", "escapes the dataset root"),
-        ({"id": "f000"}, "duplicate", "occurs more than once"),
+        ("canonical", "q5", QUESTIONS["q5"]["canonical"]),
+        ("heldout_paraphrase", "q5", QUESTIONS["q5"]["heldout_paraphrase"]),
+        # The next task's canonical question, in the release's task order (q1, q3 included).
+        ("wrong_question", "q2", QUESTIONS["q3"]["canonical"]),
+        ("wrong_question", "q4.occlusion", QUESTIONS["q5"]["canonical"]),
+        ("wrong_question", "q9", QUESTIONS["q1"]["canonical"]),  # cyclic
     ],
 )
-def test_bad_rows_error_or_skip(robosurg, change, kind, message, caplog) -> None:
-    rows = [dict(r) for r in robosurg.rows]
-    rows[1].update(change)  # row 1: site_a train frame f001 (f000 is row 0)
-    _write(robosurg.manifest, rows)
-    with pytest.raises(DataError) as err:
+def test_test_wording(robosurg, wording: str, task: str, asked: str) -> None:
+    table = RoboSurgVqa(robosurg.root, test_wording=wording).table()
+    test = _by_split(table, "test").set_index(R.ID)
+    assert set(test["wording"]) == {wording}
+    assert test.loc[f"site2/test/video1frame001|{task}", R.QUESTION] == (
+        f"{asked} Answer with one of: {VOCABULARY}."
+    )
+    # Test ids do not depend on the wording (runs pair up row by row); training is unchanged.
+    canonical = RoboSurgVqa(robosurg.root).table()
+    assert set(test.index) == set(_by_split(canonical, "test")[R.ID])
+    assert _by_split(table, "train").equals(_by_split(canonical, "train"))
+
+
+def test_neutral_question_is_the_image_only_control(robosurg) -> None:
+    table = RoboSurgVqa(robosurg.root, neutral_question=True).table()
+    assert set(table[R.QUESTION]) == {f"{NEUTRAL_QUESTION} Answer with one of: {VOCABULARY}."}
+    assert set(table["wording"]) == {"neutral"}
+    assert table[R.SOURCE_SPLIT].value_counts().to_dict() == {
+        "train": 34,
+        "validate": 34,
+        "test": 34,
+    }
+    with pytest.raises(ValueError, match="test_wording must be one of"):
+        RoboSurgVqa(robosurg.root, test_wording="paraphrase")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"answer": "maybe"}, "answer 'maybe' is not one of valid_answers"),
+        ({"record_id": "site9/train/x"}, "is not a frame of data/manifest.jsonl"),
+        ({"source_sequence_id": "train|site2/video1"}, "is not the frame's 'train|site1/video1'"),
+        ({"validation_role": "test"}, "contradicts the frame's split 'train'"),
+        ({"task": "q10"}, "task 'q10' is not in configs/questions.json"),
+        ({"valid_answers": ["yes", "no"]}, "differ from task"),
+        ({"question_canonical": "Bleeding?"}, "differs from configs/questions.json"),
+        ({"validation_role": "dev"}, "'validation_role' is 'dev'"),
+    ],
+)
+def test_bad_records_error_or_skip(robosurg, change, message, caplog) -> None:
+    records = [dict(r) for r in robosurg.records]
+    occlusion = [i for i, r in enumerate(records) if r["task"] == "q4.occlusion"]
+    # The first record of a task fixes its labels; the second is compared with it.
+    index = occlusion[1 if "valid_answers" in change else 0]
+    records[index].update(change)
+    write_jsonl(robosurg.records_file, records)
+    with pytest.raises(DataError, match=rf"vqa_records.jsonl row {index}: .*{message}"):
         RoboSurgVqa(robosurg.root).table()
-    assert "manifest.csv row 1" in str(err.value) and message in str(err.value)
     with caplog.at_level(logging.WARNING):
         source = RoboSurgVqa(robosurg.root, on_bad_row="skip")
-        table = source.table()
-    skipped = source.report()["skipped_rows"]
-    assert skipped["counts"] == {kind: 1} and "manifest.csv row 1" in skipped["examples"][0]
-    assert (table[R.SOURCE_SPLIT] == "train").sum() == 9 * (robosurg.frames["train"] - 1)
+        source.table()
+    assert source.report()["skipped_rows"]["total"] == 1
 
 
-def test_missing_manifest_names_it(robosurg) -> None:
-    robosurg.manifest.unlink()
-    with pytest.raises(DataError, match=r"RoboSurg-VQA manifest not found at .*manifest.csv"):
+def test_missing_files_are_named(robosurg) -> None:
+    robosurg.records_file.unlink()
+    with pytest.raises(DataError, match=r"vqa_records.jsonl not found at .*data/vqa_records"):
         RoboSurgVqa(robosurg.root).table()
-    with pytest.raises(DataError, match=r"use .csv, .jsonl or .parquet"):
-        (robosurg.root / "manifest.txt").write_text("x")
-        RoboSurgVqa(robosurg.root, manifest="manifest.txt").table()
+    robosurg.questions_file.write_text(json.dumps({"tasks": {"q1": {"canonical": "x"}}}))
+    with pytest.raises(DataError, match=r"task 'q1' needs 'canonical', 'heldout_paraphrase'"):
+        RoboSurgVqa(robosurg.root).table()
 
 
-def test_site_shift_holds_out_one_site(robosurg, tmp_path: Path) -> None:
+def test_frames_are_read_from_the_release_arrays(robosurg) -> None:
+    source = RoboSurgVqa(robosurg.root)
+    table = source.table()
+    ref = table.loc[table["site"] == "site1"].loc[lambda t: t[R.SOURCE_SPLIT] == "test", R.IMAGE]
+    source.check_image(ref.iloc[0])
+    image = source.load_image(ref.iloc[0])
+    assert image.mode == "RGB" and image.size == (16, 9)  # 2017 test frames: another shape
+    assert np.array_equal(np.asarray(image), np.load(robosurg.root / ref.iloc[0]))
+    np.save(robosurg.root / ref.iloc[0], np.zeros((9, 16), dtype=np.uint8))
+    with pytest.raises(DataError, match=r"expected uint8 height x width x 3"):
+        source.check_image(ref.iloc[0], "r0")
+
+
+def test_site_shift_keeps_the_release_split(robosurg, tmp_path: Path) -> None:
     cfg = compose(["+experiment=robosurg_site", f"dataset.root={robosurg.root}"], tmp_path)
     table = instantiate(cfg.dataset).table()
     shift = Shift.from_config(OmegaConf.to_container(cfg.shift, resolve=True))
-    assert shift.field == "site" and shift.merge_train_ood
     splits = make_splits(table, shift, seed=0)
-    (ood_site,) = shift.ood_values
-    assert set(splits["test_ood"]["site"]) == {ood_site}
-    for name in ("train", "val", "test_iid"):
-        assert len(splits[name]) > 0 and ood_site not in set(splits[name]["site"])
-    assert len(splits["train"]) >= 8
-    # Site-level: every frame of the OoD site (train and test) is in the OoD test, none leaks.
+    assert set(splits["test_ood"][R.CASE_ID]) == {"test|site2/video1"}
+    assert set(splits["test_iid"][R.CASE_ID]) == {"test|site1/video9"}
+    assert set(splits["train"][R.CASE_ID]) == {"train|site1/video1"}
+    assert set(splits["val"][R.CASE_ID]) == {"train|site1/video3"}
     assert (
-        len(splits["test_ood"])
-        == (table["site"] == ood_site).sum()
-        - ((table["site"] == ood_site) & (table[R.SOURCE_SPLIT] == "validate")).sum()
+        splits.dropped["ood_in_validate"] == 18 and splits.dropped["ood_in_train_not_merged"] == 54
     )
-    assert not set(splits["train"][R.IMAGE_ID]) & set(splits["test_ood"][R.IMAGE_ID])
-    assert set(splits["val"][R.SOURCE_SPLIT]) == {"validate"}
+    assert "q2" not in cfg.metric.closed_set.primary
+
+
+def test_image_only_baseline_sets_the_neutral_question(robosurg, tmp_path: Path) -> None:
+    cfg = compose(
+        ["dataset=robosurg_vqa", "baseline=image_only", f"dataset.root={robosurg.root}"], tmp_path
+    )
+    assert cfg.dataset.neutral_question is True
+    table = instantiate(cfg.dataset).table()
+    assert set(table["wording"]) == {"neutral"}

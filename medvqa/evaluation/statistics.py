@@ -63,7 +63,9 @@ __all__ = [
     "ci_entries",
     "cluster_bootstrap",
     "cluster_bootstrap_replicates",
+    "cluster_sum_replicates",
     "paired_bootstrap_diff",
+    "percentile_ci",
     "rr_ci",
 ]
 
@@ -447,3 +449,37 @@ def ci_entries(
         )
         out.update(ci.entries(name))
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# Statistics that are not means (e.g. macro-F1): resample per-cluster additive totals
+# --------------------------------------------------------------------------------------------
+
+
+def cluster_sum_replicates(totals: Any, B: int = 2000, seed: int = 42) -> np.ndarray:
+    """Bootstrap replicates of the column sums of per-cluster ``totals`` (clusters x k): (B, k).
+
+    Any statistic computed from sums over rows (macro-F1 and balanced accuracy from per-label
+    tp/fp/fn counts) is then that function of each replicate's row. Clusters (rows of
+    ``totals``) are drawn by the module's draw contract, so two calls with the same seed and
+    the same number of clusters draw the same clusters: give every condition its totals in the
+    same cluster order and their replicates are paired (their differences are paired deltas).
+    """
+    _check("mean", B, 0.95)
+    table = np.asarray(totals, dtype=float)
+    if table.ndim != 2 or table.shape[0] == 0:
+        raise ValueError(
+            f"cluster_sum_replicates: totals must be a non-empty (clusters x k) array, got "
+            f"shape {table.shape}."
+        )
+    ((sums, _),) = _resample([_Side(table, np.zeros_like(table))], int(B), seed)
+    return sums
+
+
+def percentile_ci(
+    point: float, replicates: Any, level: float = 0.95, what: str = ""
+) -> BootstrapCI:
+    """The percentile interval of bootstrap ``replicates`` around ``point`` (undefined
+    replicates are left out with a warning, as for every interval here)."""
+    _check("mean", 1, level)
+    return _interval(point, np.asarray(replicates, dtype=float), level, what or "percentile_ci")

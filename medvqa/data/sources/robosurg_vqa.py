@@ -1,306 +1,364 @@
-"""RoboSurg-VQA: nine fixed closed questions per surgical frame, read from one manifest.
+"""RoboSurg-VQA as released: closed questions about EndoVis 2017/2018 frames, one fixed label list
+per task, asked in several wordings (docs/datasets.md#robosurg-vqa).
 
-Layout under `root`: a manifest (`manifest`, default `manifest.csv`; `.jsonl` and `.parquet`
-are read by suffix) with one row per frame, plus the frame and mask files it points to (paths
-relative to `root`). Rows are keyed by (site, split, id); row numbers in messages count data
-rows from 0 (header excluded). Columns:
+Layout under `root` (a checkout of the release, with the frame arrays placed where its manifest
+says):
 
-| column               | values                                                        |
-|----------------------|---------------------------------------------------------------|
-| site                 | the acquisition site (the `robosurg_site` shift's field)      |
-| split                | train, val (or validate), test                                |
-| id                   | frame id, unique within (site, split)                         |
-| frame                | frame image path                                              |
-| mask                 | instrument mask path (optional; kept as metadata)             |
-| q1_context           | Q1, one of `context_labels`                                   |
-| q2_anatomy           | Q2, one of `anatomy_labels`                                   |
-| q3_view              | Q3: endoscopic, robotic camera, synthetic, Unknown            |
-| q4_bleeding/smoke/occlusion | Q4's three artefact bits: yes, no                      |
-| q5_quality           | Q5: clear, blurry, reflective, mixed, Unknown                 |
-| q6_glare             | Q6: yes, no                                                   |
-| q7_contrast          | Q7 (contrast normal): yes, no                                 |
-| q8_centre_occluded   | Q8: yes, no, Unknown                                          |
-| q9_smoke_region      | Q9: none, left, right, centre, multi                          |
+| file                        | what it holds                                                   |
+|-----------------------------|-----------------------------------------------------------------|
+| `configs/questions.json`    | `{"tasks": {task: {canonical, train_paraphrases[], heldout_paraphrase}}}`; its key order is the task order |
+| `data/manifest.jsonl`       | one row per frame: `record_id`, `site`, `split` (train/test), `video_key`, `image_path`, `mask_path`, ... |
+| `data/vqa_records.jsonl`    | one row per frame x applicable task: `qa_id`, `record_id`, `task`, `answer`, `valid_answers`, `source_sequence_id`, `validation_role` (train_core/validation/test), the three wordings |
+| `external_data/<site>/<split>/image/*.npy` | the frames: uint8 RGB arrays (height x width x 3) |
 
-Values match case-insensitively and are stored in the spelling of `QUESTIONS`; booleans in
-JSONL/parquet count as yes/no. The benchmark fixes Q1 as 3-way and Q2 as 4-way but not their labels;
-the defaults below are placeholders, so set `dataset.context_labels` / `dataset.anatomy_labels`
-to the release's label sets.
+A source sequence is `(split, video_key)`, written `"<split>|<video_key>"` as the release does:
+EndoVis 2018 numbers its training and test videos from 1 each, so `site2/video1` names two
+different sequences. That key is the record's `case_id`, the cluster every bootstrap resamples.
 
-Each frame becomes nine closed records (one per question, candidates = the answer space, a
-`question_id` column Q1..Q9). Q4 is one record whose answer is the canonical tuple string
-`bleeding=no, smoke=yes, occlusion=no` (candidates: all eight combinations); the bits are also
-columns (`bleeding`, `smoke`, `occlusion`, on every record of the frame) so a closed-set metric
-can score Q4 bit-wise and as a tuple (`parse_artefacts` turns a prediction back into bits).
+Records. Every (frame, task) of `vqa_records.jsonl` becomes closed records whose candidates are
+the task's fixed labels (`valid_answers`) and whose `question_id` is the task id. The wording,
+kept in the `wording` column, follows the release's protocol:
 
-Consistency rule (docs/datasets.md): smoke = no implies Q9 = none. A frame breaking it is a
-well-formed row with a contradiction we cannot resolve (either answer may be the wrong one), so
-the named cleaning step `drop_smoke_region_contradiction` drops the whole frame and the count
-appears in the report, rather than treating it as a malformed row.
+- train (`train_core`): the canonical question and each training paraphrase, one record each;
+- validate (`validation`, the release's four validation sequences): the canonical question;
+- test: one record in the wording `test_wording` names: `canonical`, `heldout_paraphrase`, or
+  `wrong_question` (the canonical question of the next task in task order, cyclically: the
+  control that shows whether the model reads the question at all).
+
+`neutral_question=true` replaces every question, in every split, by one task-free question:
+the image-only control (the release zeroes the question features; a VLM gets a question that
+carries no task). Every prompt lists the release's global answer vocabulary (all tasks' labels
+in task order), never the task's own list: the release scores a single shared answer space
+without task-specific filtering, so telling the model the task's labels would hand it the task
+the question is meant to convey. An answer outside the task's labels is invalid.
+
+Tasks with a single label (q1 procedure, q3 view: constant in this release) are dropped by a
+named cleaning step: they measure nothing, and a closed record needs two candidates.
 """
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Mapping, Sequence
+import json
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
+from PIL import Image
 
 from medvqa.data import records as R
-from medvqa.data.annotated import (
-    MANIFEST_SPLITS,
-    AnnotatedSource,
-    BadRows,
-    is_missing,
-    read_manifest,
-)
+from medvqa.data.annotated import AnnotatedSource, BadRows, read_manifest
+from medvqa.data.base import DataError
 from medvqa.data.cleaning import CleaningLog, Step
-from medvqa.data.questions import YES_NO
 
-UNKNOWN = "Unknown"
-ARTEFACTS = ("bleeding", "smoke", "occlusion")
-DEFAULT_CONTEXT_LABELS = ("dissection", "suturing", "idle")
-DEFAULT_ANATOMY_LABELS = ("liver", "gallbladder", "bowel", "other")
-
-
-def format_artefacts(bits: Mapping[str, str]) -> str:
-    """The canonical Q4 answer: 'bleeding=no, smoke=yes, occlusion=no' (fixed order)."""
-    return ", ".join(f"{name}={bits[name]}" for name in ARTEFACTS)
-
-
-def parse_artefacts(text: str) -> dict[str, str] | None:
-    """The Q4 bits of an answer string, or None if it does not name all three exactly once."""
-    bits: dict[str, str] = {}
-    for part in str(text).lower().replace(";", ",").split(","):
-        name, sep, value = part.partition("=")
-        name, value = name.strip(), value.strip().rstrip(".")
-        if not sep or name not in ARTEFACTS or value not in YES_NO or name in bits:
-            return None
-        bits[name] = value
-    return bits if set(bits) == set(ARTEFACTS) else None
+QUESTIONS_FILE = "configs/questions.json"
+MANIFEST_FILE = "data/manifest.jsonl"
+RECORDS_FILE = "data/vqa_records.jsonl"
+# The release's validation_role -> the normalised source split.
+ROLES = {"train_core": "train", "validation": "validate", "test": "test"}
+TEST_WORDINGS = ("canonical", "heldout_paraphrase", "wrong_question")
+# `wording` column values besides TEST_WORDINGS.
+TRAIN_PARAPHRASE = "train_paraphrase"
+NEUTRAL = "neutral"
+NEUTRAL_QUESTION = "Which answer applies to this image?"
+WORDING = "wording"
+QUESTION_ID = "question_id"
+SEQUENCE = "source_sequence_id"
+MANIFEST_KEYS = ("record_id", "site", "split", "video_key", "image_path")
+RECORD_KEYS = ("qa_id", "record_id", "task", "answer", "valid_answers", SEQUENCE, "validation_role")
 
 
-ARTEFACT_SPACE: tuple[str, ...] = tuple(
-    format_artefacts(dict(zip(ARTEFACTS, combo, strict=True)))
-    for combo in itertools.product(YES_NO, repeat=len(ARTEFACTS))
-)
-
-# Question id -> (question text, answer space). Q1/Q2 hold the default labels; an instance
-# uses its configured `context_labels` / `anatomy_labels` instead (see `questions()`).
-QUESTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "Q1": ("What is the surgical context of this frame?", DEFAULT_CONTEXT_LABELS),
-    "Q2": ("Which anatomy is shown in this frame?", DEFAULT_ANATOMY_LABELS),
-    "Q3": (
-        "What kind of view is this image?",
-        ("endoscopic", "robotic camera", "synthetic", UNKNOWN),
-    ),
-    "Q4": ("Which artefacts are present: bleeding, smoke, occlusion?", ARTEFACT_SPACE),
-    "Q5": ("How is the image quality?", ("clear", "blurry", "reflective", "mixed", UNKNOWN)),
-    "Q6": ("Is there glare in the image?", YES_NO),
-    "Q7": ("Is the image contrast normal?", YES_NO),
-    "Q8": ("Is the centre of the image occluded?", (*YES_NO, UNKNOWN)),
-    "Q9": ("Where is the smoke in the image?", ("none", "left", "right", "centre", "multi")),
-}
-# Short content type per question (the `question_type` column).
-QUESTION_TYPES = {
-    "Q1": "context",
-    "Q2": "anatomy",
-    "Q3": "view",
-    "Q4": "artefacts",
-    "Q5": "quality",
-    "Q6": "glare",
-    "Q7": "contrast",
-    "Q8": "centre_occluded",
-    "Q9": "smoke_region",
-}
-# Manifest column holding each single-valued question's answer (Q4 uses the ARTEFACT columns).
-ANSWER_COLUMNS = {
-    "Q1": "q1_context",
-    "Q2": "q2_anatomy",
-    "Q3": "q3_view",
-    "Q5": "q5_quality",
-    "Q6": "q6_glare",
-    "Q7": "q7_contrast",
-    "Q8": "q8_centre_occluded",
-    "Q9": "q9_smoke_region",
-}
-ARTEFACT_COLUMNS = {name: f"q4_{name}" for name in ARTEFACTS}
-KEY_COLUMNS = ("site", "split", "id", "frame")
-# Spellings accepted besides the canonical ones (case and spacing are ignored anyway).
-ALIASES = {"center": "centre", "robotic_camera": "robotic camera"}
+def sequence_key(split: str, video_key: str) -> str:
+    """The release's source-sequence id: split and video key (video numbers repeat per split)."""
+    return f"{split}|{video_key}"
 
 
-def prompt(qid: str, text: str, space: Sequence[str]) -> str:
-    """The question as asked: the text plus the allowed answers, so the space is explicit."""
-    if qid == "Q4":
-        return f"{text} Answer as 'bleeding=yes|no, smoke=yes|no, occlusion=yes|no'."
-    return f"{text} Answer with one of: {', '.join(space)}."
-
-
-def _canonical(value: Any, space: Sequence[str]) -> str | None:
-    """The answer-space spelling of a native value, or None if it is not in the space."""
-    if isinstance(value, bool):
-        value = "yes" if value else "no"
-    text = " ".join(str(value).split()).lower()
-    text = ALIASES.get(text, text)
-    lookup = {s.lower(): s for s in space}
-    return lookup.get(text.lower())
+def prompt(text: str, vocabulary: Sequence[str]) -> str:
+    """The question as asked: its text plus the shared answer vocabulary."""
+    return f"{text} Answer with one of: {'; '.join(vocabulary)}."
 
 
 CLEANING = (
     Step(
-        "drop_smoke_region_contradiction",
-        "Consistency rule: smoke = no implies Q9 (smoke region) = none. A frame breaking it has a "
-        "contradiction in its labels that cannot be resolved, so the whole frame is dropped.",
-        lambda t: ~((t["smoke"] == "no") & (t["Q9"] != "none")),
+        "drop_single_label_tasks",
+        "A task whose fixed label list has one label (q1 procedure, q3 view in the release) "
+        "cannot be answered wrongly by a valid answer and a closed record needs two candidates.",
+        lambda t: t["labels"].map(len) >= 2,
     ),
 )
 
 
 class RoboSurgVqa(AnnotatedSource):
-    """RoboSurg-VQA from a manifest under `root` (see the module docstring for the columns)."""
+    """RoboSurg-VQA in its release layout under `root` (see the module docstring)."""
 
     name = "robosurg_vqa"
-    loader_version = 1
+    loader_version = 2
 
     def __init__(
         self,
         root: str | Path,
         cache_dir: str | Path | None = None,
         on_bad_row: str = "error",
-        manifest: str = "manifest.csv",
-        context_labels: Sequence[str] = DEFAULT_CONTEXT_LABELS,
-        anatomy_labels: Sequence[str] = DEFAULT_ANATOMY_LABELS,
+        test_wording: str = "canonical",
+        neutral_question: bool = False,
     ) -> None:
         super().__init__(root, cache_dir, on_bad_row)
-        self.manifest = manifest
-        self.context_labels = [str(v) for v in context_labels]
-        self.anatomy_labels = [str(v) for v in anatomy_labels]
-        for key, labels in (
-            ("context_labels", self.context_labels),
-            ("anatomy_labels", self.anatomy_labels),
-        ):
-            if len(set(labels)) < 2 or len(set(labels)) != len(labels):
-                raise ValueError(
-                    f"{self.name}: dataset.{key} must list >= 2 distinct labels, got {labels}."
-                )
-
-    def questions(self) -> dict[str, tuple[str, tuple[str, ...]]]:
-        """`QUESTIONS` with this instance's Q1/Q2 label sets."""
-        return {
-            **QUESTIONS,
-            "Q1": (QUESTIONS["Q1"][0], tuple(self.context_labels)),
-            "Q2": (QUESTIONS["Q2"][0], tuple(self.anatomy_labels)),
-        }
+        if test_wording not in TEST_WORDINGS:
+            raise ValueError(
+                f"{self.name}: dataset.test_wording must be one of {TEST_WORDINGS}, got "
+                f"{test_wording!r}."
+            )
+        self.test_wording = test_wording
+        self.neutral_question = bool(neutral_question)
 
     def annotation_files(self) -> list[Path]:
-        return [self.root / self.manifest]
+        return [self.root / QUESTIONS_FILE, self.root / MANIFEST_FILE, self.root / RECORDS_FILE]
 
-    def _native(self, bad: BadRows) -> pd.DataFrame:
-        """One row per frame: keys, paths, and each answer in its canonical spelling."""
-        path = self.require(self.root / self.manifest, "RoboSurg-VQA manifest")
-        questions = self.questions()
+    # -- reading ---------------------------------------------------------------------------------
+
+    def _questions(self) -> dict[str, dict[str, Any]]:
+        """Task id -> its wordings, in the file's (the release's) task order."""
+        path = self.require(self.root / QUESTIONS_FILE, "RoboSurg-VQA questions.json")
+        try:
+            tasks = json.loads(path.read_text(encoding="utf-8"))["tasks"]
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise DataError(
+                f"{self.name}: {path} must be JSON with a 'tasks' object ({err!r}); restore the "
+                "release's file."
+            ) from err
+        for task, spec in tasks.items():
+            ok = (
+                isinstance(spec, dict)
+                and isinstance(spec.get("canonical"), str)
+                and isinstance(spec.get("heldout_paraphrase"), str)
+                and isinstance(spec.get("train_paraphrases"), list)
+                and all(isinstance(p, str) for p in spec["train_paraphrases"])
+            )
+            if not ok:
+                raise DataError(
+                    f"{self.name}: {path} task {task!r} needs 'canonical', 'heldout_paraphrase' "
+                    "(strings) and 'train_paraphrases' (a list of strings); fix the entry."
+                )
+        if len(tasks) < 2:
+            raise DataError(f"{self.name}: {path} defines {len(tasks)} task(s); expected several.")
+        return tasks
+
+    def _frames(self, bad: BadRows) -> dict[str, dict[str, Any]]:
+        """record_id -> manifest row (frame paths, site, split, video key)."""
+        path = self.require(self.root / MANIFEST_FILE, "RoboSurg-VQA manifest")
+        frames: dict[str, dict[str, Any]] = {}
+        for _, where, row in self.valid_rows(
+            read_manifest(path, self.name), path, bad, MANIFEST_KEYS
+        ):
+            if self.field(row, "split", where, bad, ("train", "test")) is None:
+                continue
+            rid = str(row["record_id"])
+            if rid in frames:
+                bad("duplicate", where, f"record_id {rid!r} occurs more than once")
+                continue
+            image = self.image_ref(str(row["image_path"]), where, bad)
+            if image is None:
+                continue
+            mask = row.get("mask_path")
+            frames[rid] = {**row, "image_path": image, "mask_path": mask}
+        return frames
+
+    def _base_rows(
+        self, questions: Mapping[str, Mapping[str, Any]], frames: Mapping[str, Any], bad: BadRows
+    ) -> pd.DataFrame:
+        """One row per (frame, task) record, checked against the manifest and questions.json."""
+        path = self.require(self.root / RECORDS_FILE, "RoboSurg-VQA vqa_records.jsonl")
+        labels_of: dict[str, list[str]] = {}
         rows, seen = [], set()
         for _, where, row in self.valid_rows(
-            read_manifest(path, self.name), path, bad, KEY_COLUMNS
+            read_manifest(path, self.name), path, bad, RECORD_KEYS
         ):
-            split = self.field(row, "split", where, bad, tuple(MANIFEST_SPLITS))
-            if split is None:
+            task, rid = str(row["task"]), str(row["record_id"])
+            role = self.field(row, "validation_role", where, bad, tuple(ROLES))
+            if role is None:
                 continue
-            key = (str(row["site"]), MANIFEST_SPLITS[split], str(row["id"]))
-            if key in seen:
-                bad("duplicate", where, f"(site, split, id) = {key} occurs more than once")
+            if task not in questions:
+                bad("malformed", where, f"task {task!r} is not in {QUESTIONS_FILE}")
                 continue
-            answers = self._answers(row, questions, where, bad)
-            if answers is None:
+            if rid not in frames:
+                bad("malformed", where, f"record_id {rid!r} is not a frame of {MANIFEST_FILE}")
                 continue
-            frame = self.image_ref(str(row["frame"]), where, bad)
-            if frame is None:
+            if row["qa_id"] in seen:
+                bad("duplicate", where, f"qa_id {row['qa_id']!r} occurs more than once")
                 continue
-            mask = row.get("mask")
-            if not is_missing(mask) and str(mask) != "":
-                mask = self.image_ref(str(mask), where, bad)
-                if mask is None:
-                    continue
-            else:
-                mask = None
-            seen.add(key)
+            frame = frames[rid]
+            problem = self._mismatch(row, frame, questions[task], role)
+            if not isinstance(row["valid_answers"], list):
+                bad("malformed", where, f"valid_answers {row['valid_answers']!r} is not a list")
+                continue
+            labels = [str(v) for v in row["valid_answers"]]
+            known = labels_of.setdefault(task, labels)
+            if problem is None and known != labels:
+                problem = f"valid_answers {labels} differ from task {task!r}'s {known}"
+            if problem is None and str(row["answer"]) not in labels:
+                problem = f"answer {row['answer']!r} is not one of valid_answers {labels}"
+            if problem is not None:
+                bad("malformed", where, problem)
+                continue
+            seen.add(row["qa_id"])
             rows.append(
                 {
-                    "site": key[0],
-                    R.SOURCE_SPLIT: key[1],
-                    "frame_id": key[2],
-                    R.IMAGE: frame,
-                    "mask": mask,
-                    **answers,
+                    "qa_id": str(row["qa_id"]),
+                    "frame": rid,
+                    "task": task,
+                    R.ANSWER: str(row["answer"]),
+                    "labels": labels,
+                    R.SOURCE_SPLIT: ROLES[role],
+                    SEQUENCE: str(row[SEQUENCE]),
+                    "site": str(frame["site"]),
+                    "video_key": str(frame["video_key"]),
+                    R.IMAGE: frame["image_path"],
+                    "mask": frame["mask_path"],
                 }
             )
-        columns = ["site", R.SOURCE_SPLIT, "frame_id", R.IMAGE, "mask", *ANSWER_COLUMNS, *ARTEFACTS]
-        return pd.DataFrame(rows, columns=columns)
+        return pd.DataFrame(
+            rows,
+            columns=[
+                "qa_id",
+                "frame",
+                "task",
+                R.ANSWER,
+                "labels",
+                R.SOURCE_SPLIT,
+                SEQUENCE,
+                "site",
+                "video_key",
+                R.IMAGE,
+                "mask",
+            ],
+        )
 
-    def _answers(
-        self,
-        row: Mapping[str, Any],
-        questions: Mapping[str, tuple[str, tuple[str, ...]]],
-        where: str,
-        bad: BadRows,
-    ) -> dict[str, str] | None:
-        """The frame's answers keyed by question id (and the three Q4 bits), or None if bad."""
-        wanted = [(qid, col, questions[qid][1]) for qid, col in ANSWER_COLUMNS.items()]
-        wanted += [(name, col, YES_NO) for name, col in ARTEFACT_COLUMNS.items()]
-        answers: dict[str, str] = {}
-        for key, column, space in wanted:
-            value = self.field(row, column, where, bad)
-            if value is None:
-                return None
-            canonical = _canonical(value, space)
-            if canonical is None:
-                bad(
-                    "malformed",
-                    where,
-                    f"field {column!r} is {value!r}; expected one of {list(space)}",
-                )
-                return None
-            answers[key] = canonical
-        return answers
+    @staticmethod
+    def _mismatch(
+        row: Mapping[str, Any], frame: Mapping[str, Any], wordings: Mapping[str, Any], role: str
+    ) -> str | None:
+        """Why a record disagrees with its frame or its task's wordings (None if it does not)."""
+        expected = sequence_key(str(frame["split"]), str(frame["video_key"]))
+        if str(row[SEQUENCE]) != expected:
+            return f"source_sequence_id {row[SEQUENCE]!r} is not the frame's {expected!r}"
+        if (role == "test") != (frame["split"] == "test"):
+            return f"validation_role {role!r} contradicts the frame's split {frame['split']!r}"
+        for key in ("canonical", "heldout_paraphrase", "train_paraphrases"):
+            given = row.get(f"question_{key}")
+            if given is not None and given != wordings[key]:
+                return f"question_{key} {given!r} differs from {QUESTIONS_FILE}"
+        return None
+
+    # -- records ---------------------------------------------------------------------------------
 
     def build(self, bad: BadRows, cleaning: CleaningLog) -> pd.DataFrame:
-        native = cleaning.apply(self._native(bad), CLEANING)
-        questions = self.questions()
-        q4 = [format_artefacts(bits) for bits in native[list(ARTEFACTS)].to_dict("records")]
-        frames = []
-        for qid, (text, space) in questions.items():
-            answers = pd.Series(q4, index=native.index) if qid == "Q4" else native[qid]
-            frame_key = native["site"] + "/" + native["frame_id"]
-            frames.append(
-                pd.DataFrame(
-                    {
-                        R.ID: native["site"]
-                        + "/"
-                        + native[R.SOURCE_SPLIT]
-                        + "/"
-                        + native["frame_id"]
-                        + "/"
-                        + qid,
-                        R.IMAGE: native[R.IMAGE],
-                        R.QUESTION: prompt(qid, text, space),
-                        R.ANSWER: answers,
-                        R.ANSWER_TYPE: "closed",
-                        R.QUESTION_TYPE: QUESTION_TYPES[qid],
-                        R.CANDIDATES: [list(space) for _ in range(len(native))],
-                        R.CASE_ID: frame_key,
-                        R.IMAGE_ID: frame_key,
-                        R.SOURCE_SPLIT: native[R.SOURCE_SPLIT],
-                        "site": native["site"],
-                        "question_id": qid,
-                        "mask": native["mask"],
-                        **{name: native[name] for name in ARTEFACTS},
-                    }
+        questions = self._questions()
+        base = self._base_rows(questions, self._frames(bad), bad)
+        vocabulary = _vocabulary(base, list(questions))
+        base = cleaning.apply(base, CLEANING)
+        order = list(questions)
+        wrong = {task: order[(i + 1) % len(order)] for i, task in enumerate(order)}
+        parts = []
+        for split, rows in base.groupby(R.SOURCE_SPLIT, sort=False):
+            for wording, suffix, text_of in self._wordings(str(split), questions, wrong):
+                texts = rows["task"].map(text_of)
+                asked = rows.loc[texts.notna()]
+                parts.append(
+                    asked.assign(
+                        **{
+                            R.ID: asked["qa_id"] + suffix,
+                            R.QUESTION: texts[texts.notna()].map(lambda t: prompt(t, vocabulary)),
+                            WORDING: wording,
+                        }
+                    )
                 )
-            )
-        columns = [*R.CORE_COLUMNS, "site", "question_id", "mask", *ARTEFACTS]
-        if not frames or native.empty:
+        columns = [*R.CORE_COLUMNS, QUESTION_ID, WORDING, "site", "video_key", "mask"]
+        if not parts:
             return pd.DataFrame(columns=columns)
-        return pd.concat(frames, ignore_index=True)[columns]
+        table = pd.concat(parts, ignore_index=True)
+        return table.assign(
+            **{
+                R.ANSWER_TYPE: "closed",
+                R.QUESTION_TYPE: table["task"],
+                QUESTION_ID: table["task"],
+                R.CANDIDATES: table["labels"],
+                R.CASE_ID: table[SEQUENCE],
+                R.IMAGE_ID: table["frame"],
+            }
+        )[columns]
+
+    def _wordings(
+        self, split: str, questions: Mapping[str, Mapping[str, Any]], wrong: Mapping[str, str]
+    ) -> list[tuple[str, str, Callable[[str], str | None]]]:
+        """(wording, id suffix, task -> question text or None) per record a base row gives here.
+
+        Only training paraphrases get an id suffix: a test record's id is its qa_id whatever
+        the wording, so runs under different wordings pair up row by row."""
+        if self.neutral_question:
+            return [(NEUTRAL, "", lambda _t: NEUTRAL_QUESTION)]
+        if split == "test":
+            if self.test_wording == "wrong_question":
+                return [(self.test_wording, "", lambda t: questions[wrong[t]]["canonical"])]
+            return [(self.test_wording, "", lambda t: questions[t][self.test_wording])]
+        out = [("canonical", "", lambda t: questions[t]["canonical"])]
+        if split == "train":
+            longest = max(len(q["train_paraphrases"]) for q in questions.values())
+            for k in range(longest):
+                out.append(
+                    (
+                        TRAIN_PARAPHRASE,
+                        f"#{TRAIN_PARAPHRASE}_{k + 1}",
+                        lambda t, k=k: _nth(questions[t]["train_paraphrases"], k),
+                    )
+                )
+        return out
+
+    # -- images ----------------------------------------------------------------------------------
+
+    def check_image(self, ref: str, record_id: str | None = None) -> None:
+        """A frame array is checked from its header only (memory-mapped, nothing read)."""
+        path = self.image_path(ref, record_id)
+        if path.suffix.lower() != ".npy":
+            super().check_image(ref, record_id)
+            return
+        _rgb_array(path, self.name, record_id)
+
+    def load_image(self, ref: str, record_id: str | None = None) -> Image.Image:
+        """The release stores frames as uint8 RGB arrays; other files go through PIL."""
+        path = self.image_path(ref, record_id)
+        if path.suffix.lower() != ".npy":
+            return super().load_image(ref, record_id)
+        return Image.fromarray(np.ascontiguousarray(_rgb_array(path, self.name, record_id)))
+
+
+def _nth(paraphrases: Sequence[str], k: int) -> str | None:
+    """The k-th training paraphrase, None if the task has fewer (it then gets fewer records)."""
+    return paraphrases[k] if k < len(paraphrases) else None
+
+
+def _vocabulary(base: pd.DataFrame, order: Sequence[str]) -> list[str]:
+    """The shared answer space: every task's labels in task order, first occurrence kept."""
+    labels_of = base.drop_duplicates("task").set_index("task")["labels"].to_dict()
+    out: dict[str, None] = {}
+    for task in order:
+        out.update(dict.fromkeys(labels_of.get(task, [])))
+    return list(out)
+
+
+def _rgb_array(path: Path, source: str, record_id: str | None) -> np.ndarray:
+    """A frame as the release stores it (uint8, height x width x 3), memory-mapped."""
+    where = f" (record {record_id!r})" if record_id is not None else ""
+    try:
+        array = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError) as err:
+        raise DataError(
+            f"{source}: cannot read frame array {path}{where}: {err}. Re-create it as the "
+            "release's data preparation describes (np.save of a uint8 RGB array)."
+        ) from err
+    if array.dtype != np.uint8 or array.ndim != 3 or array.shape[2] != 3:
+        raise DataError(
+            f"{source}: frame array {path}{where} has dtype {array.dtype} and shape "
+            f"{array.shape}; expected uint8 height x width x 3 (RGB)."
+        )
+    return array

@@ -1,38 +1,37 @@
-"""Closed-set metrics for fixed-question data sets such as RoboSurg-VQA (docs/metrics.md).
+"""Closed-set metrics of fixed-label tasks such as RoboSurg-VQA (docs/metrics.md#closed_set).
 
-Every question id (Q1..Q9) has its own answer space, and the label distributions are skewed
-(most frames have no bleeding), so accuracy alone rewards always answering the majority label.
-The headline per question is therefore **macro-F1**: F1 per label of the answer space, averaged
-with equal weight over the labels that occur in the ground truth or the predictions. The
-overall score is the unweighted mean of the per-question macro-F1, so a question with few
-frames weighs as much as one with many.
+Each task (the rows' ``question_id``) has a fixed label list: its rows' candidates. Labels are
+skewed (most frames show no bleeding), so accuracy rewards the majority answer; the primary
+score per task is **macro-F1** and the headline is its unweighted mean over the primary tasks.
 
-Parsing. A prediction selects a label by :func:`medvqa.evaluation.families.traditional.closed_choice`
-(normalised, case-insensitive exact match, else a unique whole-word containment: "Yes, there is
-glare" selects "yes", "yes or no" selects nothing). Whole words matter: a raw substring test
-would read "unknown" as containing "no". A prediction that selects no label or several is
-**invalid**; it counts as wrong everywhere (a miss of its ground-truth label in F1, recall and
-accuracy) and is never dropped, and the invalid rate is reported.
+Label set (``labels``). ``fixed`` (the RoboSurg release): macro-F1 and balanced accuracy average
+over the task's whole label list; a label absent from both the truth and the predictions of the
+rows scored contributes 0, not nothing (F1 = 2tp / (2tp + fp + fn) and recall = tp / (tp + fn)
+are 0 where the denominator is 0). So a subset without smoke frames cannot score higher by
+never answering "yes"; scikit-learn's ``balanced_accuracy_score`` skips such labels and is not
+this number, ``recall_score(labels=..., average="macro", zero_division=0)`` is. ``observed``:
+average over the labels occurring in the truth or the valid predictions (macro-F1) or in the
+truth (balanced accuracy, as scikit-learn's ``balanced_accuracy_score``).
 
-Q4 (artefact tuple). The answer is the canonical tuple ``bleeding=no, smoke=yes, occlusion=no``.
-A prediction in that key=value format is read with
-:func:`medvqa.data.sources.robosurg_vqa.parse_artefacts` (any order, ``;`` or ``,``), otherwise by
-containment of one of the eight tuple labels. The primary Q4 score is the tuple exact match;
-the bit-wise macro-F1 (macro-F1 per artefact over yes/no, then the mean of the three) is the
-Q4 entry of the overall macro-F1 because it credits partially right tuples. An invalid tuple
-gives no bit (all three bits count as misses).
+Parsing. A prediction selects a label by
+:func:`medvqa.evaluation.families.traditional.closed_choice` (normalised exact match, else a
+unique whole-word containment). One that selects no label of the task's list, or several, is
+**invalid**: it is a miss of its true label (an fn, never an fp of any label), counts as wrong,
+and the invalid rate reports it.
 
-Unknown. For a question whose answer space contains "Unknown" (Q3, Q5, Q8), answering
-"Unknown" is an abstention: coverage = 1 - N_Unknown / N counts how often the model commits,
-and the conditional accuracy is the accuracy on the rows where it did (invalid predictions are
-not abstentions, so they stay in that denominator as wrong answers).
+Abstention (``abstain_label``, off for RoboSurg, which has none): for a task whose labels
+include it, coverage = 1 - N_abstain / N and the accuracy on the committed rows.
 
-Metric names carry a ``cs_`` prefix and no "/" (the runner adds ``split/`` and computes RR only
-for "/"-free keys): ``cs_overall_macro_f1``, ``cs_invalid_rate``, ``cs_n``, and per question
-``cs_<qid>_macro_f1``, ``_acc``, ``_balanced_acc``, ``_invalid_rate``, ``_n``, for
-Unknown-enabled questions ``_coverage``, ``_cond_acc``, and for tuple questions ``_tuple_em``,
-``_bit_macro_f1``, ``_<artefact>_macro_f1`` (instead of ``_macro_f1``/``_acc``/
-``_balanced_acc``).
+Intervals. The headline's percentile interval resamples ``cluster_field`` (RoboSurg: the source
+sequence) B times; every task's per-cluster tp/fp/fn counts are resampled together, so macro-F1
+is recomputed on each resample rather than averaged per cluster. Clusters are taken in sorted
+order, so two conditions scored on the same sequences draw the same resamples and
+:meth:`ClosedSetMetric.paired_delta` gives their paired difference.
+
+Keys (``cs_`` prefix, no "/"): ``cs_primary_macro_f1`` with ``_ci_lo/_ci_hi/_ci_half``,
+``cs_primary_invalid_rate``, ``cs_invalid_rate``, ``cs_n``, and per task
+``cs_<task>_macro_f1``, ``_acc``, ``_balanced_acc``, ``_invalid_rate``, ``_n`` (plus
+``_coverage``, ``_cond_acc`` for abstaining tasks).
 """
 
 from __future__ import annotations
@@ -40,23 +39,21 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from medvqa.data.records import ANSWER, ANSWER_TYPE, CANDIDATES, ID
-from medvqa.data.sources.robosurg_vqa import (
-    ARTEFACTS,
-    QUESTIONS,
-    UNKNOWN,
-    format_artefacts,
-    parse_artefacts,
-)
+from medvqa.data.records import ANSWER, ANSWER_TYPE, CANDIDATES, CASE_ID, ID
 from medvqa.evaluation.families.base import MetricFamily
 from medvqa.evaluation.families.traditional import PREDICTION, closed_choice
-from medvqa.evaluation.statistics import mean_or_nan
+from medvqa.evaluation.statistics import (
+    BootstrapCI,
+    cluster_sum_replicates,
+    mean_or_nan,
+    percentile_ci,
+)
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +61,7 @@ __all__ = [
     "CS_CHOICE",
     "CS_CORRECT",
     "CS_INVALID",
-    "CS_UNKNOWN",
-    "ROBOSURG_QUESTIONS",
-    "ROBOSURG_UNKNOWN_QUESTIONS",
+    "LABEL_SETS",
     "ClosedSetMetric",
     "balanced_accuracy",
     "macro_f1",
@@ -78,17 +73,13 @@ QUESTION_ID = "question_id"
 CS_CHOICE = "cs_choice"
 CS_CORRECT = "cs_correct"
 CS_INVALID = "cs_invalid"
-CS_UNKNOWN = "cs_unknown"  # 1 if the prediction is "Unknown"; NaN if the space has no Unknown
 PREFIX = "cs_"
-# RoboSurg's question ids and those whose answer space offers "Unknown" (Q3, Q5, Q8).
-ROBOSURG_QUESTIONS: tuple[str, ...] = tuple(QUESTIONS)
-ROBOSURG_UNKNOWN_QUESTIONS: tuple[str, ...] = tuple(
-    qid for qid, (_, space) in QUESTIONS.items() if UNKNOWN in space
-)
+LABEL_SETS = ("fixed", "observed")
+HEADLINE = f"{PREFIX}primary_macro_f1"
 
 
 # --------------------------------------------------------------------------------------------
-# Parsing and label scores
+# Label scores
 # --------------------------------------------------------------------------------------------
 
 
@@ -100,65 +91,81 @@ def _missing(value: Any) -> bool:
     return len(value) == 0
 
 
-def parse_label(prediction: Any, space: Sequence[str], tuple_question: bool = False) -> str | None:
-    """The label of ``space`` a prediction selects, or None (invalid).
-
-    ``tuple_question`` first reads the artefact key=value format (Q4) and maps it onto the
-    space's spelling of that tuple; everything else, and a Q4 answer embedded in prose, goes
-    through :func:`closed_choice`.
-    """
-    space = [str(s) for s in space]
-    if tuple_question and prediction is not None:
-        bits = parse_artefacts(str(prediction).strip())
-        if bits is not None:
-            wanted = format_artefacts(bits).lower()
-            hits = [s for s in space if s.lower() == wanted]
-            if len(hits) == 1:
-                return hits[0]
-    text = "" if prediction is None else str(prediction)
-    return closed_choice(text, space)
+def parse_label(prediction: Any, labels: Sequence[str]) -> str | None:
+    """The label of ``labels`` a prediction selects, or None (invalid)."""
+    return closed_choice("" if prediction is None else str(prediction), [str(s) for s in labels])
 
 
-def _f1_per_label(gt: np.ndarray, pred: np.ndarray, labels: Sequence[str]) -> list[float]:
-    """F1 = 2tp / (2tp + fp + fn) per label; an invalid prediction (None) is only an fn."""
-    out = []
-    for label in labels:
+def _counts(gt: np.ndarray, pred: np.ndarray, labels: Sequence[str]) -> np.ndarray:
+    """(3, L) per-label tp, fp, fn; a prediction outside ``labels`` is only an fn."""
+    out = np.zeros((3, len(labels)))
+    for j, label in enumerate(labels):
         is_gt, is_pred = gt == label, pred == label
-        tp = float(np.sum(is_gt & is_pred))
-        fp = float(np.sum(~is_gt & is_pred))
-        fn = float(np.sum(is_gt & ~is_pred))
-        out.append(2 * tp / (2 * tp + fp + fn) if tp + fp + fn else math.nan)
+        out[:, j] = (np.sum(is_gt & is_pred), np.sum(~is_gt & is_pred), np.sum(is_gt & ~is_pred))
     return out
 
 
-def _labels(gt: np.ndarray, pred: np.ndarray) -> list[str]:
+def _safe_div(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(den > 0, num / np.where(den > 0, den, 1.0), 0.0)
+
+
+def _macro_f1(tp: np.ndarray, fp: np.ndarray, fn: np.ndarray, fixed: bool) -> np.ndarray:
+    """Macro-F1 over the last axis: every label (fixed) or those with tp + fp + fn > 0."""
+    f1 = _safe_div(2 * tp, 2 * tp + fp + fn)
+    if fixed:
+        return f1.mean(axis=-1)
+    occurs = (tp + fp + fn) > 0
+    return _safe_div((f1 * occurs).sum(axis=-1), occurs.sum(axis=-1).astype(float)) + np.where(
+        occurs.any(axis=-1), 0.0, np.nan
+    )
+
+
+def _balanced(tp: np.ndarray, fn: np.ndarray, fixed: bool) -> np.ndarray:
+    """Mean recall over the last axis: every label (fixed) or those in the truth."""
+    recall = _safe_div(tp, tp + fn)
+    if fixed:
+        return recall.mean(axis=-1)
+    present = (tp + fn) > 0
+    return _safe_div((recall * present).sum(axis=-1), present.sum(axis=-1).astype(float))
+
+
+def _labels_of(gt: np.ndarray, pred: np.ndarray, labels: Sequence[str] | None) -> list[str]:
+    if labels is not None:
+        return [str(v) for v in labels]
     return sorted({str(g) for g in gt} | {str(p) for p in pred if p is not None})
 
 
-def macro_f1(gt: Sequence[str], pred: Sequence[str | None]) -> float:
-    """Mean F1 over the labels that occur in ``gt`` or among the valid ``pred``.
-
-    Equals ``sklearn.metrics.f1_score(gt, pred, labels=<those labels>, average="macro")`` with
-    invalid predictions mapped to a label outside the list. Restricting to occurring labels
-    avoids averaging in zeros for labels that never appear in this subset (e.g. a site without
-    smoke); NaN for no rows.
-    """
+def macro_f1(
+    gt: Sequence[str], pred: Sequence[str | None], labels: Sequence[str] | None = None
+) -> float:
+    """Mean per-label F1 = 2tp / (2tp + fp + fn) over ``labels`` (a label absent from truth and
+    prediction scores 0), or with ``labels=None`` over the labels occurring in ``gt`` or the
+    valid ``pred``. A prediction outside the labels (None: invalid) only misses its truth.
+    NaN for no rows."""
     g, p = np.asarray(gt, dtype=object), np.asarray(pred, dtype=object)
     if g.size == 0:
         return math.nan
-    return float(np.mean(_f1_per_label(g, p, _labels(g, p))))
+    tp, fp, fn = _counts(g, p, _labels_of(g, p, labels))
+    return float(_macro_f1(tp, fp, fn, fixed=labels is not None))
 
 
-def balanced_accuracy(gt: Sequence[str], pred: Sequence[str | None]) -> float:
-    """Mean recall over the ground-truth labels (as sklearn's ``balanced_accuracy_score``)."""
+def balanced_accuracy(
+    gt: Sequence[str], pred: Sequence[str | None], labels: Sequence[str] | None = None
+) -> float:
+    """Mean recall tp / (tp + fn) over ``labels`` (a label absent from the truth scores 0), or
+    with ``labels=None`` over the labels in ``gt`` (scikit-learn's balanced_accuracy_score).
+    NaN for no rows."""
     g, p = np.asarray(gt, dtype=object), np.asarray(pred, dtype=object)
     if g.size == 0:
         return math.nan
-    return float(np.mean([np.mean(p[g == label] == label) for label in sorted(set(g))]))
+    chosen = [str(v) for v in labels] if labels is not None else sorted({str(v) for v in g})
+    tp, _, fn = _counts(g, p, chosen)
+    return float(_balanced(tp, fn, fixed=labels is not None))
 
 
 def _natural(qid: Any) -> tuple:
-    """Q2 before Q10."""
+    """q2 before q10."""
     return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(qid)))
 
 
@@ -168,31 +175,38 @@ def _natural(qid: Any) -> tuple:
 
 
 class ClosedSetMetric(MetricFamily):
-    """Per-question macro-F1 / accuracy / balanced accuracy, Q4 tuple and bit scores, Unknown
-    coverage and invalid rate (see the module docstring for definitions and names).
+    """Per-task accuracy / macro-F1 / balanced accuracy / invalid rate, the mean macro-F1 over
+    the primary tasks with a cluster-bootstrap interval (see the module docstring).
 
-    ``questions`` fixes the question ids that always get keys (NaN where a subset has none of
-    their rows), so the i.i.d. and OoD splits report the same keys; ids found in the data but
-    not listed are scored too. ``unknown_questions`` likewise always get coverage keys; other
-    questions get them when their rows' answer space contains the Unknown label.
-    For RoboSurg pass ``ROBOSURG_QUESTIONS`` and ``ROBOSURG_UNKNOWN_QUESTIONS``.
+    ``tasks`` always get keys (NaN where a subset has none of their rows), so the i.i.d. and
+    OoD splits report the same keys; tasks found in the data but not listed are scored too.
+    ``primary`` names the headline's tasks (None: every task scored); the headline is NaN when
+    one of them has no rows, never a mean over the others.
     """
 
     name = "closed_set"
 
     def __init__(
         self,
-        questions: Sequence[str] | None = None,
+        tasks: Sequence[str] | None = None,
+        primary: Sequence[str] | None = None,
+        labels: str = "fixed",
         question_field: str = QUESTION_ID,
-        tuple_questions: Sequence[str] = ("Q4",),
-        unknown_questions: Sequence[str] = (),
-        unknown_label: str = UNKNOWN,
+        abstain_label: str | None = None,
+        B: int = 2000,
+        seed: int = 42,
+        level: float = 0.95,
+        cluster_field: str = CASE_ID,
     ) -> None:
-        self.questions = [str(q) for q in questions] if questions is not None else []
+        if labels not in LABEL_SETS:
+            raise ValueError(f"{self.name}: labels must be one of {LABEL_SETS}, got {labels!r}.")
+        self.tasks = [str(q) for q in tasks] if tasks is not None else []
+        self.primary = [str(q) for q in primary] if primary is not None else None
+        self.labels = labels
         self.question_field = question_field
-        self.tuple_questions = {str(q) for q in tuple_questions}
-        self.unknown_questions = {str(q) for q in unknown_questions}
-        self.unknown_label = unknown_label
+        self.abstain_label = abstain_label
+        self.B, self.seed, self.level = int(B), int(seed), float(level)
+        self.cluster_field = cluster_field
 
     # ---- per sample ----------------------------------------------------------------------
 
@@ -201,140 +215,239 @@ class ClosedSetMetric(MetricFamily):
         if missing:
             raise ValueError(
                 f"{self.name}: {what} lacks column(s) {missing}. The closed-set metric needs "
-                f"the question id per row (`{self.question_field}`; RoboSurg records have "
-                "`question_id`, other data sets set `question_field`)."
+                f"the task id per row (`{self.question_field}`; RoboSurg records have "
+                "`question_id`, other data sets set `question_field`) and the cluster "
+                f"(`{self.cluster_field}`)."
             )
 
     def per_sample(self, preds: pd.DataFrame) -> pd.DataFrame:
-        """Parsed label (``cs_choice``, None = invalid) and float ``cs_correct``,
-        ``cs_invalid``, ``cs_unknown`` per row; NaN/None on open rows."""
+        """Parsed label (``cs_choice``, None = invalid), float ``cs_correct`` and
+        ``cs_invalid`` per row; NaN/None on open rows."""
         self._require(
             preds, [PREDICTION, ANSWER, ANSWER_TYPE, CANDIDATES, self.question_field], "table"
         )
         n = len(preds)
         choice: list[str | None] = [None] * n
-        correct, invalid, unknown = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
-        unk = self.unknown_label.lower()
+        correct, invalid = np.full(n, np.nan), np.full(n, np.nan)
         no_space = 0
         rows = zip(
             preds[ANSWER_TYPE].to_numpy(),
             preds[PREDICTION].to_numpy(),
             preds[ANSWER].to_numpy(),
             preds[CANDIDATES].to_numpy(),
-            preds[self.question_field].to_numpy(),
             strict=True,
         )
-        for i, (kind, pred, answer, space, qid) in enumerate(rows):
+        for i, (kind, pred, answer, space) in enumerate(rows):
             if kind != "closed":
                 continue
             if _missing(space):
                 no_space += 1
-                space = []
-            space = [str(s) for s in space]
-            label = parse_label(pred, space, str(qid) in self.tuple_questions) if space else None
+            label = None if _missing(space) else parse_label(pred, space)
             choice[i] = label
             correct[i] = float(label is not None and label == str(answer))
             invalid[i] = float(label is None)
-            if any(s.lower() == unk for s in space):
-                unknown[i] = float(label is not None and label.lower() == unk)
         if no_space:
-            log.warning(
-                "%s: %d closed row(s) without an answer space; invalid", self.name, no_space
-            )
+            log.warning("%s: %d closed row(s) without a label list; invalid", self.name, no_space)
         return pd.DataFrame(
             {
                 CS_CHOICE: pd.Series(choice, index=preds.index, dtype=object),
                 CS_CORRECT: correct,
                 CS_INVALID: invalid,
-                CS_UNKNOWN: unknown,
             },
             index=preds.index,
         )
 
     # ---- aggregate -----------------------------------------------------------------------
 
-    def _bits(self, group: pd.DataFrame) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-        """Ground-truth and predicted artefact bits (None where the prediction is invalid)."""
-        gt = {name: [] for name in ARTEFACTS}
-        pred = {name: [] for name in ARTEFACTS}
-        for rid, answer, label in zip(
-            group[ID] if ID in group.columns else group.index,
-            group[ANSWER],
-            group[CS_CHOICE],
-            strict=True,
-        ):
-            bits = parse_artefacts(str(answer))
-            if bits is None:
-                raise ValueError(
-                    f"{self.name}: row {rid!r} is a tuple question but its answer {answer!r} is "
-                    "not 'bleeding=yes|no, smoke=yes|no, occlusion=yes|no'; fix the records or "
-                    "the metric's tuple_questions."
-                )
-            got = parse_artefacts(label) if label is not None else None
-            for name in ARTEFACTS:
-                gt[name].append(bits[name])
-                pred[name].append(None if got is None else got[name])
-        return (
-            {k: np.asarray(v, dtype=object) for k, v in gt.items()},
-            {k: np.asarray(v, dtype=object) for k, v in pred.items()},
-        )
+    def _task_labels(self, task: str, group: pd.DataFrame) -> list[str]:
+        """The task's fixed label list: its rows' candidates, which must all be the same."""
+        lists = {tuple(str(v) for v in c) for c in group[CANDIDATES] if not _missing(c)}
+        if len(lists) > 1:
+            raise ValueError(
+                f"{self.name}: task {task!r} has rows with different label lists {sorted(lists)}; "
+                "a fixed-label task needs one list (fix the records' candidates)."
+            )
+        return list(next(iter(lists))) if lists else []
 
-    def _question(self, qid: str, group: pd.DataFrame) -> dict[str, float]:
-        """All keys of one question id (NaN values for an empty group)."""
-        p = f"{PREFIX}{qid}_"
+    def _table(
+        self, group: pd.DataFrame, labels: list[str], codes: np.ndarray, n: int
+    ) -> np.ndarray:
+        """Per-cluster additive totals (clusters x (3L + 3)): tp, fp, fn per label, then the
+        row count, correct count and invalid count."""
         gt = group[ANSWER].astype(str).to_numpy(dtype=object)
         pred = group[CS_CHOICE].to_numpy(dtype=object)
-        correct = group[CS_CORRECT].to_numpy(dtype=float)
-        out: dict[str, float] = {}
-        if qid in self.tuple_questions:
-            out[p + "tuple_em"] = mean_or_nan(correct)
-            per_bit = {}
-            if len(group):
-                gt_bits, pred_bits = self._bits(group)
-                per_bit = {k: macro_f1(gt_bits[k], pred_bits[k]) for k in ARTEFACTS}
-            for k in ARTEFACTS:
-                out[p + f"{k}_macro_f1"] = per_bit.get(k, math.nan)
-            out[p + "bit_macro_f1"] = (
-                float(np.mean(list(per_bit.values()))) if per_bit else math.nan
+        if self.labels == "observed":
+            labels = _labels_of(gt, pred, None)
+        out = np.zeros((n, 3 * len(labels) + 3))
+        for j, label in enumerate(labels):
+            is_gt, is_pred = gt == label, pred == label
+            for k, hit in enumerate((is_gt & is_pred, ~is_gt & is_pred, is_gt & ~is_pred)):
+                out[:, k * len(labels) + j] = np.bincount(codes, weights=hit, minlength=n)
+        tail = (np.ones(len(gt)), group[CS_CORRECT], group[CS_INVALID])
+        for k, values in enumerate(tail):
+            out[:, 3 * len(labels) + k] = np.bincount(
+                codes, weights=np.asarray(values, dtype=float), minlength=n
             )
-        else:
-            out[p + "macro_f1"] = macro_f1(gt, pred)
-            out[p + "acc"] = mean_or_nan(correct)
-            out[p + "balanced_acc"] = balanced_accuracy(gt, pred)
-            unknown = group[CS_UNKNOWN].to_numpy(dtype=float)
-            if qid in self.unknown_questions or not np.isnan(unknown).all():
-                out[p + "coverage"] = 1.0 - mean_or_nan(unknown)
-                out[p + "cond_acc"] = mean_or_nan(correct[unknown == 0.0])
-        out[p + "invalid_rate"] = mean_or_nan(group[CS_INVALID].to_numpy(dtype=float))
-        out[p + "n"] = float(len(group))
         return out
 
-    def _primary(self, qid: str, scores: dict[str, float]) -> float:
-        kind = "bit_macro_f1" if qid in self.tuple_questions else "macro_f1"
-        return scores[f"{PREFIX}{qid}_{kind}"]
+    def _scores(self, totals: np.ndarray, n_labels: int) -> dict[str, np.ndarray]:
+        """Task scores from summed totals (..., 3L + 3); NaN where there are no rows."""
+        tp, fp, fn = (totals[..., k * n_labels : (k + 1) * n_labels] for k in range(3))
+        rows, right, bad = (totals[..., 3 * n_labels + k] for k in range(3))
+        if n_labels == 0:  # a task without rows (its labels come from its rows' candidates)
+            nan = np.full(np.shape(rows), np.nan)
+            return {k: nan for k in ("macro_f1", "acc", "balanced_acc", "invalid_rate")}
+        none = np.where(rows > 0, 0.0, np.nan)
+        fixed = self.labels == "fixed"
+        observed_truth = (tp + fn).sum(axis=-1) > 0
+        balanced = _balanced(tp, fn, fixed) + np.where(fixed | observed_truth, 0.0, np.nan)
+        return {
+            "macro_f1": _macro_f1(tp, fp, fn, fixed) + none,
+            "acc": _safe_div(right, rows) + none,
+            "balanced_acc": balanced + none,
+            "invalid_rate": _safe_div(bad, rows) + none,
+        }
 
     def aggregate(self, scored: pd.DataFrame) -> dict[str, float]:
         """Flat ``cs_*`` scores of any subset of scored rows (closed rows only)."""
         self._require(
             scored,
-            [ANSWER, ANSWER_TYPE, self.question_field, CS_CHOICE, CS_CORRECT, CS_INVALID],
+            [
+                ANSWER,
+                ANSWER_TYPE,
+                CANDIDATES,
+                self.question_field,
+                CS_CHOICE,
+                CS_CORRECT,
+                CS_INVALID,
+            ],
             "scored table",
         )
         closed = scored[scored[ANSWER_TYPE] == "closed"]
-        present = {str(q) for q in closed[self.question_field].dropna().unique()}
-        qids = [*self.questions, *sorted(present - set(self.questions), key=_natural)]
-        groups = {str(q): g for q, g in closed.groupby(self.question_field, sort=False)}
-        empty = closed.iloc[0:0]
+        point, totals, sizes, tasks = self._totals(closed)
         out: dict[str, float] = {}
-        primaries = []
-        for qid in qids:
-            scores = self._question(qid, groups.get(qid, empty))
-            out.update(scores)
-            primaries.append(self._primary(qid, scores))
-        finite = [x for x in primaries if not math.isnan(x)]
-        overall = {
-            f"{PREFIX}overall_macro_f1": float(np.mean(finite)) if finite else math.nan,
+        for task in tasks:
+            p = f"{PREFIX}{task}_"
+            out.update({p + k: float(v) for k, v in point[task].items()})
+            out[p + "n"] = float(sizes[task])
+            out.update(self._abstention(task, closed))
+        primary = self._primary(tasks)
+        headline = mean_or_nan([point[t]["macro_f1"] for t in primary])
+        ci = self._headline_ci(headline, totals, primary)
+        return {
+            HEADLINE: headline,
+            **ci.entries(HEADLINE),
+            f"{PREFIX}primary_invalid_rate": mean_or_nan(
+                [point[t]["invalid_rate"] for t in primary]
+            ),
             f"{PREFIX}invalid_rate": mean_or_nan(closed[CS_INVALID].to_numpy(dtype=float)),
             f"{PREFIX}n": float(len(closed)),
+            **out,
         }
-        return {**overall, **out}
+
+    def _primary(self, tasks: Sequence[str]) -> list[str]:
+        return list(self.primary) if self.primary is not None else list(tasks)
+
+    def _totals(
+        self, closed: pd.DataFrame, clusters: Sequence[Any] | None = None
+    ) -> tuple[
+        dict[str, dict[str, float]], dict[str, tuple[np.ndarray, int]], dict[str, int], list[str]
+    ]:
+        """Point scores, per-cluster totals (with the label count) and row counts per task.
+
+        Clusters are numbered in sorted order (or as given), so that equal cluster sets give
+        equal bootstrap draws across conditions."""
+        present = {str(q) for q in closed[self.question_field].dropna().unique()}
+        listed = [*self.tasks, *(self.primary or [])]
+        tasks = [*dict.fromkeys(listed), *sorted(present - set(listed), key=_natural)]
+
+        def cluster_of(rows: pd.DataFrame) -> pd.Series:
+            if self.cluster_field in rows.columns:
+                return rows[self.cluster_field].astype(str)
+            return pd.Series("all", index=rows.index)
+
+        found = set(cluster_of(closed))
+        order = sorted(found) if clusters is None else [str(c) for c in clusters]
+        index = {c: i for i, c in enumerate(order)}
+        if found - set(index):
+            raise ValueError(
+                f"{self.name}: cluster(s) {sorted(found - set(index))[:5]} are not among the "
+                "clusters resampled; both conditions of a paired delta must cover the same ones."
+            )
+        groups = {str(q): g for q, g in closed.groupby(self.question_field, sort=False)}
+        point, totals, sizes = {}, {}, {}
+        for task in tasks:
+            group = groups.get(task, closed.iloc[0:0])
+            task_labels = self._task_labels(task, group)
+            codes = cluster_of(group).map(index).to_numpy(dtype=np.intp)
+            table = self._table(group, task_labels, codes, max(len(order), 1))
+            n_labels = (table.shape[1] - 3) // 3
+            point[task] = {
+                k: float(v) for k, v in self._scores(table.sum(axis=0), n_labels).items()
+            }
+            totals[task] = (table, n_labels)
+            sizes[task] = len(group)
+        return point, totals, sizes, tasks
+
+    def _headline_replicates(
+        self, totals: Mapping[str, tuple[np.ndarray, int]], primary: Sequence[str]
+    ) -> np.ndarray:
+        """The headline on each resample of clusters (one draw for all tasks)."""
+        blocks = [totals[t][0] for t in primary]
+        reps = cluster_sum_replicates(np.concatenate(blocks, axis=1), self.B, self.seed)
+        per_task, start = [], 0
+        for task, block in zip(primary, blocks, strict=True):
+            width = block.shape[1]
+            per_task.append(
+                self._scores(reps[:, start : start + width], totals[task][1])["macro_f1"]
+            )
+            start += width
+        return np.mean(np.stack(per_task, axis=1), axis=1)
+
+    def _headline_ci(
+        self, headline: float, totals: Mapping[str, tuple[np.ndarray, int]], primary: Sequence[str]
+    ) -> BootstrapCI:
+        nan = BootstrapCI(headline, math.nan, math.nan, math.nan)
+        if math.isnan(headline) or not primary or next(iter(totals.values()))[0].shape[0] < 2:
+            return nan
+        reps = self._headline_replicates(totals, primary)
+        return percentile_ci(headline, reps, self.level, f"{self.name} {HEADLINE}")
+
+    def paired_delta(self, scored_a: pd.DataFrame, scored_b: pd.DataFrame) -> BootstrapCI:
+        """Headline(a) - headline(b) with a paired percentile interval: both conditions (e.g.
+        canonical vs held-out wording, or a model vs the answer-frequency baseline) are scored
+        on the same questions, and every resample of clusters is applied to both."""
+        sides = [s[s[ANSWER_TYPE] == "closed"] for s in (scored_a, scored_b)]
+        ids = [set(s[ID]) for s in sides if ID in s.columns]
+        if len(ids) == 2 and ids[0] != ids[1]:
+            raise ValueError(
+                f"{self.name}: a paired delta needs the same questions on both sides; "
+                f"{len(ids[0] ^ ids[1])} record id(s) differ."
+            )
+        clusters = sorted(
+            set().union(*(set(s[self.cluster_field].astype(str)) for s in sides))
+            if self.cluster_field in sides[0].columns
+            else {"all"}
+        )
+        results = [self._totals(s, clusters) for s in sides]
+        primary = self._primary(results[0][3])
+        heads = [mean_or_nan([r[0][t]["macro_f1"] for t in primary]) for r in results]
+        delta = heads[0] - heads[1]
+        if math.isnan(delta) or len(clusters) < 2:
+            return BootstrapCI(delta, math.nan, math.nan, math.nan)
+        reps = [self._headline_replicates(r[1], primary) for r in results]
+        return percentile_ci(delta, reps[0] - reps[1], self.level, f"{self.name} paired delta")
+
+    def _abstention(self, task: str, closed: pd.DataFrame) -> dict[str, float]:
+        """Coverage and accuracy on committed rows, for a task whose labels offer abstaining."""
+        if self.abstain_label is None:
+            return {}
+        group = closed[closed[self.question_field].astype(str) == task]
+        if self.abstain_label not in self._task_labels(task, group):
+            return {}
+        abstain = group[CS_CHOICE].map(lambda c: c == self.abstain_label).to_numpy(dtype=float)
+        correct = group[CS_CORRECT].to_numpy(dtype=float)
+        return {
+            f"{PREFIX}{task}_coverage": 1.0 - mean_or_nan(abstain),
+            f"{PREFIX}{task}_cond_acc": mean_or_nan(correct[abstain == 0.0]),
+        }
