@@ -84,7 +84,9 @@ def bleu_13a(text: str) -> list[str]:
 
 def _ngrams(tokens: Sequence[str], max_order: int) -> Counter[tuple[str, ...]]:
     return Counter(
-        tuple(tokens[i : i + n]) for n in range(1, max_order + 1) for i in range(len(tokens) - n + 1)
+        tuple(tokens[i : i + n])
+        for n in range(1, max_order + 1)
+        for i in range(len(tokens) - n + 1)
     )
 
 
