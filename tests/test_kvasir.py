@@ -13,7 +13,12 @@ from omegaconf import OmegaConf
 from medvqa.data import records as R
 from medvqa.data.base import DataError
 from medvqa.data.shifts import IMAGE_TRANSFORM, Shift, make_splits, transform_spec
-from medvqa.data.sources.kvasir_vqa_x1 import KvasirVqaX1, class_list, yes_no
+from medvqa.data.sources.kvasir_vqa_x1 import (
+    KvasirVqaX1,
+    class_list,
+    medico_val_positions,
+    yes_no,
+)
 from medvqa.data.transforms import apply_transform, kvasir_variant
 from tests.conftest import compose
 from tests.native.kvasir_vqa_x1 import ANNOTATION_DIR
@@ -179,3 +184,67 @@ def test_augment_is_deterministic_and_varies_by_variant(kvasir, tmp_path: Path) 
     other = first.copy()
     other[R.ID] = twin
     assert np.array_equal(view(first), view(other))
+
+
+# -- the Medico public validation subset (eval_subset: medico_val) -------------------------------
+
+
+@pytest.mark.parametrize("n_rows", [20, 1501, 15955])
+def test_medico_positions_are_datasets_shuffle_seed_42(n_rows: int) -> None:
+    """The challenge takes `load_dataset(...)["test"].shuffle(seed=42).select(range(1500))`."""
+    from datasets import Dataset
+
+    size = min(n_rows, 1500)
+    shuffled = Dataset.from_dict({"position": list(range(n_rows))}).shuffle(seed=42)
+    expected = shuffled.select(range(size))["position"]
+    assert medico_val_positions(n_rows, size, 42).tolist() == expected
+    assert medico_val_positions(n_rows, size, 43).tolist() != expected
+
+
+@pytest.mark.parametrize("layout", ["parquet", "disk"])
+def test_medico_val_keeps_the_shuffled_test_rows_in_order(tmp_path: Path, layout: str) -> None:
+    fx = write_kvasir(tmp_path / "kvasir", layout=layout)
+    table = KvasirVqaX1(
+        fx.root, eval_subset="medico_val", eval_subset_size=7, yes_no_closed=False
+    ).table()
+    test = table.loc[table[R.SOURCE_SPLIT] == "test"].reset_index(drop=True)
+    positions = np.random.default_rng(42).permutation(fx.counts["test"])[:7]
+    assert test[R.ID].tolist() == [f"test/{i}" for i in positions]
+    # Each id maps back to its native row: same question, answer and image.
+    native = fx.frames["test"].iloc[positions].reset_index(drop=True)
+    assert test[R.QUESTION].tolist() == native["question"].tolist()
+    assert test[R.ANSWER].tolist() == native["answer"].tolist()
+    assert test[R.IMAGE_ID].tolist() == native["img_id"].tolist()
+    # Train is untouched.
+    assert (table[R.SOURCE_SPLIT] == "train").sum() == fx.counts["train"]
+
+
+def test_medico_val_defaults_and_bad_options(kvasir, tmp_path: Path) -> None:
+    cfg = compose(["dataset=kvasir_vqa_x1", "dataset.eval_subset=medico_val"], tmp_path)
+    assert cfg.dataset.eval_subset_size == 1500 and cfg.dataset.eval_subset_seed == 42
+    assert cfg.dataset.eval_subset == "medico_val"
+    with pytest.raises(DataError, match=r"takes 1500 rows but the test split .* has 20"):
+        KvasirVqaX1(kvasir.root, eval_subset="medico_val").table()
+    with pytest.raises(ValueError, match=r"eval_subset='public' is not one of \['medico_val'\]"):
+        KvasirVqaX1(kvasir.root, eval_subset="public")
+
+
+def test_medico_val_subset_is_the_test_split_of_the_transformed_track(
+    kvasir, tmp_path: Path
+) -> None:
+    cfg = compose(
+        [
+            "+experiment=kvasir_transformed",
+            f"dataset.root={kvasir.root}",
+            "dataset.eval_subset=medico_val",
+            "dataset.eval_subset_size=9",
+        ],
+        tmp_path / "cache",
+    )
+    shift = Shift.from_config(OmegaConf.to_container(cfg.shift, resolve=True))
+    splits = make_splits(instantiate(cfg.dataset).table(), shift, seed=0)
+    positions = np.random.default_rng(42).permutation(kvasir.counts["test"])[:9]
+    expected = [f"test/{i}" for i in positions]
+    assert splits["test_iid"][R.ID].tolist() == expected
+    assert splits["test_ood"][R.ID].tolist() == expected
+    assert len(splits["train"]) + len(splits["val"]) == kvasir.counts["train"]

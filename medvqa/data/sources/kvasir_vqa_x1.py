@@ -18,6 +18,11 @@ with candidates [yes, no], so closed accuracy can score it. Metadata kept for sh
 breakdowns: `complexity` (int), `question_class` (list[str]), `original` (the JSON string);
 `question_type` is the classes joined with "|" in sorted order. There is no validate split: the
 shifts carve validation from train by image, stratified by complexity and question class.
+
+`eval_subset: medico_val` keeps, of the test split, only the MediaEval Medico challenge's public
+validation subset: the rows `datasets.Dataset.shuffle(seed=42)` puts first, 1,500 of them, in
+that order (the permutation is `np.random.default_rng(seed).permutation(n)` over the split's
+native rows). Ids stay `test/<position in the split>`, so each row maps back to the release.
 """
 
 from __future__ import annotations
@@ -41,6 +46,13 @@ REQUIRED = ("img_id", "complexity", "question", "answer", "question_class")
 SPLIT_NAMES = {"train": "train", "test": "test", "validate": "validate", "validation": "validate"}
 DISK_MARKER = "dataset_dict.json"
 METADATA = ("complexity", "question_class", "original")
+EVAL_SUBSETS = ("medico_val",)
+
+
+def medico_val_positions(n_rows: int, size: int, seed: int) -> np.ndarray:
+    """Positions of the test split's rows in the Medico public validation subset, in order:
+    the first `size` of `Dataset.shuffle(seed)`'s permutation (numpy's PCG64 `default_rng`)."""
+    return np.random.default_rng(seed).permutation(n_rows)[:size]
 
 
 def class_list(value: Any) -> list[str] | None:
@@ -99,11 +111,24 @@ class KvasirVqaX1(AnnotatedSource):
         annotation_dir: str = "Kvasir-VQA-x1",
         image_dir: str = "Kvasir-VQA/images",
         yes_no_closed: bool = True,
+        eval_subset: str | None = None,
+        eval_subset_size: int = 1500,
+        eval_subset_seed: int = 42,
     ) -> None:
         super().__init__(root, cache_dir, on_bad_row)
+        if eval_subset is not None and eval_subset not in EVAL_SUBSETS:
+            raise ValueError(
+                f"dataset.eval_subset={eval_subset!r} is not one of {list(EVAL_SUBSETS)}; use "
+                "null for the whole test split"
+            )
+        if eval_subset_size <= 0:
+            raise ValueError(f"dataset.eval_subset_size must be positive, got {eval_subset_size}")
         self.annotation_dir = annotation_dir
         self.image_dir = image_dir
         self.yes_no_closed = yes_no_closed
+        self.eval_subset = eval_subset
+        self.eval_subset_size = eval_subset_size
+        self.eval_subset_seed = eval_subset_seed
 
     # -- where the annotations are --------------------------------------------------------------
 
@@ -203,6 +228,7 @@ class KvasirVqaX1(AnnotatedSource):
         for native_split, paths in self._splits().items():
             split = SPLIT_NAMES[native_split]
             position = 0
+            split_rows: dict[int, dict[str, Any]] = {}  # native position -> kept row
             for path, frame in self._read(native_split, paths):
                 for i, record in enumerate(frame.to_dict("records")):
                     where = f"{path} row {i}"
@@ -232,21 +258,34 @@ class KvasirVqaX1(AnnotatedSource):
                     if ref is None:
                         continue
                     original = row.get("original")
-                    rows.append(
-                        {
-                            R.ID: f"{split}/{index}",
-                            R.IMAGE: ref,
-                            R.IMAGE_ID: img_id,
-                            R.QUESTION: str(row["question"]).strip(),
-                            R.ANSWER: str(row["answer"]).strip(),
-                            "complexity": complexity,
-                            "question_class": classes,
-                            "original": None if original is None else str(original),
-                            R.SOURCE_SPLIT: split,
-                        }
-                    )
+                    split_rows[index] = {
+                        R.ID: f"{split}/{index}",
+                        R.IMAGE: ref,
+                        R.IMAGE_ID: img_id,
+                        R.QUESTION: str(row["question"]).strip(),
+                        R.ANSWER: str(row["answer"]).strip(),
+                        "complexity": complexity,
+                        "question_class": classes,
+                        "original": None if original is None else str(original),
+                        R.SOURCE_SPLIT: split,
+                    }
+            if split == "test" and self.eval_subset is not None:
+                order = self._subset_order(position, paths)
+                rows.extend(split_rows[i] for i in order if i in split_rows)
+            else:
+                rows.extend(split_rows.values())
         columns = [R.ID, R.IMAGE, R.IMAGE_ID, R.QUESTION, R.ANSWER, *METADATA, R.SOURCE_SPLIT]
         return pd.DataFrame(rows, columns=columns)
+
+    def _subset_order(self, n_rows: int, paths: list[Path]) -> np.ndarray:
+        """Native positions of the `eval_subset` rows of the test split, in subset order."""
+        if self.eval_subset_size > n_rows:
+            raise DataError(
+                f"{self.name}: dataset.eval_subset={self.eval_subset} takes "
+                f"{self.eval_subset_size} rows but the test split ({paths[0]}) has {n_rows}; "
+                "set dataset.eval_subset_size, or use the full release."
+            )
+        return medico_val_positions(n_rows, self.eval_subset_size, self.eval_subset_seed)
 
     def build(self, bad: BadRows, cleaning: CleaningLog) -> pd.DataFrame:
         native = self._native(bad)
