@@ -72,7 +72,7 @@ def _scale(module: torch.nn.Module, std: float) -> None:
 class Original:
     """The original modules (CLIP tower, mlp2x_gelu projector, Mistral LM) and their layout."""
 
-    def __init__(self, root: Path, tower_in_source: bool) -> None:
+    def __init__(self, root: Path, tower_in_source: bool, weights: str = "safetensors") -> None:
         from transformers import (
             CLIPConfig,
             CLIPModel,
@@ -138,7 +138,7 @@ class Original:
         self.lm = MistralForCausalLM(self.text_config).eval()
         _scale(self.lm, 0.2)
         self.src = root / "llava-med-v1.5-mistral-tiny"
-        self.write(tower_in_source)
+        self.write(tower_in_source, weights)
 
     def state_dict(self, tower_in_source: bool) -> dict[str, torch.Tensor]:
         """The keys LLaVA-Med's LlavaMistralForCausalLM saves."""
@@ -151,20 +151,32 @@ class Original:
                 state[f"model.vision_tower.vision_tower.{name}"] = value
         return state
 
-    def write(self, tower_in_source: bool) -> None:
+    def write(self, tower_in_source: bool, weights: str) -> None:
+        """Two shards and their index, as safetensors (the release) or pytorch .bin files
+        (older LLaVA saves, which also carry rotary `inv_freq` buffers)."""
         from safetensors.torch import save_file
 
         self.src.mkdir(parents=True)
         state = {k: v.contiguous() for k, v in self.state_dict(tower_in_source).items()}
+        if weights == "bin":
+            head_dim = self.text_config.hidden_size // self.text_config.num_attention_heads
+            for i in range(self.text_config.num_hidden_layers):
+                state[f"model.layers.{i}.self_attn.rotary_emb.inv_freq"] = torch.ones(head_dim // 2)
         keys = sorted(state)
+        stem, suffix = (
+            ("model", "safetensors") if weights == "safetensors" else ("pytorch_model", "bin")
+        )
         shards = {
-            "model-00001-of-00002.safetensors": keys[: len(keys) // 2],
-            "model-00002-of-00002.safetensors": keys[len(keys) // 2 :],
+            f"{stem}-00001-of-00002.{suffix}": keys[: len(keys) // 2],
+            f"{stem}-00002-of-00002.{suffix}": keys[len(keys) // 2 :],
         }
         for name, part in shards.items():
-            save_file({k: state[k] for k in part}, self.src / name, metadata={"format": "pt"})
+            if weights == "safetensors":
+                save_file({k: state[k] for k in part}, self.src / name, metadata={"format": "pt"})
+            else:
+                torch.save({k: state[k] for k in part}, self.src / name)
         weight_map = {k: name for name, part in shards.items() for k in part}
-        (self.src / "model.safetensors.index.json").write_text(
+        (self.src / f"{stem}.{suffix}.index.json").write_text(
             json.dumps({"metadata": {"total_size": 0}, "weight_map": weight_map})
         )
         config = {k: v for k, v in self.text_config.to_dict().items() if k != "rope_parameters"}
@@ -229,11 +241,16 @@ def _spec(path: Path) -> Any:
     return OmegaConf.create({"name": "llava_med", "pretrained": str(path), "dtype": "float32"})
 
 
-@pytest.fixture(scope="module", params=["tower_in_source", "tower_by_path"])
+@pytest.fixture(
+    scope="module",
+    params=[("tower_in_source", "safetensors"), ("tower_by_path", "bin")],
+    ids=["tower_in_source-safetensors", "tower_by_path-bin"],
+)
 def converted(request, tmp_path_factory) -> tuple[Original, Path]:
-    root = tmp_path_factory.mktemp(request.param)
-    in_source = request.param == "tower_in_source"
-    original = Original(root, tower_in_source=in_source)
+    tower, weights = request.param
+    root = tmp_path_factory.mktemp(f"{tower}-{weights}")
+    in_source = tower == "tower_in_source"
+    original = Original(root, tower_in_source=in_source, weights=weights)
     dst = root / "converted"
     convert_llava_med(original.src, dst, vision_tower=None if in_source else original.clip_dir)
     return original, dst

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -74,12 +73,8 @@ CHAT_TEMPLATE = (
 VISION_PREFIX = "model.vision_tower.vision_tower."
 PROJECTOR_PREFIX = "model.mm_projector."
 PROJECTOR_LAYERS = {"0": "linear_1", "2": "linear_2"}  # nn.Sequential(Linear, GELU, Linear)
-# Keys LLaVA adds to the Mistral config; dropped from the text config.
-LLAVA_ONLY_KEYS = re.compile(
-    r"^(mm_.*|image_aspect_ratio|image_grid_pinpoints|tokenizer_.*|tune_mm_.*|freeze_mm_.*|"
-    r"use_mm_proj|feature_outs|img_size|vision_backbone|segtok_posembed|architectures|"
-    r"model_type|_name_or_path)$"
-)
+# Keys of the original config that describe LLaVA's model, not the Mistral inside it.
+NOT_TEXT_KEYS = ("model_type", "architectures", "_name_or_path")
 ROPE_LEGACY_KEYS = ("rope_theta", "rope_scaling")
 
 
@@ -169,11 +164,12 @@ def split_original(state: Mapping[str, torch.Tensor]) -> dict[str, dict[str, tor
 
 
 def text_config(original: Mapping[str, Any]) -> Any:
-    """The Mistral config inside LLaVA's: its own keys, without LLaVA's `mm_*` additions."""
+    """The Mistral config inside LLaVA's: Mistral's own keys (rope_theta included), without
+    LLaVA's `mm_*` and training additions."""
     from transformers import MistralConfig
 
-    known = set(MistralConfig().to_dict()) | set(ROPE_LEGACY_KEYS)
-    kept = {k: v for k, v in original.items() if k in known and not LLAVA_ONLY_KEYS.match(k)}
+    known = (set(MistralConfig().to_dict()) | set(ROPE_LEGACY_KEYS)) - set(NOT_TEXT_KEYS)
+    kept = {k: v for k, v in original.items() if k in known}
     return MistralConfig.from_dict(kept)
 
 
@@ -489,7 +485,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         epilog="Then run with model=llava_med model.pretrained=DST.",
     )
     llava.add_argument("src", type=Path, help="the original checkpoint directory")
-    llava.add_argument("dst", type=Path, help="the directory to write (must not exist)")
+    llava.add_argument("dst", type=Path, help="the directory to write (absent or empty)")
     llava.add_argument(
         "--vision-tower",
         type=Path,
