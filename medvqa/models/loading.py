@@ -116,8 +116,12 @@ def load_vlm(model_cfg: Any) -> tuple[torch.nn.Module, Any]:
             raise ValueError(
                 f"model {model_cfg.name!r}: {source!r} is the original LLaVA(-Med) checkpoint "
                 f"layout (model_type {ORIGINAL_LLAVA_TYPE!r}), which transformers cannot load. "
-                "Point model.pretrained at a copy in transformers' LLaVA format (model=llava_med "
-                "defaults to one: chaoyinshe/llava-med-v1.5-mistral-7b-hf)."
+                "Convert it once into transformers' LLaVA format with `medvqa-convert llava-med "
+                f"{source} DST` (or `python -m medvqa.models.convert llava-med {source} DST`; add "
+                "`--vision-tower CLIP_DIR`, a local openai/clip-vit-large-patch14-336, if the "
+                "checkpoint lacks the tower's weights) and set model.pretrained=DST; or use a "
+                "converted copy (model=llava_med defaults to "
+                "chaoyinshe/llava-med-v1.5-mistral-7b-hf)."
             ) from err
         raise
     if getattr(processor, "tokenizer", None) is None:
