@@ -98,7 +98,7 @@ def test_llava_med_conversation_format(loaded) -> None:
     )
     enc = encode(med, question, Image.new("RGB", (64, 64)), answer="yes")
     labels = enc["labels"][enc["labels"] != IGNORE_INDEX]
-    answer = med.tokenizer(" yes</s>", add_special_tokens=False)["input_ids"]
+    answer = med.tokenizer(" yes </s>", add_special_tokens=False)["input_ids"]
     assert labels.tolist() == answer and labels[-1] == med.tokenizer.eos_token_id
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from medvqa.atomic import build_once
+from medvqa.models.prompting import chat_template
 
 log = logging.getLogger(__name__)
 
@@ -48,26 +49,6 @@ KNOWN_TOWERS: dict[str, dict[str, Any]] = {
         "layer_norm_eps": 1e-5,
     }
 }
-
-# LLaVA-Med v1.5's `mistral_instruct` conversation (llava/conversation.py: LLAMA_2 separator
-# style, empty system, sep "", sep2 "</s>"): "[INST] <image>\n{q} [/INST]" for the user and
-# " {a} </s>" for the answer. No BOS here: the Mistral tokenizer adds it, as in LLaVA-Med's
-# `tokenizer_image_token`.
-CHAT_TEMPLATE = (
-    "{%- for m in messages -%}"
-    "{%- if m['role'] == 'system' -%}"
-    "{{ raise_exception('LLaVA-Med v1.5 (mistral_instruct) has no system prompt') }}"
-    "{%- elif m['role'] == 'user' -%}[INST] "
-    "{% if m['content'] is string %}{{ m['content'] }}{% else %}"
-    "{% for c in m['content'] %}{% if c['type'] == 'image' %}" + IMAGE_TOKEN + "{{ '\\n' }}"
-    "{% elif c['type'] == 'text' %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %} [/INST]"
-    "{%- else %}"
-    " {% if m['content'] is string %}{{ m['content'] }}{% else %}"
-    "{% for c in m['content'] %}{% if c['type'] == 'text' %}{{ c['text'] }}{% endif %}"
-    "{% endfor %}{% endif %} {{ eos_token }}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-)
 
 # Original key prefixes (LLaVA's LlavaMetaModel) and their homes in LlavaForConditionalGeneration.
 VISION_PREFIX = "model.vision_tower.vision_tower."
@@ -304,7 +285,7 @@ def build_processor(
         vision_feature_select_strategy=strategy,
         num_additional_image_tokens=1,  # CLIP's CLS token
         image_token=IMAGE_TOKEN,
-        chat_template=CHAT_TEMPLATE,
+        chat_template=chat_template("llava_med"),
     )
 
 

@@ -48,9 +48,10 @@ def virtual_prefix(processor: Any) -> str:
 
 # Chat templates a model config can name (`model.chat_template`) to replace its processor's:
 # for checkpoints whose processor was saved without the template the model was trained with.
-# llava_med: LLaVA-Med v1.5 (Mistral instruct): "[INST] <image>\n{question} [/INST] {answer}</s>"
-# after the tokenizer's BOS; a system turn goes first inside [INST] as Llama-2's <<SYS>> block,
-# as LLaVA's LLAMA_2 separator style writes it.
+# llava_med: LLaVA-Med v1.5's `mistral_instruct` conversation (llava/conversation.py: LLAMA_2
+# separator style, empty system, sep "", sep2 "</s>"): "[INST] <image>\n{question} [/INST]" and
+# the answer as " {answer} </s>", after the BOS the tokenizer adds; a system turn, if one is
+# given, goes first inside [INST] as the <<SYS>> block that style writes.
 CHAT_TEMPLATES = {
     "llava_med": (
         "{%- for message in messages -%}"
@@ -71,7 +72,7 @@ CHAT_TEMPLATES = {
         "{%- for part in message['content'] if part['type'] == 'text' -%}"
         "{{ part['text'] }}"
         "{%- endfor -%}"
-        "{{ '</s>' }}"
+        "{{ ' </s>' }}"
         "{%- endif -%}"
         "{%- endfor -%}"
     ),
