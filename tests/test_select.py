@@ -130,6 +130,7 @@ def test_the_judge_decides_ties_go_to_the_open_score_and_failed_seeds_never_win(
     assert text.startswith("# @package _global_\n")
     assert "val/judge_closed_acc, ties by val/judge_open_score" in text
     assert "peft.adapter.r=256 peft.lr=0.0003: not eligible" in text and "diverged" in text
+    assert f"code {template['provenance']['git']['commit'][:12]}" in text
     # alpha follows r in conf/peft/lora.yaml: only r and lr are written
     assert yaml.safe_load(text) == {"peft": {"adapter": {"r": 64}, "lr": 3e-5}}
 

@@ -107,6 +107,7 @@ class Selection:
     basis: str  # "the LLM judge" or "the configured headline scores"
     candidates: list[Candidate]  # ranked: eligible best first, then the ineligible ones
     notes: list[str] = field(default_factory=list)
+    code: list[str] = field(default_factory=list)  # the runs' commits (results.json provenance)
 
     @property
     def winner(self) -> Candidate | None:
@@ -130,7 +131,7 @@ class Selection:
             f"# {self.method} on {self.dataset}: chosen by medvqa-select from {len(self.candidates)}"
             f" setting(s), {n_runs} run(s), on the validation split.",
             f"# Criterion: {closed}, ties by {open_} ({self.basis}); mean over seeds.",
-            f"# Runs: {', '.join(sources)}",
+            f"# Runs: {', '.join(sources)}; code {', '.join(self.code) or 'not recorded'}",
             "# Ranking (criterion, tie-breaker, seeds):",
         ]
         for c in self.candidates:
@@ -266,10 +267,15 @@ def select_grid(dataset: str, method: str, records: Sequence[tuple[str, dict]]) 
         # best first: eligible, higher criterion, higher tie-breaker (a missing one loses)
         return (not eligible, -closed if eligible else 0.0, -open_ if open_ == open_ else math.inf)
 
+    code = set()
+    for _, record in records:
+        git = (record.get("provenance") or {}).get("git") or {}
+        if git.get("commit"):
+            code.add(f"{git['commit'][:12]}{' (dirty)' if git.get('dirty') else ''}")
     ranked = sorted(candidates.values(), key=rank)
     if len(ranked) > 1 and ranked[0].reason is None and ranked[0].score == ranked[1].score:
         notes.append(f"tied with {ranked[1].label()} on both scores; the first in the ranking won")
-    return Selection(dataset, method, criterion, basis, ranked, notes)
+    return Selection(dataset, method, criterion, basis, ranked, notes, sorted(code))
 
 
 def select(dirs: Sequence[Path | str]) -> list[Selection]:
