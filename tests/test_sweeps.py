@@ -126,3 +126,123 @@ def test_relaunching_a_sweep_skips_finished_jobs_and_redoes_failed_ones(
     assert second["['pet']"]["status"] == "failed"
     assert second["['pet']"]["started_at"] != first["['pet']"]["started_at"]  # ran again
     assert "already finished" in again.stderr + again.stdout
+
+
+# --- the paper's settings: fixed (conf/study/sure_vqa.yaml) and chosen (conf/hparams/sure_vqa/) --
+
+EXPERIMENT_DATASET = {
+    "slake_modality": "slake",
+    "slake_question_type": "slake",
+    "ovqa_body_part": "ovqa",
+    "ovqa_question_type": "ovqa",
+    "mimic_gender": "mimic_cxr_vqa",
+    "mimic_ethnicity": "mimic_cxr_vqa",
+    "mimic_age": "mimic_cxr_vqa",
+}
+# SURE-VQA's chosen settings (its appendix C.1 grids) and the reference code's full-FT rate,
+# written out here independently of the YAML files they are checked against.
+PAPER_SETTINGS = {
+    ("slake", "ia3"): {"lr": 3e-2},
+    ("ovqa", "ia3"): {"lr": 3e-2},
+    ("mimic_cxr_vqa", "ia3"): {"lr": 3e-2},
+    ("slake", "lora"): {"lr": 3e-5, "r": 128},
+    ("ovqa", "lora"): {"lr": 3e-5, "r": 64},
+    ("mimic_cxr_vqa", "lora"): {"lr": 3e-5, "r": 128},
+    ("slake", "prompt_tuning"): {"lr": 3e-1, "virtual_tokens": 80},
+    ("ovqa", "prompt_tuning"): {"lr": 3e-1, "virtual_tokens": 100},
+    ("mimic_cxr_vqa", "prompt_tuning"): {"lr": 3e-1, "virtual_tokens": 60},
+    ("slake", "full"): {"lr": 2e-5},
+    ("ovqa", "full"): {"lr": 2e-5},
+    ("mimic_cxr_vqa", "full"): {"lr": 2e-5},
+}
+GRIDS = ("lora_grid", "ia3_grid", "prompt_tuning_grid")
+
+
+def test_the_study_has_settings_for_every_paper_dataset_and_training_method() -> None:
+    shipped = {p.stem for p in (CONF / "hparams" / "sure_vqa").glob("*.yaml")}
+    assert shipped == {f"{d}_{m}" for d, m in PAPER_SETTINGS}
+    assert set(EXPERIMENT_DATASET) == PAPER_EXPERIMENTS
+
+
+@pytest.mark.parametrize("experiment", sorted(PAPER_EXPERIMENTS))
+@pytest.mark.parametrize("method", ["full", "lora", "ia3", "prompt_tuning"])
+def test_the_sure_study_composes_the_papers_settings(experiment: str, method: str) -> None:
+    cfg = compose(
+        ["sweep=sure_study", f"+experiment={experiment}", f"peft={method}"],
+        Path("/tmp/medvqa-sweep-compose"),
+    )
+    dataset = EXPERIMENT_DATASET[experiment]
+    chosen = PAPER_SETTINGS[(dataset, method)]
+    peft = cfg.peft
+    assert peft.name == method and peft.lr == pytest.approx(chosen["lr"])
+    if method == "lora":
+        assert peft.adapter.r == chosen["r"]
+        assert peft.adapter.lora_alpha == 2 * chosen["r"]
+        assert peft.adapter.lora_dropout == 0.05
+    if method == "prompt_tuning":
+        assert peft.virtual_tokens == chosen["virtual_tokens"]
+    # the fixed settings: 3 epochs, batch 32, cosine warmup 0.03, projector at 2e-5
+    assert cfg.trainer.max_epochs == 3 and cfg.data.batch_size == 32
+    assert cfg.trainer.accumulate_grad_batches == 1
+    assert peft.warmup_ratio == 0.03 and peft.projector_lr == 2e-5
+    assert cfg.hydra.runtime.choices["hparams"] == f"sure_vqa/{dataset}_{method}"
+
+
+def test_the_paper_settings_stay_in_the_study() -> None:
+    """Without `study=sure_vqa` the method files' (tiny CPU model) defaults apply, even on SLAKE;
+    a command-line override still beats the chosen settings."""
+    plain = compose(["+experiment=slake_modality", "peft=lora"], Path("/tmp/medvqa-sweep-compose"))
+    assert plain.peft.lr == 3e-3 and plain.peft.adapter.r == 16 and plain.data.batch_size == 16
+    override = compose(
+        ["sweep=sure_study", "+experiment=slake_modality", "peft=lora", "peft.lr=1e-4"],
+        Path("/tmp/medvqa-sweep-compose"),
+    )
+    assert override.peft.lr == 1e-4 and override.peft.adapter.r == 128
+
+
+def test_the_no_image_baseline_trains_lora_with_the_studys_settings() -> None:
+    cfg = compose(
+        ["sweep=sure_baselines", "+experiment=ovqa_body_part", "baseline=no_image"],
+        Path("/tmp/medvqa-sweep-compose"),
+    )
+    assert cfg.peft.name == "lora" and cfg.peft.adapter.r == 64 and cfg.peft.lr == 3e-5
+    assert cfg.data.train_image == "none" and cfg.data.batch_size == 32
+
+
+@pytest.mark.parametrize("sweep", GRIDS)
+def test_grids_score_on_validation_with_the_fixed_settings_only(sweep: str) -> None:
+    cfg = compose([f"sweep={sweep}", "+experiment=slake_modality"], Path("/tmp/medvqa-sweep"))
+    assert list(cfg.task.eval_splits) == ["val"]
+    assert cfg.trainer.max_epochs == 3 and cfg.data.batch_size == 32
+    # no chosen settings leak into a grid: the method file's own values, then the grid's
+    method = compose([f"peft={cfg.peft.name}"], Path("/tmp/medvqa-sweep")).peft
+    assert cfg.peft.lr == method.lr and cfg.peft.virtual_tokens == method.virtual_tokens
+
+
+def test_a_grid_job_records_validation_scores_and_no_test_scores(
+    tmp_path: Path, cache_dir: Path
+) -> None:
+    """One point of the (IA)³ grid on the built-in data, end to end."""
+    proc = run_main(
+        [
+            "-m",
+            "sweep=ia3_grid",
+            "peft.lr=3e-2",  # narrows the grid to one job
+            "debug=smoke",
+            "logger=csv",
+            f"hydra.sweep.dir={tmp_path}",
+        ],
+        tmp_path / "unused",
+        cache_dir,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (path,) = tmp_path.rglob("results.json")
+    record = json.loads(path.read_text())
+    assert record["status"] == "finished", record.get("error")
+    assert record["config"]["task"]["eval_splits"] == ["val"]
+    metrics = record["metrics"]
+    assert metrics["val/n"] == 8  # debug=smoke's val cap
+    assert 0.0 <= metrics["val/closed_acc"] <= 1.0 and "val/open_f1" in metrics
+    assert not [k for k in metrics if "test_" in k or k.startswith("robustness/")]
+    rows = [json.loads(line) for line in (path.parent / "predictions.jsonl").open()]
+    assert len(rows) == 8 and {r["split"] for r in rows} == {"val"}
