@@ -177,6 +177,9 @@ class Config:
     paths: PathsSchema = MISSING
     data: DataSchema = dataclasses.field(default_factory=DataSchema)
     seed: int = 0
+    # torch.set_float32_matmul_precision: "highest" (full float32), "high" (TF32 on Ampere and
+    # later GPUs: the paper's tf32), "medium"; set before the task runs, on every rank.
+    matmul_precision: str = "highest"
     force: bool = False
     ckpt_path: str | None = None
     label: str | None = None  # how tables name this run (baselines set it); default: peft.label

@@ -12,6 +12,7 @@ import logging
 import traceback
 from pathlib import Path
 
+import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from hydra.utils import instantiate
@@ -74,6 +75,7 @@ def run(cfg: DictConfig) -> dict[str, float] | None:
 
 
 def _run_task(cfg: DictConfig, out_dir: Path, loggers: list, provenance: dict) -> dict[str, float]:
+    torch.set_float32_matmul_precision(str(cfg.matmul_precision))
     # `task.name` names the run in results.json; the task function does not take it.
     options = OmegaConf.to_container(cfg.task, resolve=True)  # may refer to other keys
     task = instantiate({k: v for k, v in options.items() if k != "name"})  # type: ignore[union-attr]
