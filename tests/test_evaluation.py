@@ -120,6 +120,21 @@ def test_summary_marks_missing_cells() -> None:
     assert math.isnan(table.loc[0, "open i.i.d."]) and math.isnan(table.loc[1, "closed OoD"])
 
 
+def test_a_run_scored_on_validation_only_summarises_its_validation_scores(tmp_path: Path) -> None:
+    """A grid job (task.eval_splits=[val]) has no test splits and no RR: its summary shows the
+    validation scores instead of a row of dashes."""
+    from medvqa.analysis.summary import write_summary
+
+    metrics = {"val/closed_acc": 0.625, "val/open_f1": 0.4, "zero_shot/val/closed_acc": 0.5}
+    rows = [("LoRA", ""), ("zero-shot base", "zero_shot/")]
+    table = summary_table(metrics, rows, "closed_acc", "open_f1")
+    assert list(table.columns[:3]) == ["method", "closed val", "open val"]
+    assert table.loc[0, "closed val"] == 0.625 and table.loc[1, "closed val"] == 0.5
+    assert math.isnan(table.loc[1, "open val"]) and "closed RR" not in table
+    _, md = write_summary(table, tmp_path)
+    assert "| LoRA " in md.read_text() and "0.625" in md.read_text()
+
+
 def test_run_record_roundtrip(tmp_path: Path) -> None:
     cfg = OmegaConf.create({"seed": 3, "task": {"name": "train_eval"}})
     path = RunRecord(tmp_path, cfg).write(

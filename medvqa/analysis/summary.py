@@ -12,6 +12,9 @@ from rich.table import Table
 
 COLUMNS = ("closed i.i.d.", "closed OoD", "closed RR", "open i.i.d.", "open OoD", "open RR")
 _SPLITS = {"i.i.d.": "test_iid/", "OoD": "test_ood/"}
+# A run scored on the validation split only (a hyperparameter grid, task.eval_splits=[val]).
+VAL_COLUMNS = ("closed val", "open val")
+_VAL_SPLITS = {"val": "val/"}
 
 
 def summary_table(
@@ -25,21 +28,31 @@ def summary_table(
     judge that did not answer; the score is then NaN)."""
     from medvqa.evaluation.scoring import failed_items, unreliable
 
+    val_only = not any(k.startswith(tuple(_SPLITS.values())) for k in metrics) and any(
+        k.startswith(_VAL_SPLITS["val"]) for k in metrics
+    )
+    splits, columns = (_VAL_SPLITS, VAL_COLUMNS) if val_only else (_SPLITS, COLUMNS)
     records = []
     for label, prefix in rows:
         record: dict[str, object] = {"method": label}
         failed: dict[str, object] = {}
         own = {k[len(prefix) :]: v for k, v in metrics.items() if k.startswith(prefix)}
         for kind, score in (("closed", primary_closed), ("open", primary_open)):
-            for split_name, split in _SPLITS.items():
+            for split_name, split in splits.items():
                 record[f"{kind} {split_name}"] = metrics.get(f"{prefix}{split}{score}", math.nan)
                 failed[f"{kind} {split_name} failed"] = failed_items(metrics, prefix + split, score)
-            record[f"{kind} RR"] = metrics.get(f"{prefix}robustness/rr_{kind}", math.nan)
+            if not val_only:
+                record[f"{kind} RR"] = metrics.get(f"{prefix}robustness/rr_{kind}", math.nan)
             failed[f"{kind} unreliable judge"] = unreliable(own, score)
         records.append({**record, **failed})
-    extra = [f"{c} failed" for c in COLUMNS if not c.endswith("RR")]
+    extra = [f"{c} failed" for c in columns if not c.endswith("RR")]
     extra += [f"{kind} unreliable judge" for kind in ("closed", "open")]
-    return pd.DataFrame.from_records(records, columns=["method", *COLUMNS, *extra])
+    return pd.DataFrame.from_records(records, columns=["method", *columns, *extra])
+
+
+def _columns(names: pd.Index) -> tuple[str, ...]:
+    """The score columns a summary table has (test splits with RR, or validation only)."""
+    return VAL_COLUMNS if VAL_COLUMNS[0] in names else COLUMNS
 
 
 def _fmt(value: float, failed: int = 0, unreliable: bool = False) -> str:
@@ -61,7 +74,7 @@ def _shown(row: pd.Series) -> dict[str, str]:
 
     return {
         col: _fmt(row[col], failed(col), bool(row.get(f"{col.split()[0]} unreliable judge")))
-        for col in COLUMNS
+        for col in _columns(row.index)
     }
 
 
@@ -78,7 +91,7 @@ def print_summary(table: pd.DataFrame, title: str, console: Console | None = Non
     """Render the summary in the terminal with rich."""
     view = Table(title=title, title_style="bold")
     view.add_column("method", style="bold", no_wrap=True)
-    for col in COLUMNS:
+    for col in _columns(table.columns):
         view.add_column(col, justify="right")
     for _, row in table.iterrows():
         view.add_row(row["method"], *_shown(row).values())
