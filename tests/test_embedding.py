@@ -11,6 +11,7 @@ import pytest
 from medvqa.evaluation.families.embedding import (
     COSINE,
     COSINE_ALL,
+    EMPTY_REFS,
     EmbeddingMetric,
     default_model_path,
     load_encoder,
@@ -29,8 +30,8 @@ def test_default_model_is_the_packaged_minilm() -> None:
 
 
 def test_identical_strings_score_one(metric: EmbeddingMetric) -> None:
-    texts = ["left lung", "Fracture of the fifth metacarpal bone of left hand.", ""]
-    assert metric.cosine(texts, texts) == pytest.approx(np.ones(3), abs=1e-5)
+    texts = ["left lung", "Fracture of the fifth metacarpal bone of left hand."]
+    assert metric.cosine(texts, texts) == pytest.approx(np.ones(2), abs=1e-5)
 
 
 def test_paraphrase_beats_unrelated(metric: EmbeddingMetric) -> None:
@@ -81,7 +82,9 @@ def test_per_sample_and_aggregate(metric: EmbeddingMetric) -> None:
     closed_only = metric.aggregate(scored.loc[[6]])
     assert math.isnan(closed_only[COSINE])
     assert closed_only[COSINE_ALL] == pytest.approx(scores.loc[6, COSINE])
-    assert all(math.isnan(v) for v in metric.aggregate(scored.iloc[:0]).values())
+    empty = metric.aggregate(scored.iloc[:0])
+    assert math.isnan(empty[COSINE]) and math.isnan(empty[COSINE_ALL])
+    assert empty[EMPTY_REFS] == 0
 
 
 def test_bad_options_named(tmp_path) -> None:
@@ -91,3 +94,27 @@ def test_bad_options_named(tmp_path) -> None:
         EmbeddingMetric(model_path=str(tmp_path)).cosine(["a"], ["b"])
     with pytest.raises(ValueError, match="pair them"):
         EmbeddingMetric().cosine(["a"], [])
+
+
+def test_an_empty_text_is_not_embedded_and_scores_zero(
+    metric: EmbeddingMetric, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # SLAKE's release has an English OPEN question whose answer is "".
+    preds = pd.DataFrame(
+        {
+            "prediction": ["liver", "liver", " ", "lung", None],
+            "answer": ["liver", "", "", "yes", "spleen"],
+            "answer_type": ["open", "open", "open", "closed", "open"],
+        }
+    )
+    seen: list[str] = []
+    embed = metric.embed
+    monkeypatch.setattr(metric, "embed", lambda texts: seen.extend(texts) or embed(texts))
+    scores = metric.per_sample(preds)
+    assert "" not in seen and sorted(set(seen)) == ["liver", "lung", "yes"]
+    assert scores[COSINE].tolist()[1:3] == [0.0, 0.0]  # empty reference, any prediction
+    assert scores.loc[4, COSINE] == 0.0  # no prediction
+    agg = metric.aggregate(preds.join(scores))
+    # Every open row counts: (1 + 0 + 0 + 0) / 4.
+    assert agg[COSINE] == pytest.approx(1 / 4, abs=1e-6)
+    assert agg[EMPTY_REFS] == 2

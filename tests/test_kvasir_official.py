@@ -17,16 +17,14 @@ from rouge_score import rouge_scorer, scoring
 
 from medvqa import plugins
 from medvqa.evaluation.families.kvasir_official import (
+    EMPTY_REFS,
     KvasirOfficial,
     bleu_13a,
     bootstrap_mid,
     corpus_bleu,
 )
-from medvqa.evaluation.families.text import find_wordnet
 from medvqa.evaluation.scoring import _ci_columns, failed_items, score_frame
 from tests.conftest import compose
-
-HAS_WORDNET = find_wordnet() is not None
 
 
 @pytest.fixture(scope="module")
@@ -141,12 +139,10 @@ def test_meteor_exact_match_and_lower_casing(metric: KvasirOfficial) -> None:
 
 
 def test_meteor_name_says_whether_synonyms_are_used(metric: KvasirOfficial) -> None:
-    assert metric.meteor == ("kvasir_meteor" if HAS_WORDNET else "kvasir_meteor_no_syn")
+    # WordNet comes with the `wn` dependency (tests/test_wordnet.py covers its absence).
+    assert metric.meteor == "kvasir_meteor"
+    assert metric.provenance()["meteor_wordnet"]["version"] == "3.0"
     assert KvasirOfficial(wordnet="none").meteor == "kvasir_meteor_no_syn"
-    assert metric.provenance()["meteor_wordnet"] is HAS_WORDNET
-    if not HAS_WORDNET:
-        with pytest.raises(LookupError, match=r"kvasir_official\.wordnet='nltk'"):
-            KvasirOfficial(wordnet="nltk")
     with pytest.raises(ValueError, match="one of"):
         KvasirOfficial(wordnet="wn")
 
@@ -170,8 +166,10 @@ def test_a_failed_row_makes_every_aggregate_nan_and_is_counted(metric: KvasirOff
     assert scored["kvasir_failed"].tolist() == [0.0, 1.0, 0.0]
     assert scored.loc[1, ["kvasir_rouge1", metric.meteor]].isna().all()
     assert scores["kvasir_failures"] == 1
-    values = [v for k, v in scores.items() if k.startswith("kvasir_") and k != "kvasir_failures"]
+    counts = ("kvasir_failures", EMPTY_REFS)
+    values = [v for k, v in scores.items() if k.startswith("kvasir_") and k not in counts]
     assert len(values) == 8 and all(math.isnan(v) for v in values)
+    assert scores[EMPTY_REFS] == 0  # a count over the rows that were scored
     assert failed_items({"test_iid/kvasir_failures": 1.0}, score="kvasir_bleu") == 1
     # The rows that did not fail score normally on their own.
     ok = metric.aggregate(scored.loc[[0, 2]])
@@ -192,3 +190,19 @@ def test_registered_and_built_from_its_config(tmp_path) -> None:
     assert isinstance(built, KvasirOfficial) and built.n_samples == 1000
     with pytest.raises(ValueError, match="n_samples must be positive"):
         KvasirOfficial(n_samples=0)
+
+
+def test_empty_reference_rows_are_scored_and_counted(metric: KvasirOfficial) -> None:
+    pairs = [("There is one polyp", "There is one polyp"), ("No polyp", ""), ("", " ")]
+    scored, scores = score_frame(frame(pairs), [metric])
+    assert scores["kvasir_failures"] == 0
+    assert scores[EMPTY_REFS] == 2
+    # ROUGE and METEOR are 0 on both empty references, whatever the prediction, and the rows
+    # stay in the means: ROUGE-1 (1 + 0 + 0) / 3; METEOR 4 words in one chunk:
+    # 1 - 0.5 (1/4)^3, over 3 rows.
+    assert scores["kvasir_rouge1_mean"] == pytest.approx(1 / 3)
+    assert scores[metric.meteor] == pytest.approx((1 - 0.5 / 64) / 3)
+    assert list(scored[metric.meteor].iloc[1:]) == [0.0, 0.0]
+    # Corpus BLEU: "No polyp" adds 2 unmatched 1-grams and 1 unmatched 2-gram and no reference
+    # length: precisions 4/6, 3/4, 2/2, 1/1; c = 6 > r = 4 -> BP 1.
+    assert scores["kvasir_bleu"] == pytest.approx((4 / 6 * 3 / 4) ** 0.25)

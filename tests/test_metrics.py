@@ -13,8 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torchmetrics.functional.text import bleu_score
 
+from medvqa.evaluation.evaluate import is_performance
 from medvqa.evaluation.families.traditional import (
+    EMPTY_REFS,
     OPEN_METRICS,
+    TraditionalMetric,
     bleu1,
     closed_choice,
     closed_correct,
@@ -330,3 +333,31 @@ def test_aggregate_scores_in_unit_interval(seed: int) -> None:
         if k.endswith("n") or k.startswith("n_") or math.isnan(v):
             continue
         assert 0.0 <= v <= 1.0, k
+
+
+def test_empty_reference_rows_are_scored_and_stay_in_the_means() -> None:
+    # SLAKE's release has an English OPEN question whose answer is ""; SURE-VQA scores it
+    # (every token score 0: no reference word to find) and divides by all open questions.
+    df = pd.DataFrame(
+        {
+            "prediction": ["liver", "liver", "", "yes"],
+            "answer": ["liver", "", "", "yes"],
+            "answer_type": ["open", "open", "open", "closed"],
+            "candidates": [None, None, None, ["yes", "no"]],
+        }
+    )
+    out = per_sample_scores(df)
+    for m in ("bleu1", "ref_word_precision", "f1", "precision", "recall"):
+        assert out[f"open_{m}"].tolist()[:3] == [1.0, 0.0, 0.0], m
+    # Exact match is string equality: "" == "" holds, "liver" == "" does not.
+    assert out["open_exact_match"].tolist()[:3] == [1.0, 0.0, 1.0]
+    family = TraditionalMetric()
+    agg = family.aggregate(out)
+    assert agg["open_f1"] == pytest.approx(1 / 3)
+    assert agg["open_bleu1"] == pytest.approx(1 / 3)
+    assert agg["open_exact_match"] == pytest.approx(2 / 3)
+    assert agg[EMPTY_REFS] == 2
+    assert agg["closed_acc"] == 1.0
+    # The count is not a performance: no robustness ratio is computed for it.
+    assert not is_performance(f"test_ood/{EMPTY_REFS}")
+    assert score_predictions(df)[EMPTY_REFS] == 2

