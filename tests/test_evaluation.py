@@ -225,3 +225,48 @@ def test_scores_parquet_keeps_every_column_even_ones_arrow_cannot_type(tmp_path:
     assert back["judge_score"].iloc[0] == 1.0 and math.isnan(back["judge_score"].iloc[1])
     assert list(back["candidates"].iloc[0]) == ["yes", "no"]
     assert back["mixed"].tolist() == ['{"organ": 1.0}', '"free text"']
+
+
+@pytest.mark.parametrize("closed_only", [False, True])
+def test_a_headline_no_family_computes_is_named(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, closed_only: bool
+) -> None:
+    """headline=judge without the judge family: no RR and a warning naming the fix; the token
+    headline on the same rows (also a split without open questions) raises none."""
+    from medvqa.evaluation.evaluate import score_splits
+    from medvqa.evaluation.families.traditional import PREDICTION, TraditionalMetric
+
+    def split(n: int) -> pd.DataFrame:
+        types = ["closed"] * n if closed_only else ["closed", "open"] * (n // 2)
+        return pd.DataFrame(
+            {
+                "id": [f"r{i}" for i in range(n)],
+                "case_id": [f"c{i}" for i in range(n)],
+                "question": ["is it?"] * n,
+                "answer": ["yes"] * n,
+                "answer_type": types,
+                "candidates": [["yes", "no"] if t == "closed" else None for t in types],
+                "question_type": ["x"] * n,
+                PREDICTION: ["yes"] * n,
+            }
+        )
+
+    preds = {"test_iid": split(4), "test_ood": split(4)}
+    tokens = OmegaConf.create(
+        {
+            "primary_closed": "closed_acc",
+            "primary_open": "open_f1",
+            "breakdown": [],
+            "bootstrap": {"samples": 0, "seed": 0, "level": 0.95},
+        }
+    )
+    with caplog.at_level("WARNING", logger="medvqa.evaluation.evaluate"):
+        results, _ = score_splits(preds, [TraditionalMetric()], tokens, tmp_path / "p.jsonl")
+    assert results["robustness/rr_closed"] == 1.0
+    assert not [r for r in caplog.records if "primary_" in r.message]
+    judge = OmegaConf.merge(tokens, {"primary_closed": "judge_closed_acc"})
+    with caplog.at_level("WARNING", logger="medvqa.evaluation.evaluate"):
+        results, _ = score_splits(preds, [TraditionalMetric()], judge, tmp_path / "q.jsonl")
+    assert "robustness/rr_closed" not in results
+    (warning,) = [r.message for r in caplog.records if "primary_" in r.message]
+    assert "primary_closed=judge_closed_acc" in warning and "headline=tokens" in warning

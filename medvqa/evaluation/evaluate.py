@@ -60,22 +60,14 @@ def split_metrics(
     if IID in scores_by_split and OOD in scores_by_split:
         iid, ood = scores_by_split[IID], scores_by_split[OOD]
         keys = [k for k in iid if "/" not in k and is_performance(k)]
-        headline = (
-            ("closed", evaluation_cfg.primary_closed),
-            ("open", evaluation_cfg.primary_open),
-        )
-        primary = {name: key for name, key in headline if key in iid and key in ood}
-        for name, key in headline:
-            if name not in primary:
-                log.warning(
-                    "evaluation.primary_%s=%s is not a score of the selected metric families, "
-                    "so there is no robustness/rr_%s: add the family that computes it to "
-                    "`metric` (e.g. judge for judge_* scores) or pick another headline "
-                    "(headline=tokens).",
-                    name,
-                    key,
-                    name,
-                )
+        primary = {
+            name: key
+            for name, key in (
+                ("closed", evaluation_cfg.primary_closed),
+                ("open", evaluation_cfg.primary_open),
+            )
+            if key in iid and key in ood
+        }
         metrics.update(prefixed("robustness/", robustness_metrics(iid, ood, keys, primary)))
     return metrics
 
@@ -102,6 +94,18 @@ def score_splits(
         **headline_intervals(scored_by_split, scores, metrics, evaluation_cfg),
         **counters(metrics),
     }
+    for name in ("closed", "open"):
+        key = evaluation_cfg[f"primary_{name}"]
+        if not any(key in split_scores for split_scores in scores.values()):
+            log.warning(
+                "evaluation.primary_%s=%s is not a score of the selected metric families, so "
+                "there is no headline %s score or RR: add the family that computes it to "
+                "`metric` (e.g. judge for judge_* scores) or pick another headline "
+                "(headline=tokens).",
+                name,
+                key,
+                name,
+            )
     scored = pd.concat(scored_by_split.values(), ignore_index=True)
     write_scores(scored, scores_path(out_path))
     return results, scored
