@@ -703,3 +703,38 @@ def test_conditions_and_baselines_get_the_closed_set_familys_paired_delta(tmp_pa
     assert base["method_a"] == "LoRA" and "limit" in baselines.index[0]
     assert base["diff"] == pytest.approx(1 - 5 / 13)
     assert base["ci_lo"] == 0.0 and base["diff"] <= base["ci_hi"] <= 1  # the same 1/16 of draws
+
+
+def test_a_condition_is_named_from_the_recorded_config_and_eval_runs_are_no_variants(
+    tmp_path: Path,
+) -> None:
+    """The wording is a condition when it is not the dataset class's default ("canonical");
+    `task=eval` of a run's weights with nothing else changed is that run, not a variant."""
+    rng = np.random.default_rng(16)
+    dataset = {"_target_": "medvqa.data.sources.robosurg_vqa.RoboSurgVqa"}
+    for name, wording, task in (
+        ("train", "canonical", None),
+        ("again", "canonical", {"name": "eval", "from_run": "somewhere"}),
+        ("wrong", "wrong_question", {"name": "eval", "from_run": "somewhere"}),
+    ):
+        path = write_record(tmp_path / name, "lora", 0, metrics=headline(rng))
+        record = json.loads(path.read_text())
+        record["config"]["dataset"] = {**dataset, "test_wording": wording}
+        record["config"]["task"] = task or {"name": "train_eval"}
+        record["config"]["eval"] = {"from_run": "somewhere"} if task else None
+        path.write_text(json.dumps(record))
+    frame = collect([tmp_path])
+    assert sorted(frame.loc[frame["kind"] == "run", "method"]) == [
+        "LoRA",
+        "LoRA",
+        "LoRA [test_wording=wrong_question]",
+    ]
+    long = long_table(frame)
+    assert set(long.loc[long["method"] == "LoRA [test_wording=wrong_question]", "role"]) == {
+        "condition"
+    }
+    # A record from code whose dataset class cannot be imported: every wording is named.
+    path = next(tmp_path.rglob("train/**/results.json"))
+    record = json.loads(path.read_text())
+    record["config"]["dataset"]["_target_"] = "elsewhere.Gone"
+    assert record_rows(record, str(path))[0]["method_id"] == "lora [test_wording=canonical]"

@@ -7,10 +7,10 @@
 # prints the medvqa-report command that pairs every condition with the run.
 #   bash experiments/robosurg_vqa/conditions.sh <finished canonical run dir> [more overrides]
 set -euo pipefail
-cd "$(dirname "$0")/../.."
 RUN=${1:?give the directory of a finished canonical RoboSurg-VQA run (its results.json)}
-RUN=$(cd "$RUN" && pwd)
+RUN=$(cd "$RUN" && pwd)  # before leaving the caller's directory
 shift
+cd "$(dirname "$0")/../.."
 PYTHON=${PYTHON:-python}
 LIST=$("$PYTHON" - "$RUN" <<'PY'
 import json

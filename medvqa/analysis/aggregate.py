@@ -375,6 +375,7 @@ def _what(config: Mapping[str, Any]) -> dict[str, str]:
         k: v
         for k, v in flat.items()
         if not k.startswith(_HOW_TO_RUN)
+        and f"{k}." not in _HOW_TO_RUN  # a group that is null (`eval: null` when training)
         and not k.rsplit(".", 1)[-1].endswith(("dir", "_path", "root"))
     }
 
