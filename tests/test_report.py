@@ -620,3 +620,121 @@ def test_paired_method_differences_come_from_the_scored_tables(tmp_path: Path) -
     table.to_parquet(lora)
     paired = build_report(collect([tmp_path]), tmp_path / "out").paired
     assert list(paired["split"]) == ["test_ood"]  # the i.i.d. pair has no number
+
+
+def _closed_set_run(root: Path, name: str, predictions: list[str], **record: Any) -> Path:
+    """A RoboSurg-VQA-like run scored by the closed-set family: one task q6 (labels no/yes),
+    eight test questions on four sequences, the truth yes,no | no,no | yes,no | no,no."""
+    truth = ["yes", "no", "no", "no", "yes", "no", "no", "no"]
+    wording = record.pop("test_wording", "canonical")
+    limit = record.pop("limit", None)
+    path = write_record(root / name, **record)
+    data = json.loads(path.read_text())
+    data["config"]["dataset"] = {
+        "_target_": "medvqa.data.sources.robosurg_vqa.RoboSurgVqa",
+        "test_wording": wording,
+    }
+    data["config"]["data"]["limit"] = {"test_iid": limit}
+    data["config"]["evaluation"]["primary_closed"] = "cs_primary_macro_f1"
+    data["config"]["metric"] = {
+        "closed_set": {
+            "_target_": "medvqa.evaluation.families.closed_set.ClosedSetMetric",
+            "tasks": ["q6"],
+            "primary": ["q6"],
+        }
+    }
+    data["provenance"] = {"metrics": {"closed_set": {}}}
+    path.write_text(json.dumps(data))
+    n = limit or len(truth)
+    pd.DataFrame(
+        {
+            "id": [f"f{i}|q6" for i in range(n)],
+            "split": "test_iid",
+            "case_id": [f"test|site1/video{i // 2}" for i in range(n)],
+            "answer_type": "closed",
+            "answer": truth[:n],
+            "candidates": [["no", "yes"]] * n,
+            "question_id": "q6",
+            "cs_choice": predictions[:n],
+            "cs_correct": [float(p == t) for p, t in zip(predictions, truth[:n], strict=False)],
+            "cs_invalid": 0.0,
+        }
+    ).to_parquet(path.parent / "scores.parquet")
+    return path
+
+
+def test_conditions_and_baselines_get_the_closed_set_familys_paired_delta(tmp_path: Path) -> None:
+    """A macro-F1 headline is not a per-row mean: the closed-set family recomputes it on each
+    resample of sequences. Known answers (F1 = 2tp / (2tp + fp + fn), mean over no/yes):
+    the truth itself 1; all "no" (yes: 0; no: 12/14) 3/7; "yes" on the second row, else "no"
+    (yes: 0/(0+1+2) = 0; no: 10/13) 5/13."""
+    truth = ["yes", "no", "no", "no", "yes", "no", "no", "no"]
+    all_no = ["no"] * 8
+    one_yes = ["no", "yes", *["no"] * 6]
+    heads = {"canonical": 1.0, "heldout": 3 / 7, "frequent": 5 / 13}
+    runs = {
+        "canonical": (truth, {}),
+        "heldout": (all_no, {"test_wording": "heldout_paraphrase"}),
+        "frequent": (one_yes, {"baseline": "most_frequent"}),
+        "capped": (one_yes, {"baseline": "most_frequent", "limit": 6}),
+    }
+    for name, (predictions, options) in runs.items():
+        metrics = {"test_iid/cs_primary_macro_f1": heads.get(name, 0.5)}
+        _closed_set_run(tmp_path, name, predictions, metrics=metrics, **options)
+    frame = collect([tmp_path])
+    names = dict(zip(frame["method_id"], frame["method"], strict=True))
+    assert names["lora [test_wording=heldout_paraphrase]"] == (
+        "LoRA [test_wording=heldout_paraphrase]"
+    )
+    assert frame.loc[frame["method_id"] == "lora", "condition"].isna().all()  # the default
+
+    paired = build_report(frame, tmp_path / "out").paired.set_index(["pair", "method_b"])
+    cond = paired.loc[("condition − default", "LoRA")]
+    assert cond["method_a"] == "LoRA [test_wording=heldout_paraphrase]" and cond["n"] == 8
+    assert cond["diff"] == pytest.approx(3 / 7 - 1)
+    assert (cond["value_a"], cond["value_b"]) == pytest.approx((3 / 7, 1.0))
+    # Every resample's delta is <= 0 (the truth scores at least as well as "no" everywhere),
+    # and it is 0 on the 1/16 of draws without sequences 0 and 2 (no "yes": both score
+    # (0 + 1) / 2), more than the 2.5% above the upper bound: the bound is exactly 0.
+    assert cond["ci_lo"] <= cond["diff"] and cond["ci_hi"] == 0.0
+    baselines = paired.loc["method − baseline"]
+    assert len(baselines) == 1  # the capped baseline answered other questions: no number
+    base = baselines.iloc[0]
+    assert base["method_a"] == "LoRA" and "limit" in baselines.index[0]
+    assert base["diff"] == pytest.approx(1 - 5 / 13)
+    assert base["ci_lo"] == 0.0 and base["diff"] <= base["ci_hi"] <= 1  # the same 1/16 of draws
+
+
+def test_a_condition_is_named_from_the_recorded_config_and_eval_runs_are_no_variants(
+    tmp_path: Path,
+) -> None:
+    """The wording is a condition when it is not the dataset class's default ("canonical");
+    `task=eval` of a run's weights with nothing else changed is that run, not a variant."""
+    rng = np.random.default_rng(16)
+    dataset = {"_target_": "medvqa.data.sources.robosurg_vqa.RoboSurgVqa"}
+    for name, wording, task in (
+        ("train", "canonical", None),
+        ("again", "canonical", {"name": "eval", "from_run": "somewhere"}),
+        ("wrong", "wrong_question", {"name": "eval", "from_run": "somewhere"}),
+    ):
+        path = write_record(tmp_path / name, "lora", 0, metrics=headline(rng))
+        record = json.loads(path.read_text())
+        record["config"]["dataset"] = {**dataset, "test_wording": wording}
+        record["config"]["task"] = task or {"name": "train_eval"}
+        record["config"]["eval"] = {"from_run": "somewhere"} if task else None
+        path.write_text(json.dumps(record))
+    frame = collect([tmp_path])
+    assert sorted(frame.loc[frame["kind"] == "run", "method"]) == [
+        "LoRA",
+        "LoRA",
+        "LoRA [test_wording=wrong_question]",
+    ]
+    long = long_table(frame)
+    assert set(long.loc[long["method"] == "LoRA [test_wording=wrong_question]", "role"]) == {
+        "condition"
+    }
+    # A record from code whose dataset class cannot be imported: every wording is named.
+    path = next(tmp_path.rglob("train/**/results.json"))
+    record = json.loads(path.read_text())
+    record["config"]["dataset"]["_target_"] = "elsewhere.Gone"
+    assert record_rows(record, str(path))[0]["method_id"] == "lora [test_wording=canonical]"

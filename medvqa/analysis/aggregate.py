@@ -14,6 +14,8 @@ Rows the run scored for context become rows of their own, marked by `kind`:
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from hydra.utils import get_class
 
 from medvqa.analysis.summary import COLUMNS
 from medvqa.evaluation.scoring import unreliable
@@ -31,7 +34,7 @@ log = logging.getLogger(__name__)
 # Every row has a `method_id` that says what it *is*, stable when labels are edited: the peft
 # method's name, a sanity baseline's name (`<peft>+<baseline>` for a baseline that trains a
 # method), or the label the user gave the run; `@<image>` marks an evaluation with another image
-# and `@delta_<image>` the paired difference. Rows are grouped and joined on it; the `method`
+# and `@delta_<image>` the paired difference; ` [<option>=<value>]` a test condition (below). Rows are grouped and joined on it; the `method`
 # column is its display name (the paper's row names for what the configs ship with).
 PEFT_NAMES = {
     "none": "No Finetune",
@@ -45,12 +48,18 @@ BASELINE_NAMES = {
     "no_image": "No Image",
     "no_image_eval": "No Image (eval)",
     "random": "Random (1/k)",
+    "image_only": "Image Only",
 }
 # The paper's row order; other methods come after these, in the order they were first seen.
 METHOD_ORDER = (*PEFT_NAMES, *BASELINE_NAMES)
 # Metric-name prefixes of the reference rows a run scores, and the method each row is: the
 # untuned base is the `none` method, chance is the random baseline.
 REFERENCES = {"zero_shot/": "none", "chance/": "random"}
+# Dataset options that change the test questions but not their ids (RoboSurg-VQA's
+# `test_wording`): a run whose value is not the dataset class's default is a condition of its
+# own, `<method id> [test_wording=heldout_paraphrase]`, paired question by question with the
+# run of the default (analysis.paired). Told apart by the recorded config, never by paths.
+CONDITION_OPTIONS = ("test_wording",)
 # Tasks that load no model: a baseline run by them is not tied to the composed peft method.
 MODEL_FREE_TASKS = ("most_frequent", "chance")
 # The headline keys per table column; `{closed}`/`{open}` are the run's primary scores.
@@ -82,6 +91,7 @@ ID_COLUMNS = (
     "peft",
     "baseline",
     "kind",
+    "condition",
     "seed",
     "status",
     "error",
@@ -157,6 +167,33 @@ def method_sort_key(method_id: str, first_seen: Mapping[str, int] | None = None)
     return (1, (first_seen or {}).get(method_id, 0), 0, method_id)
 
 
+@functools.cache
+def _option_default(target: str, option: str) -> Any:
+    """`option`'s default in the signature of the dataset class `target` (defaults are
+    written once, there); a sentinel matching no value when the class cannot be imported (a
+    record from other code), so every value then names a condition."""
+    try:
+        default = inspect.signature(get_class(target)).parameters[option].default
+    except Exception:  # an unknown class or option: no default to leave unnamed
+        return object()
+    return object() if default is inspect.Parameter.empty else default
+
+
+def condition(config: Mapping[str, Any]) -> str | None:
+    """The test condition a run's config sets (`test_wording=heldout_paraphrase`), None for
+    the dataset's default questions."""
+    dataset = config.get("dataset")
+    if not isinstance(dataset, Mapping):
+        return None
+    target = str(dataset.get("_target_") or "")
+    parts = [
+        f"{option}={dataset[option]}"
+        for option in CONDITION_OPTIONS
+        if option in dataset and dataset[option] != _option_default(target, option)
+    ]
+    return ", ".join(parts) or None
+
+
 def _identity(record: Mapping[str, Any]) -> dict[str, Any]:
     """Setting and method of a record, from its choices with the config as fallback."""
     config = record.get("config") or {}
@@ -183,6 +220,9 @@ def _identity(record: Mapping[str, Any]) -> dict[str, Any]:
         method_id = baseline if task in MODEL_FREE_TASKS else f"{peft}+{baseline}"
     else:
         method_id = config.get("label") or peft or "?"
+    cond = condition(config)
+    if cond:
+        method_id = f"{method_id} [{cond}]"
     closed = _get(config, "evaluation.primary_closed", "closed_acc")
     open_ = _get(config, "evaluation.primary_open", "open_f1")
     return {
@@ -196,6 +236,7 @@ def _identity(record: Mapping[str, Any]) -> dict[str, Any]:
         "method_id": str(method_id),
         "peft": peft,
         "baseline": baseline,
+        "condition": cond,
         "primary_closed": closed,
         "primary_open": open_,
     }
@@ -259,9 +300,11 @@ def record_rows(record: Mapping[str, Any], source: str) -> list[dict[str, Any]]:
     prefixes = {f"{p.split('/')[0]}/" for p in metrics if "/" in p}
     own_id = ident["method_id"]
     derived: list[tuple[str, str, str]] = [("run", own_id, "")]
+    # A reference scored under a test condition is that condition's reference, not the default's.
+    cond = f" [{ident['condition']}]" if ident["condition"] else ""
     for prefix, ref_id in REFERENCES.items():
         if prefix in prefixes:
-            derived.append(("reference", ref_id, prefix))
+            derived.append(("reference", f"{ref_id}{cond}", prefix))
     config = record.get("config") or {}
     for mode in _get(config, "data.extra_eval_images", []) or []:
         if f"{mode}/" in prefixes:
@@ -309,6 +352,10 @@ _HOW_TO_RUN = (
     "trainer.enable_progress_bar",
     "trainer.enable_model_summary",
     "judge.",
+    # `task=eval` of a run's weights computes what that run computed unless the config differs
+    "eval.",
+    "task.name",
+    "task.from_run",
 )
 
 
@@ -328,6 +375,7 @@ def _what(config: Mapping[str, Any]) -> dict[str, str]:
         k: v
         for k, v in flat.items()
         if not k.startswith(_HOW_TO_RUN)
+        and f"{k}." not in _HOW_TO_RUN  # a group that is null (`eval: null` when training)
         and not k.rsplit(".", 1)[-1].endswith(("dir", "_path", "root"))
     }
 

@@ -1,18 +1,34 @@
-"""Method vs method on the same test questions: paired differences with case-bootstrap CIs.
+"""Runs of one table on the same test questions: paired differences with bootstrap CIs.
 
-Two methods of one table and seed answered the same questions, so their difference is measured
-far more precisely than the two scores' own intervals suggest: the question's difficulty
-cancels out. For every such pair this reads both runs' scored tables (`scores.parquet`, next to
-their `results.json`), matches the rows by split and id, and reports the difference of each
-headline score (A − B) with a paired bootstrap CI that resamples cases once for both sides. A
-pair where either side has a missing per-sample score (an item the judge could not score) gets
-no number.
+Two runs of one table and seed that answered the same questions are compared far more
+precisely than their two scores' own intervals suggest: the questions' difficulty cancels out.
+For every such pair this reads both runs' scored tables (`scores.parquet`, next to their
+`results.json`) and reports the difference of each headline score (A − B) per split, with a
+paired bootstrap CI that resamples cases once for both sides. Three kinds of pair:
+
+- `method − method`: two fine-tuning methods (A before B in the paper's order);
+- `condition − default`: the same weights asked other test questions (another wording,
+  `aggregate.CONDITION_OPTIONS`) minus the run of the dataset's default questions, as the
+  RoboSurg-VQA release reports `heldout_paraphrase_vs_canonical`;
+- `method − baseline`: each method minus each sanity baseline of the table (no image, image
+  only, most frequent answer, ...), as the release's `image_question_vs_<baseline>`.
+
+The difference comes from the metric family that computes the score
+(`MetricFamily.paired_delta`): a paired case bootstrap of the per-sample column for a score
+that is a per-row mean (from the record's `ci_columns`, B 2000, seed 42, 95%), the family's own
+rule otherwise (the closed-set headline, a mean of macro-F1s, is recomputed on each resample of
+sequences, with the family's own B, seed and level). A pair gets no number for a split whose
+question ids differ between the two runs, where either side has an item without a score (a
+judge that could not score it), or where no family can pair the score.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
+import math
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,23 +37,70 @@ import pandas as pd
 from medvqa.analysis.aggregate import method_sort_key
 from medvqa.analysis.tables import USABLE, role
 from medvqa.data import records as R
-from medvqa.evaluation.scoring import SCORES_FILE
-from medvqa.evaluation.statistics import paired_bootstrap_diff
-from medvqa.record import RESULTS_FILE
+from medvqa.evaluation.scoring import SCORES_FILE, RecordedMeans, build_metrics, paired_delta
+from medvqa.record import RESULTS_FILE, read_record
+
+log = logging.getLogger(__name__)
 
 COLUMNS = [
     "table",
     "seed",
+    "pair",
     "method_a",
     "method_b",
     "split",
     "score",
     "n",
+    "value_a",
+    "value_b",
     "diff",
     "ci_lo",
     "ci_hi",
 ]
 SPLITS = ("test_iid", "test_ood")
+PAIR_KINDS = ("method − method", "condition − default", "method − baseline")
+
+
+@dataclass
+class _Run:
+    """One run of a (table, seed) group with its scored table, and the metric families that
+    can pair its scores (built from its recorded config only when needed)."""
+
+    row: pd.Series
+    scored: pd.DataFrame
+    _families: list[Any] | None = field(default=None, repr=False)
+
+    def headlines(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys((self.row["primary_closed"], self.row["primary_open"])))
+
+    def families(self) -> list[Any]:
+        """The recorded per-sample-mean scores, plus the families of the recorded config
+        whose scores are not means (built only if a headline needs one: building every family
+        would build a judge's backend)."""
+        if self._families is not None:
+            return self._families
+        columns = self.row.get("score_columns")
+        columns = columns if isinstance(columns, Mapping) else {}
+        self._families = [RecordedMeans(columns)]
+        if all(score in columns for score in self.headlines()):
+            return self._families
+        record = read_record(Path(str(self.row["source"])))
+        recorded = (record.get("provenance") or {}).get("metrics") or {}
+        nodes = {
+            name: node
+            for name, node in ((record.get("config") or {}).get("metric") or {}).items()
+            if isinstance(node, Mapping) and "ci_columns" not in (recorded.get(name) or {})
+        }
+        if nodes:
+            try:
+                self._families += build_metrics(nodes)
+            except ValueError as err:
+                log.warning(
+                    "%s: %s; its scores that are not per-sample means get no paired difference",
+                    self.row["source"],
+                    err,
+                )
+        return self._families
 
 
 def _scored_table(source: str) -> pd.DataFrame | None:
@@ -48,63 +111,88 @@ def _scored_table(source: str) -> pd.DataFrame | None:
     return pd.read_parquet(path.parent / SCORES_FILE)
 
 
-def _pairs(
-    a: pd.DataFrame, b: pd.DataFrame, column: str, answer_type: str, split: str
-) -> pd.DataFrame | None:
-    sides = []
-    for frame in (a, b):
-        if column not in frame or R.CASE_ID not in frame:
-            return None
-        rows = frame[(frame[R.SPLIT] == split) & (frame[R.ANSWER_TYPE] == answer_type)]
-        sides.append(rows[[R.ID, R.CASE_ID, column]])
-    joined = sides[0].merge(sides[1], on=R.ID, suffixes=("_a", "_b"))
-    if joined.empty or joined[[f"{column}_a", f"{column}_b"]].isna().any().any():
-        return None  # nothing in common, or an item without a score: no number
-    return joined
+def _split(scored: pd.DataFrame, split: str) -> pd.DataFrame:
+    return scored[scored[R.SPLIT] == split] if R.SPLIT in scored else scored.iloc[0:0]
+
+
+def _same_questions(a: pd.DataFrame, b: pd.DataFrame) -> bool:
+    """Whether two runs' rows of a split are the same questions (record ids, each once)."""
+    if a.empty or R.ID not in a or R.ID not in b or a[R.ID].duplicated().any():
+        return False
+    return set(a[R.ID]) == set(b[R.ID]) and len(a) == len(b)
+
+
+def _number(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _default_of(method_id: str, cond: Any) -> str | None:
+    """The id of the run of the dataset's default questions a condition's row belongs to."""
+    if not isinstance(cond, str):
+        return None
+    return method_id.replace(f" [{cond}]", "", 1)
+
+
+def run_pairs(runs: Mapping[str, _Run], order: Mapping[str, int]) -> list[tuple[str, str, str]]:
+    """(kind, id A, id B) of the runs of one table and seed, in the paper's order."""
+    ids = sorted(runs, key=lambda m: method_sort_key(m, order))
+    roles = {m: role(runs[m].row) for m in ids}
+    methods = [m for m in ids if roles[m] == "method"]
+    baselines = [
+        m for m in ids if roles[m] == "baseline" and not isinstance(runs[m].row["condition"], str)
+    ]
+    pairs = [(PAIR_KINDS[0], a, b) for a, b in itertools.combinations(methods, 2)]
+    for m in ids:
+        default = _default_of(m, runs[m].row["condition"])
+        if default in runs:
+            pairs.append((PAIR_KINDS[1], m, default))
+    pairs += [(PAIR_KINDS[2], m, b) for m in methods for b in baselines]
+    return pairs
 
 
 def paired_differences(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per (table, seed, method pair, split, headline score) with both scored tables
-    (the bootstrap's defaults: B 2000, seed 42, 95%)."""
+    """One row per (table, seed, pair of runs, split, headline score) with both scored tables
+    and the same questions; see the module docstring for which pairs."""
     if frame.empty:
         return pd.DataFrame(columns=COLUMNS)
     runs = frame[(frame["kind"] == "run") & frame["status"].isin(USABLE)]
-    runs = runs[runs.apply(role, axis=1) == "method"]
     out: list[dict[str, Any]] = []
     for (table, run_seed), group in runs.groupby(["table", "seed"], sort=True):
-        loaded: dict[str, tuple[pd.DataFrame, Mapping[str, Any], pd.Series]] = {}
         order = {m: i for i, m in enumerate(dict.fromkeys(group["method_id"]))}
+        loaded: dict[str, _Run] = {}
         for _, row in group.iterrows():
             scored = _scored_table(str(row["source"]))
             if scored is not None:
-                loaded[row["method_id"]] = (scored, row.get("score_columns") or {}, row)
-        ids = sorted(loaded, key=lambda m: method_sort_key(m, order))
-        for id_a, id_b in itertools.combinations(ids, 2):
-            (a, columns, row_a), (b, _, row_b) = loaded[id_a], loaded[id_b]
-            for score in (row_a["primary_closed"], row_a["primary_open"]):
-                if score not in columns:
+                loaded[row["method_id"]] = _Run(row, scored)
+        for kind, id_a, id_b in run_pairs(loaded, order):
+            a, b = loaded[id_a], loaded[id_b]
+            # The side the pair is about (the method; a condition's default run) scores it.
+            reference = b if kind == PAIR_KINDS[1] else a
+            for score in reference.headlines():
+                if score not in a.headlines() or score not in b.headlines():
                     continue
-                column, answer_type = columns[score]
                 for split in SPLITS:
-                    joined = _pairs(a, b, column, answer_type, split)
-                    if joined is None:
+                    rows_a, rows_b = _split(a.scored, split), _split(b.scored, split)
+                    if not _same_questions(rows_a, rows_b):
                         continue
-                    ci = paired_bootstrap_diff(
-                        joined[f"{column}_a"].to_numpy(float),
-                        joined[f"{R.CASE_ID}_a"].to_numpy(object),
-                        joined[f"{column}_b"].to_numpy(float),
-                        joined[f"{R.CASE_ID}_b"].to_numpy(object),
-                        paired=True,
-                    )
+                    ci = paired_delta(reference.families(), rows_a, rows_b, score)
+                    if ci is None or math.isnan(ci.point):
+                        continue
                     out.append(
                         {
                             "table": table,
                             "seed": run_seed,
-                            "method_a": row_a["method"],
-                            "method_b": row_b["method"],
+                            "pair": kind,
+                            "method_a": a.row["method"],
+                            "method_b": b.row["method"],
                             "split": split,
                             "score": score,
-                            "n": len(joined),
+                            "n": len(rows_a),
+                            "value_a": _number(a.row.get(f"{split}/{score}")),
+                            "value_b": _number(b.row.get(f"{split}/{score}")),
                             "diff": ci.point,
                             "ci_lo": ci.lo,
                             "ci_hi": ci.hi,

@@ -5,9 +5,10 @@
     medvqa-report <dirs> --out report/ --wandb-log               # also log tables/figures to W&B
 
 Runs are read from their records (results.json, or W&B config + summary), grouped by setting
-(the `experiment` choice, else dataset + shift) × method label, over seeds. A failed or
-diverged job is part of the report, counted in its cell and listed with its error: one bad
-job in a sweep never stops the rest from being aggregated.
+(the `experiment` choice, else dataset + shift) × method label (and test condition, such as
+another wording), over seeds; runs of one table and seed on the same questions are also paired
+(`paired_differences.csv`). A failed or diverged job is part of the report, counted in its cell
+and listed with its error: one bad job in a sweep never stops the rest from being aggregated.
 """
 
 from __future__ import annotations
@@ -145,13 +146,18 @@ def write_html(report: Report) -> Path:
         parts.append("<p>None: every run finished.</p>")
     else:
         parts.append(f"<div class='bad'>{_frame_html(report.issues)}</div>")
-    parts.append("<h2>Paired differences between methods</h2>")
+    parts.append("<h2>Paired differences on the same questions</h2>")
     if report.paired.empty:
-        parts.append("<p>None: no table has two methods with scored tables for one seed.</p>")
+        parts.append(
+            "<p>None: no table has two runs with scored tables of the same questions for one "
+            "seed.</p>"
+        )
     else:
         parts.append(
-            "<p class='note'>A − B on the same questions, per seed and split, with a paired "
-            "case-bootstrap 95% CI (paired_differences.csv).</p>"
+            "<p class='note'>A − B on the same questions, per seed and split: method − method, "
+            "another test wording − the default one (condition − default), method − baseline; "
+            "with a paired case-bootstrap 95% CI, the score recomputed on each resample where it "
+            "is not a per-row mean (paired_differences.csv).</p>"
         )
         parts.append(_frame_html(report.paired))
     parts.append("<h2>Provenance</h2>")

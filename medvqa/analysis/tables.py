@@ -110,10 +110,13 @@ def _cell(group: pd.DataFrame, column: str) -> dict[str, object]:
 
 
 def role(row: pd.Series) -> str:
-    """`method` for a fine-tuning method (or none), `baseline` for a sanity baseline: rankings
-    and the variance comparison are about methods, so baselines are left out of them."""
+    """`method` for a fine-tuning method (or none), `baseline` for a sanity baseline,
+    `condition` for a method asked other test questions (another wording): rankings and the
+    variance comparison are about methods, so the other two are left out of them."""
     baseline = row.get("baseline")
     is_baseline = isinstance(baseline, str) and baseline != "zero_shot"
+    if isinstance(row.get("condition"), str) and not is_baseline:
+        return "condition"
     derived = row.get("kind") in ("extra image", "delta")
     if is_baseline or derived or row.get("method_id") in BASELINE_NAMES:
         return "baseline"

@@ -195,6 +195,45 @@ def _ci_columns(metrics: Sequence[Metric]) -> dict[str, tuple[str, str]]:
     return columns
 
 
+class RecordedMeans:
+    """The per-sample-mean scores a run recorded (results.json `provenance.metrics.<family>.
+    ci_columns`: score -> per-sample column, answer type), as a family that can only pair
+    them: comparing two recorded runs needs no family built (a judge would build a backend)."""
+
+    name = "recorded_means"
+
+    def __init__(self, columns: Mapping[str, Sequence[str]]) -> None:
+        self.columns = {score: (str(c[0]), str(c[1])) for score, c in columns.items()}
+
+    def paired_delta(
+        self, scored_a: pd.DataFrame, scored_b: pd.DataFrame, score: str, **bootstrap: Any
+    ) -> Any:
+        from medvqa.evaluation.families.base import mean_paired_delta
+
+        if score not in self.columns:
+            return None
+        return mean_paired_delta(scored_a, scored_b, *self.columns[score], **bootstrap)
+
+
+def paired_delta(
+    metrics: Sequence[Any],
+    scored_a: pd.DataFrame,
+    scored_b: pd.DataFrame,
+    score: str,
+    **bootstrap: Any,
+) -> Any:
+    """`score` of a minus `score` of b (two scored tables of the same questions) with a paired
+    interval, from the first family that can pair it (`MetricFamily.paired_delta`: a paired
+    case bootstrap for per-sample means, the family's own rule otherwise); None if none can.
+    Returns a `medvqa.evaluation.statistics.BootstrapCI`."""
+    for metric in metrics:
+        get = getattr(metric, "paired_delta", None)
+        ci = get(scored_a, scored_b, score, **bootstrap) if callable(get) else None
+        if ci is not None:
+            return ci
+    return None
+
+
 def _headline_keys(evaluation_cfg: Any) -> tuple[tuple[str, str], ...]:
     return (("closed", evaluation_cfg.primary_closed), ("open", evaluation_cfg.primary_open))
 

@@ -413,10 +413,25 @@ class ClosedSetMetric(MetricFamily):
         reps = self._headline_replicates(totals, primary)
         return percentile_ci(headline, reps, self.level, f"{self.name} {HEADLINE}")
 
-    def paired_delta(self, scored_a: pd.DataFrame, scored_b: pd.DataFrame) -> BootstrapCI:
+    def paired_delta(
+        self,
+        scored_a: pd.DataFrame,
+        scored_b: pd.DataFrame,
+        score: str = HEADLINE,
+        **bootstrap: Any,
+    ) -> BootstrapCI | None:
         """Headline(a) - headline(b) with a paired percentile interval: both conditions (e.g.
         canonical vs held-out wording, or a model vs the answer-frequency baseline) are scored
-        on the same questions, and every resample of clusters is applied to both."""
+        on the same questions, and every resample of clusters is applied to both.
+
+        Only the headline has a rule here (None for any other `score`, and for a side scored
+        without this family's columns); the resamples are this family's own (`B`, `seed`,
+        `level` of its config, as for the headline's interval), so `bootstrap` is unused."""
+        if score != HEADLINE:
+            return None
+        needed = [ANSWER, ANSWER_TYPE, CANDIDATES, self.question_field, CS_CHOICE]
+        if any(c not in s.columns for s in (scored_a, scored_b) for c in needed):
+            return None
         sides = [s[s[ANSWER_TYPE] == "closed"] for s in (scored_a, scored_b)]
         ids = [set(s[ID]) for s in sides if ID in s.columns]
         if len(ids) == 2 and ids[0] != ids[1]:
