@@ -3,6 +3,7 @@ that training and generation see the same prompt."""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -141,3 +142,23 @@ def test_the_prompt_is_part_of_the_shared_answers_key(loaded) -> None:
         for p in (None, PromptTemplate(), PromptTemplate(system="s"), PromptTemplate(options="x"))
     }
     assert len(keys) == 3  # None and the default template are the same prompt
+
+
+def test_paligemma_gets_a_template_its_checkpoints_lack() -> None:
+    """PaliGemma's checkpoints have no chat template; model=paligemma names one: the question
+    as PaliGemma was trained (its processor adds the image tokens, <bos> and the newline)."""
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    from medvqa.models.prompting import build_messages
+
+    assert compose(["model=paligemma"], Path("/nonexistent")).model.chat_template == "paligemma"
+    template = _compile_jinja_template(CHAT_TEMPLATES["paligemma"])
+    turn = build_messages("Are there polyps?", True)
+    answer = [{"role": "assistant", "content": [{"type": "text", "text": "yes"}]}]
+    render = partial(template.render, eos_token="<eos>")
+    assert render(messages=turn, add_generation_prompt=True) == "Are there polyps?"
+    assert render(messages=turn + answer) == "Are there polyps?yes<eos>"
+    with_system = build_messages("Are there polyps?", True, system="Be brief.")
+    assert render(messages=with_system, add_generation_prompt=True) == (
+        "Be brief.\nAre there polyps?"
+    )

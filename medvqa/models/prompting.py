@@ -76,6 +76,16 @@ CHAT_TEMPLATES = {
         "{%- endif -%}"
         "{%- endfor -%}"
     ),
+    # PaliGemma's checkpoints carry no chat template; its processor itself puts the image tokens
+    # and <bos> first and "\n" after the prompt, and the answer (its `suffix`) ends with <eos>.
+    # A system turn, if any, is a line before the question.
+    "paligemma": (
+        "{%- for m in messages -%}"
+        "{%- for c in m['content'] if c['type'] == 'text' -%}{{ c['text'] }}{%- endfor -%}"
+        "{%- if m['role'] == 'system' -%}{{ '\\n' }}{%- endif -%}"
+        "{%- if m['role'] == 'assistant' -%}{{ eos_token }}{%- endif -%}"
+        "{%- endfor -%}"
+    ),
 }
 
 

@@ -26,6 +26,7 @@ from medvqa.models.processors import (
     ImageOnlyQwen2VLProcessor,
     ImageOnlySmolVLMProcessor,
 )
+from medvqa.models.prompting import chat_template
 
 log = logging.getLogger(__name__)
 
@@ -60,13 +61,6 @@ IDEFICS3_TEMPLATE = (
     + "<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}"
 )
 
-# PaliGemma's processor itself puts the image tokens and <bos> first and "\n" after the prompt;
-# the answer (its `suffix`) follows and ends with <eos>.
-PALIGEMMA_TEMPLATE = (
-    "{% for m in messages %}{% for c in m['content'] %}{% if c['type'] == 'text' %}"
-    "{{ c['text'] }}{% endif %}{% endfor %}{% if m['role'] == 'assistant' %}{{ eos_token }}"
-    "{% endif %}{% endfor %}"
-)
 ROW_COL_TOKENS = [f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7)]
 
 # Per family: special tokens (the first is padding), bos/eos, tokenizer extras, chat template.
@@ -138,7 +132,7 @@ TOKENS: dict[str, dict[str, Any]] = {
         "bos": "<bos>",
         "eos": "<eos>",
         "extra": {"image_token": "<image>"},
-        "template": PALIGEMMA_TEMPLATE,
+        "template": chat_template("paligemma"),  # the real checkpoints have none
     },
 }
 TOKENS["qwen2_5_vl"] = TOKENS["qwen2_vl"]
