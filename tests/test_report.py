@@ -621,6 +621,32 @@ def test_paired_method_differences_come_from_the_scored_tables(tmp_path: Path) -
     paired = build_report(collect([tmp_path]), tmp_path / "out").paired
     assert list(paired["split"]) == ["test_ood"]  # the i.i.d. pair has no number
 
+    # The interval follows the run's evaluation.bootstrap; 0 samples turns it off.
+    from medvqa.evaluation.statistics import paired_bootstrap_diff
+
+    def set_bootstrap(boot: dict[str, Any]) -> None:
+        for path in tmp_path.rglob("results.json"):
+            data = json.loads(path.read_text())
+            data["config"]["evaluation"]["bootstrap"] = boot
+            path.write_text(json.dumps(data))
+
+    set_bootstrap({"samples": 300, "seed": 7, "level": 0.9})
+    ood = build_report(collect([tmp_path]), tmp_path / "out").paired.iloc[0]
+    cases = np.array([f"c{i // 4}" for i in range(40)], dtype=object)
+    expected = paired_bootstrap_diff(
+        correct["full"][40:],
+        cases,
+        correct["lora"][40:],
+        cases,
+        paired=True,
+        B=300,
+        seed=7,
+        level=0.9,
+    )
+    assert (ood["ci_lo"], ood["ci_hi"]) == pytest.approx((expected.lo, expected.hi))
+    set_bootstrap({"samples": 0})
+    assert build_report(collect([tmp_path]), tmp_path / "out").paired.empty
+
 
 def _closed_set_run(root: Path, name: str, predictions: list[str], **record: Any) -> Path:
     """A RoboSurg-VQA-like run scored by the closed-set family: one task q6 (labels no/yes),

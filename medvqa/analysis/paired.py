@@ -15,7 +15,8 @@ paired bootstrap CI that resamples cases once for both sides. Three kinds of pai
 
 The difference comes from the metric family that computes the score
 (`MetricFamily.paired_delta`): a paired case bootstrap of the per-sample column for a score
-that is a per-row mean (from the record's `ci_columns`, B 2000, seed 42, 95%), the family's own
+that is a per-row mean (from the record's `ci_columns`, with the run's `evaluation.bootstrap`
+samples, seed and level; 0 samples: no number), the family's own
 rule otherwise (the closed-set headline, a mean of macro-F1s, is recomputed on each resample of
 sequences, with the family's own B, seed and level). A pair gets no number for a split whose
 question ids differ between the two runs, where either side has an item without a score (a
@@ -24,6 +25,7 @@ judge that could not score it), or where no family can pair the score.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import math
@@ -36,6 +38,7 @@ import pandas as pd
 
 from medvqa.analysis.aggregate import method_sort_key
 from medvqa.analysis.tables import USABLE, role
+from medvqa.config import BootstrapSchema
 from medvqa.data import records as R
 from medvqa.evaluation.scoring import SCORES_FILE, RecordedMeans, build_metrics, paired_delta
 from medvqa.record import RESULTS_FILE, read_record
@@ -69,9 +72,23 @@ class _Run:
     row: pd.Series
     scored: pd.DataFrame
     _families: list[Any] | None = field(default=None, repr=False)
+    _record: Mapping[str, Any] | None = field(default=None, repr=False)
 
     def headlines(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys((self.row["primary_closed"], self.row["primary_open"])))
+
+    def record(self) -> Mapping[str, Any]:
+        if self._record is None:
+            self._record = read_record(Path(str(self.row["source"])))
+        return self._record
+
+    def bootstrap(self) -> dict[str, Any] | None:
+        """The run's `evaluation.bootstrap` as paired-bootstrap options (None: turned off)."""
+        evaluation = (self.record().get("config") or {}).get("evaluation") or {}
+        boot = {**dataclasses.asdict(BootstrapSchema()), **(evaluation.get("bootstrap") or {})}
+        if not boot["samples"]:
+            return None
+        return {"B": int(boot["samples"]), "seed": int(boot["seed"]), "level": float(boot["level"])}
 
     def families(self) -> list[Any]:
         """The recorded per-sample-mean scores, plus the families of the recorded config
@@ -84,7 +101,7 @@ class _Run:
         self._families = [RecordedMeans(columns)]
         if all(score in columns for score in self.headlines()):
             return self._families
-        record = read_record(Path(str(self.row["source"])))
+        record = self.record()
         recorded = (record.get("provenance") or {}).get("metrics") or {}
         nodes = {
             name: node
@@ -178,7 +195,10 @@ def paired_differences(frame: pd.DataFrame) -> pd.DataFrame:
                     rows_a, rows_b = _split(a.scored, split), _split(b.scored, split)
                     if not _same_questions(rows_a, rows_b):
                         continue
-                    ci = paired_delta(reference.families(), rows_a, rows_b, score)
+                    boot = reference.bootstrap()
+                    if boot is None:
+                        continue
+                    ci = paired_delta(reference.families(), rows_a, rows_b, score, **boot)
                     if ci is None or math.isnan(ci.point):
                         continue
                     out.append(
