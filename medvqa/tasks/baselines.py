@@ -35,14 +35,25 @@ def most_frequent(
     loggers: Sequence[Logger] = (),
     eval_splits: Sequence[str] = ("test_iid", "test_ood"),
     provenance: MutableMapping[str, Any] | None = None,
+    prior_splits: Sequence[str] = ("train",),
 ) -> dict[str, float]:
-    """Answer each test question with its most frequent training answer; record coverage."""
+    """Answer each test question with its most frequent answer in `prior_splits` (the
+    training split; RoboSurg-VQA's answer-frequency prior also counts validation); record
+    coverage."""
     metrics_ = build_metrics(cfg.metric)
     add_metrics(provenance, metrics_)
     _, splits = prepare_splits(cfg, out_dir, provenance=provenance)
+    allowed = [s for s in splits.frames if s not in eval_splits]
+    unknown = [s for s in prior_splits if s not in allowed]
+    if unknown:
+        raise ValueError(
+            f"task.prior_splits: {unknown} are not splits the answers may come from (never an "
+            f"evaluated split); choose among {allowed}."
+        )
+    prior = pd.concat([splits[s] for s in prior_splits], ignore_index=True)
     scores, coverage, scored_by_split = {}, {}, {}
     for split in eval_splits:
-        preds, coverage[split] = most_frequent_predictions(splits["train"], splits[split])
+        preds, coverage[split] = most_frequent_predictions(prior, splits[split])
         scored, scores[split] = score_frame(preds, metrics_, list(cfg.evaluation.breakdown))
         scored_by_split[split] = scored.assign(**{R.SPLIT: split})
         scores[split]["coverage"] = coverage[split]
