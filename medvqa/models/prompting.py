@@ -110,7 +110,8 @@ class PromptTemplate:
     a closed question that has candidates, formatted with `{n}` (the number of candidates, in
     words up to nine) and `{options}` (the candidates joined by ", "): SURE-VQA's
     " Please choose from the following {n} options: [{options}]." is built from the row's own
-    candidates, never from its answer, so the model is not told which answer type to expect.
+    candidates, never from its answer (SURE-VQA's reference code picks it from the ground truth,
+    which leaks the label).
     """
 
     system: str | None = None
