@@ -213,6 +213,7 @@ def test_the_no_image_baseline_trains_lora_with_the_studys_settings() -> None:
 def test_grids_score_on_validation_with_the_fixed_settings_only(sweep: str) -> None:
     cfg = compose([f"sweep={sweep}", "+experiment=slake_modality"], Path("/tmp/medvqa-sweep"))
     assert list(cfg.task.eval_splits) == ["val"]
+    assert list(cfg.task.references) == []  # selection compares the grid's own runs
     assert cfg.trainer.max_epochs == 3 and cfg.data.batch_size == 32
     # no chosen settings leak into a grid: the method file's own values, then the grid's
     method = compose([f"peft={cfg.peft.name}"], Path("/tmp/medvqa-sweep")).peft
@@ -244,5 +245,6 @@ def test_a_grid_job_records_validation_scores_and_no_test_scores(
     assert metrics["val/n"] == 8  # debug=smoke's val cap
     assert 0.0 <= metrics["val/closed_acc"] <= 1.0 and "val/open_f1" in metrics
     assert not [k for k in metrics if "test_" in k or k.startswith("robustness/")]
+    assert not [k for k in metrics if k.startswith(("zero_shot/", "chance/"))]
     rows = [json.loads(line) for line in (path.parent / "predictions.jsonl").open()]
     assert len(rows) == 8 and {r["split"] for r in rows} == {"val"}
