@@ -3,6 +3,8 @@
 Not a test. Figures:
 - traditional metrics over 20,000 predictions;
 - one case-clustered bootstrap (B=2000) over 20,000 questions in 4,000 cases;
+- the text family (ROUGE, chrF++, BLEU-4, METEOR with WordNet) and Kvasir-VQA-x1's challenge
+  scorer (`kvasir_official`) over 1,500 predictions (the Medico public validation subset's size);
 - SmolLM2 judge (hf backend, logits mode) items/s at batch 8 vs one at a time, with the shared
   rubric prefix run once from its key/value cache and without (every prompt in full);
 - judge calls when the same items are scored again with the cache (must be 0).
@@ -27,6 +29,8 @@ sys.path.insert(0, str(ROOT))
 
 from medvqa.config import JudgeSchema  # noqa: E402
 from medvqa.evaluation.families.judge import JudgeMetric  # noqa: E402
+from medvqa.evaluation.families.kvasir_official import KvasirOfficial  # noqa: E402
+from medvqa.evaluation.families.text import TextMetric  # noqa: E402
 from medvqa.evaluation.families.traditional import TraditionalMetric  # noqa: E402
 from medvqa.evaluation.judge import JudgeCache, build_backend  # noqa: E402
 from medvqa.evaluation.scoring import score_frame  # noqa: E402
@@ -76,6 +80,17 @@ def main() -> None:
     start = time.perf_counter()
     score_frame(preds, [TraditionalMetric()])
     rows.append(("traditional metrics, 20,000 predictions", f"{time.perf_counter() - start:.2f} s"))
+
+    cache = os.environ.get("MEDVQA_CACHE", str(ROOT / ".cache"))
+    open_preds = predictions(3_000, seed=3).query("answer_type == 'open'").head(1_500)
+    for name, family in (
+        ("text metrics", TextMetric(cache_dir=cache)),
+        ("kvasir_official", KvasirOfficial(cache_dir=cache)),
+    ):
+        family.per_sample(open_preds.head(2))  # WordNet restored once, NLTK loaded
+        start = time.perf_counter()
+        score_frame(open_preds, [family])
+        rows.append((f"{name}, 1,500 open predictions", f"{time.perf_counter() - start:.2f} s"))
 
     values = (np.random.default_rng(1).random(20_000) < 0.7).astype(float)
     clusters = np.arange(20_000) // 5
