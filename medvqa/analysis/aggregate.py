@@ -34,8 +34,9 @@ log = logging.getLogger(__name__)
 # Every row has a `method_id` that says what it *is*, stable when labels are edited: the peft
 # method's name, a sanity baseline's name (`<peft>+<baseline>` for a baseline that trains a
 # method), or the label the user gave the run; `@<image>` marks an evaluation with another image
-# and `@delta_<image>` the paired difference; ` [<option>=<value>]` a test condition (below). Rows are grouped and joined on it; the `method`
-# column is its display name (the paper's row names for what the configs ship with).
+# and `@delta_<image>` the paired difference; ` [<option>=<value>]` a test condition (below).
+# Rows are grouped and joined on it; the `method` column is its display name (the paper's row
+# names for what the configs ship with).
 PEFT_NAMES = {
     "none": "No Finetune",
     "full": "Full Finetune",
@@ -122,7 +123,7 @@ def find_records(dirs: Sequence[Path | str]) -> list[Path]:
     return paths
 
 
-def _get(config: Mapping[str, Any], dotted: str, default: Any = None) -> Any:
+def config_get(config: Mapping[str, Any], dotted: str, default: Any = None) -> Any:
     node: Any = config
     for part in dotted.split("."):
         if not isinstance(node, Mapping) or part not in node:
@@ -131,7 +132,7 @@ def _get(config: Mapping[str, Any], dotted: str, default: Any = None) -> Any:
     return node
 
 
-def _number(value: Any) -> float:
+def as_number(value: Any) -> float:
     """JSON null (not measured) and non-numbers become NaN, never 0."""
     if isinstance(value, bool) or value is None:
         return math.nan
@@ -198,23 +199,23 @@ def _identity(record: Mapping[str, Any]) -> dict[str, Any]:
     """Setting and method of a record, from its choices with the config as fallback."""
     config = record.get("config") or {}
     choices = record.get("choices") or {}
-    target = str(_get(config, "dataset._target_", "") or "")
+    target = str(config_get(config, "dataset._target_", "") or "")
     dataset = (
         choices.get("dataset")
-        or _get(config, "dataset.name")
+        or config_get(config, "dataset.name")
         or (target.rsplit(".", 2)[-2] if target.count(".") >= 2 else None)
         or "?"
     )
-    shift = _get(config, "shift.name") or choices.get("shift") or "?"
+    shift = config_get(config, "shift.name") or choices.get("shift") or "?"
     experiment = choices.get("experiment")
     setting = str(experiment) if experiment else f"{dataset}_{shift}"
     # A shift with variants under one experiment (corruption strength) keeps them apart.
     if experiment and choices.get("shift") and shift != choices.get("shift"):
         setting = f"{setting} ({shift})"
-    peft = _get(config, "peft.name") or choices.get("peft")
+    peft = config_get(config, "peft.name") or choices.get("peft")
     baseline = choices.get("baseline")
-    task = choices.get("task") or _get(config, "task.name")
-    label = config.get("label") or _get(config, "peft.label") or peft or "?"
+    task = choices.get("task") or config_get(config, "task.name")
+    label = config.get("label") or config_get(config, "peft.label") or peft or "?"
     if baseline and baseline != "zero_shot":
         # e.g. the blind ablation: a LoRA run that is a baseline, not the LoRA row itself.
         method_id = baseline if task in MODEL_FREE_TASKS else f"{peft}+{baseline}"
@@ -223,15 +224,15 @@ def _identity(record: Mapping[str, Any]) -> dict[str, Any]:
     cond = condition(config)
     if cond:
         method_id = f"{method_id} [{cond}]"
-    closed = _get(config, "evaluation.primary_closed", "closed_acc")
-    open_ = _get(config, "evaluation.primary_open", "open_f1")
+    closed = config_get(config, "evaluation.primary_closed", "closed_acc")
+    open_ = config_get(config, "evaluation.primary_open", "open_f1")
     return {
         "setting": setting,
         "experiment": experiment,
         "dataset": str(dataset),
         "shift": str(shift),
         "shift_kind": "corruption" if str(shift).startswith("corruption") else "realistic",
-        "model": _get(config, "model.name") or choices.get("model") or "?",
+        "model": config_get(config, "model.name") or choices.get("model") or "?",
         "label": str(label),
         "method_id": str(method_id),
         "peft": peft,
@@ -255,8 +256,8 @@ def _provenance(prov: Mapping[str, Any]) -> dict[str, str | None]:
     return {
         "code": f"{commit[:12]}{' (dirty)' if git.get('dirty') else ''}" if commit else None,
         "versions": ", ".join(f"{k} {v}" for k, v in versions.items() if v) or None,
-        "data": _get(prov, "data.fingerprint"),
-        "model_weights": _get(prov, "model.weights_fingerprint"),
+        "data": config_get(prov, "data.fingerprint"),
+        "model_weights": config_get(prov, "model.weights_fingerprint"),
         "judge": "; ".join(f"{j} [{r}]" for j, r in sorted(judges.items())) or None,
     }
 
@@ -267,8 +268,8 @@ def _headlines(metrics: Mapping[str, float], closed: str, open_: str) -> dict[st
     out: dict[str, Any] = {}
     for column, key in HEADLINE_KEYS.items():
         name = key.format(closed=closed, open=open_)
-        out[column] = _number(metrics.get(name))
-        out[f"{column} ci_half"] = _number(metrics.get(f"{name}_ci_half"))
+        out[column] = as_number(metrics.get(name))
+        out[f"{column} ci_half"] = as_number(metrics.get(f"{name}_ci_half"))
         out[f"{column} unreliable"] = unreliable(metrics, closed if "closed" in column else open_)
     return out
 
@@ -276,7 +277,7 @@ def _headlines(metrics: Mapping[str, float], closed: str, open_: str) -> dict[st
 def record_rows(record: Mapping[str, Any], source: str) -> list[dict[str, Any]]:
     """The run's row, plus one row per reference or extra-image evaluation it scored."""
     ident = _identity(record)
-    metrics = {k: _number(v) for k, v in (record.get("metrics") or {}).items()}
+    metrics = {k: as_number(v) for k, v in (record.get("metrics") or {}).items()}
     error = record.get("error")
     base = {
         **ident,
@@ -306,13 +307,13 @@ def record_rows(record: Mapping[str, Any], source: str) -> list[dict[str, Any]]:
         if prefix in prefixes:
             derived.append(("reference", f"{ref_id}{cond}", prefix))
     config = record.get("config") or {}
-    for mode in _get(config, "data.extra_eval_images", []) or []:
+    for mode in config_get(config, "data.extra_eval_images", []) or []:
         if f"{mode}/" in prefixes:
             derived.append(("extra image", f"{own_id}@{mode}", f"{mode}/"))
         if f"delta_{mode}/" in prefixes:
             derived.append(("delta", f"{own_id}@delta_{mode}", f"delta_{mode}/"))
     taken = tuple(prefix for _, _, prefix in derived if prefix)
-    what = _what(config)
+    what = run_identity(config)
     rows = []
     for kind, method_id, prefix in derived:
         own = (
@@ -368,7 +369,7 @@ def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: repr(node)}
 
 
-def _what(config: Mapping[str, Any]) -> dict[str, str]:
+def run_identity(config: Mapping[str, Any]) -> dict[str, str]:
     """The config keys that define what a run computed (paths, loggers, devices left out)."""
     flat = _flatten(config)
     return {

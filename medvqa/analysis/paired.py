@@ -36,7 +36,7 @@ from typing import Any
 
 import pandas as pd
 
-from medvqa.analysis.aggregate import method_sort_key
+from medvqa.analysis.aggregate import as_number, method_sort_key
 from medvqa.analysis.tables import USABLE, role
 from medvqa.config import BootstrapSchema
 from medvqa.data import records as R
@@ -139,13 +139,6 @@ def _same_questions(a: pd.DataFrame, b: pd.DataFrame) -> bool:
     return set(a[R.ID]) == set(b[R.ID]) and len(a) == len(b)
 
 
-def _number(value: Any) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
-
-
 def _default_of(method_id: str, cond: Any) -> str | None:
     """The id of the run of the dataset's default questions a condition's row belongs to."""
     if not isinstance(cond, str):
@@ -211,8 +204,8 @@ def paired_differences(frame: pd.DataFrame) -> pd.DataFrame:
                             "split": split,
                             "score": score,
                             "n": len(rows_a),
-                            "value_a": _number(a.row.get(f"{split}/{score}")),
-                            "value_b": _number(b.row.get(f"{split}/{score}")),
+                            "value_a": as_number(a.row.get(f"{split}/{score}")),
+                            "value_b": as_number(b.row.get(f"{split}/{score}")),
                             "diff": ci.point,
                             "ci_lo": ci.lo,
                             "ci_hi": ci.hi,

@@ -35,7 +35,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from medvqa import CONF_DIR
-from medvqa.analysis.aggregate import _what, find_records
+from medvqa.analysis.aggregate import as_number, config_get, find_records, run_identity
 from medvqa.evaluation.scoring import unreliable
 from medvqa.record import read_record
 
@@ -157,20 +157,6 @@ def _nested(flat: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _get(config: Mapping[str, Any], dotted: str) -> Any:
-    node: Any = config
-    for part in dotted.split("."):
-        node = node[part]
-    return node
-
-
-def _number(value: Any) -> float:
-    """JSON null (not measured) becomes NaN, never 0."""
-    if value is None or isinstance(value, bool):
-        return math.nan
-    return float(value)
-
-
 def _derived(method: str, key: str) -> bool:
     """Whether the method file computes `key` from another key (LoRA's alpha = 2r): it follows
     the chosen setting by itself and is not written."""
@@ -216,7 +202,7 @@ def _criterion(records: Sequence[tuple[str, dict]], name: str) -> tuple[tuple[st
 def select_grid(dataset: str, method: str, records: Sequence[tuple[str, dict]]) -> Selection:
     """Rank the settings of one grid (the records of one dataset × method)."""
     name = f"{dataset}_{method}"
-    whats = [_what(r.get("config") or {}) for _, r in records]
+    whats = [run_identity(r.get("config") or {}) for _, r in records]
     varying = sorted(k for k in set().union(*whats) if len({w.get(k) for w in whats}) > 1)
     foreign = [k for k in varying if not k.startswith(SETTING_PREFIXES)]
     if foreign:
@@ -233,7 +219,7 @@ def select_grid(dataset: str, method: str, records: Sequence[tuple[str, dict]]) 
     notes: list[str] = []
     for source, record in records:
         config = record.get("config") or {}
-        setting = {k: _get(config, k) for k in keys}
+        setting = {k: config_get(config, k) for k in keys}
         ident = tuple(repr(v) for v in setting.values())
         seed_key = (*ident, repr(record.get("seed")))
         if seed_key in seen:
@@ -250,8 +236,8 @@ def select_grid(dataset: str, method: str, records: Sequence[tuple[str, dict]]) 
                 seed=record.get("seed"),
                 status=str(record.get("status", "?")),
                 error=str(error).strip().splitlines()[-1] if error else None,
-                closed=_number(metrics.get(criterion[0])),
-                open=_number(metrics.get(criterion[1])),
+                closed=as_number(metrics.get(criterion[0])),
+                open=as_number(metrics.get(criterion[1])),
             )
         )
         if criterion[0].endswith(JUDGE[0]) and unreliable(metrics, JUDGE[0]):

@@ -16,7 +16,7 @@ from medvqa.data import records as R
 from medvqa.data.base import VQASource
 from medvqa.data.shifts import IMAGE_TRANSFORM
 from medvqa.data.transforms import apply_transform
-from medvqa.models.prompting import PromptTemplate, encode, pad_batch
+from medvqa.models.prompting import PLAIN, PromptTemplate, encode, pad_batch
 
 META_KEY = "record_ids"
 IMAGE_MODES = ("image", "none", "blank")
@@ -38,7 +38,7 @@ class VQADataset(Dataset):
         processor: Any,
         with_answer: bool,
         image_mode: str = "image",
-        prompt: PromptTemplate | None = None,
+        prompt: PromptTemplate = PLAIN,
     ) -> None:
         if image_mode not in IMAGE_MODES:
             raise ValueError(f"image_mode must be one of {IMAGE_MODES}, got {image_mode!r}")
@@ -47,7 +47,7 @@ class VQADataset(Dataset):
         self.processor = processor
         self.with_answer = with_answer
         self.image_mode = image_mode
-        self.prompt = prompt or PromptTemplate()
+        self.prompt = prompt
 
     def __len__(self) -> int:
         return len(self.frame)
@@ -119,7 +119,7 @@ class VQADataModule(L.LightningDataModule):
         num_workers: int = 0,
         seed: int = 0,
         image_mode: str = "image",
-        prompt: PromptTemplate | None = None,
+        prompt: PromptTemplate = PLAIN,
     ) -> None:
         super().__init__()
         self.frames = dict(frames)

@@ -32,7 +32,7 @@ from medvqa.data.datamodule import META_KEY, VQADataset, make_loader
 from medvqa.distributed import is_global_zero
 from medvqa.evaluation.families.traditional import PREDICTION
 from medvqa.hashing import Hasher
-from medvqa.models.prompting import PromptTemplate
+from medvqa.models.prompting import PLAIN, PromptTemplate
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +164,7 @@ class GenerationData(L.LightningDataModule):
         batch_size: int,
         image_mode: str = "image",
         num_workers: int = 0,
-        prompt: PromptTemplate | None = None,
+        prompt: PromptTemplate = PLAIN,
     ) -> None:
         super().__init__()
         self.frame = frame
@@ -277,7 +277,7 @@ def generate_predictions(
     trainer_cfg: Any = None,
     num_workers: int = 0,
     model_id: str | None = None,
-    prompt: PromptTemplate | None = None,
+    prompt: PromptTemplate = PLAIN,
 ) -> pd.DataFrame | None:
     """Generate answers for `frame` into `out_path` (resuming), return this split's records.
 
@@ -358,7 +358,7 @@ def prediction_key(
     key.update(getattr(processor.tokenizer, "chat_template", None) or "")
     precision = getattr(settings.get("trainer_cfg"), "precision", None)
     what = {k: v for k, v in settings.items() if k in ("max_new_tokens", "image_mode")}
-    prompt = settings.get("prompt") or PromptTemplate()
+    prompt = settings.get("prompt", PLAIN)
     key.update({**what, "precision": precision, "prompt": prompt.settings()})
     for split, frame in sorted(frames.items()):
         key.update(split).update(frame.to_json(orient="records", default_handler=str))

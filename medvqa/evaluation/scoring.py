@@ -246,37 +246,20 @@ def paired_delta_intervals(
     prefix: str,
 ) -> dict[str, float]:
     """CIs of the paired differences main − other of the headline scores, per split, for two
-    evaluations of the same questions (e.g. sighted vs blank images: the blind Δ). One draw of
-    cases serves both sides, so only their disagreement varies. Keys:
-    `<prefix><split>/<score>_ci_{lo,hi,half}`. A side with a missing score gets none."""
-    from medvqa.evaluation.statistics import paired_bootstrap_diff
-
+    evaluations of the same questions (e.g. sighted vs blank images: the blind Δ), from the
+    family that computes each score (:func:`paired_delta`). Keys:
+    `<prefix><split>/<score>_ci_{lo,hi,half}`. A split where a side has an unscored row, or
+    where no family can pair the score, gets none."""
     opts = _bootstrap_options(evaluation_cfg)
     if opts is None:
         return {}
-    columns = _ci_columns(metrics)
     out: dict[str, float] = {}
     for _, key in _headline_keys(evaluation_cfg):
-        if key not in columns:
-            continue
-        column, answer_type = columns[key]
         for split in dict.fromkeys(main[R.SPLIT]):
-            sides = [
-                f.loc[(f[R.SPLIT] == split) & (f[R.ANSWER_TYPE] == answer_type)]
-                for f in (main, other)
-            ]
-            if any(s.empty or s[column].isna().any() for s in sides):
-                continue
-            (a, b) = sides
-            ci = paired_bootstrap_diff(
-                a[column].to_numpy(float),
-                a[R.CASE_ID].to_numpy(object),
-                b[column].to_numpy(float),
-                b[R.CASE_ID].to_numpy(object),
-                paired=True,
-                **opts,
-            )
-            out.update(ci.entries(f"{prefix}{split}/{key}"))
+            a, b = (f.loc[f[R.SPLIT] == split] for f in (main, other))
+            ci = paired_delta(metrics, a, b, key, **opts)
+            if ci is not None:
+                out.update(ci.entries(f"{prefix}{split}/{key}"))
     return out
 
 

@@ -34,8 +34,10 @@ __all__ = [
     "PACKAGE",
     "WORDNET_30_SHA256",
     "WORDNET_MODES",
+    "NoSynonyms",
     "WordNet",
     "build_wordnet",
+    "meteor_synonyms",
     "nltk_wordnet",
     "packaged_wordnet",
     "resolve_wordnet",
@@ -84,6 +86,18 @@ class WordNet:
 
     def provenance(self) -> dict[str, str]:
         return {"source": self.source, "version": str(self.reader.get_version()), "root": self.root}
+
+
+class NoSynonyms:
+    """A WordNet stand-in without synsets: METEOR's synonym stage then matches nothing."""
+
+    def synsets(self, *_args: Any, **_kwargs: Any) -> list[Any]:
+        return []
+
+
+def meteor_synonyms(found: WordNet | None) -> Any:
+    """What METEOR's `wordnet=` argument gets: the reader, or the stand-in without synsets."""
+    return found.reader if found is not None else NoSynonyms()
 
 
 def nltk_wordnet() -> WordNet | None:

@@ -132,6 +132,9 @@ class PromptTemplate:
         return dataclasses.asdict(self)
 
 
+PLAIN = PromptTemplate()  # the question as the dataset writes it (`prompt=plain`)
+
+
 def build_messages(
     question: str, with_image: bool = True, system: str | None = None
 ) -> list[dict[str, Any]]:

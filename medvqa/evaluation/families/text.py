@@ -53,22 +53,15 @@ from medvqa.data.records import ANSWER, ANSWER_TYPE
 from medvqa.evaluation.families.base import MetricFamily
 from medvqa.evaluation.families.traditional import PREDICTION, normalize_answer
 from medvqa.evaluation.statistics import mean_or_nan
-from medvqa.evaluation.wordnet import WordNet, resolve_wordnet
+from medvqa.evaluation.wordnet import WordNet, meteor_synonyms, resolve_wordnet
 
-__all__ = ["EMPTY_REFS", "TEXT_METRICS", "NoSynonyms", "TextMetric"]
+__all__ = ["EMPTY_REFS", "TEXT_METRICS", "TextMetric"]
 
 #: Metric names a user may select (``meteor`` becomes ``meteor_no_syn`` without WordNet).
 TEXT_METRICS: tuple[str, ...] = ("rouge1", "rouge2", "rouge_l", "chrf_pp", "bleu4", "meteor")
 #: Aggregate counting the open rows whose reference normalises to the empty string.
 EMPTY_REFS = "text_empty_ref_n"
 _ROUGE_KEYS = {"rouge1": "rouge1", "rouge2": "rouge2", "rouge_l": "rougeL"}
-
-
-class NoSynonyms:
-    """A WordNet stand-in without synsets: METEOR's synonym stage then matches nothing."""
-
-    def synsets(self, *_args: Any, **_kwargs: Any) -> list[Any]:
-        return []
 
 
 class _WhitespaceTokenizer:
@@ -120,7 +113,7 @@ class TextMetric(MetricFamily):
         self._chrf = CHRF(word_order=2)
         self._bleu = BLEU(effective_order=True, smooth_method="exp", tokenize="none")
         self._stemmer = PorterStemmer()
-        self._synonyms = self.wordnet.reader if self.wordnet is not None else NoSynonyms()
+        self._synonyms = meteor_synonyms(self.wordnet)
 
     def provenance(self) -> dict[str, Any]:
         return {"meteor_wordnet": self.wordnet.provenance() if self.wordnet else None}
