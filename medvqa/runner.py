@@ -18,7 +18,7 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from medvqa.distributed import global_rank, is_global_zero, use_job_command_for_ranks
+from medvqa.distributed import Job, global_rank, is_global_zero, job_ranks
 from medvqa.evaluation.scoring import failed_items
 from medvqa.provenance import environment
 from medvqa.record import RunRecord, adopt_run
@@ -43,7 +43,13 @@ def run(cfg: DictConfig) -> dict[str, float] | None:
         return previous["metrics"]
     if not is_global_zero():
         return _other_rank(cfg, out_dir, record)
-    use_job_command_for_ranks()  # the other ranks, if the trainer starts any, run this job
+    with job_ranks() as job:  # the other ranks, if the trainer starts any, run this job alone
+        return _run_on_rank_zero(cfg, out_dir, record, hydra_cfg.mode, job)
+
+
+def _run_on_rank_zero(
+    cfg: DictConfig, out_dir: Path, record: RunRecord, mode: RunMode | None, job: Job
+) -> dict[str, float] | None:
     record.write("running")
     loggers = []
     status = "failed"
@@ -63,11 +69,12 @@ def run(cfg: DictConfig) -> dict[str, float] | None:
         status = "success"  # a recorded result, not a crash
         return None
     except Exception as err:
+        job.outcome = "failed"
         log.exception("run failed")
         record.write(
             "failed", error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc()
         )
-        if hydra_cfg.mode != RunMode.MULTIRUN:
+        if mode != RunMode.MULTIRUN:
             raise
         return None
     finally:

@@ -26,6 +26,8 @@ SMALL_MODEL = [
 ]
 # ... and the synthetic dataset too.
 SMALL = ["dataset.n_cases=60", *SMALL_MODEL]
+# Set by Lightning's launcher and process-group set-up (torch.distributed's env:// rendezvous).
+DISTRIBUTED_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK")
 
 
 @pytest.fixture(scope="session")
@@ -53,8 +55,11 @@ def run_main(
     small: Sequence[str] = SMALL,
 ) -> subprocess.CompletedProcess:
     """Run `python run.py` as a user would, in a subprocess, with a given run directory."""
+    # A process group made in this test process (an in-process DDP/DeepSpeed test) leaves
+    # MASTER_PORT & co. in os.environ; the run must pick its own.
+    inherited = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_ENV}
     full_env = {
-        **os.environ,
+        **inherited,
         "MEDVQA_CACHE": str(cache),
         "WANDB_MODE": "offline",
         "WANDB_SILENT": "true",

@@ -115,25 +115,35 @@ def test_two_methods_generate_the_zero_shot_answers_once(
 def test_ddp_multirun_runs_each_job_once_with_sharded_generation(
     cache_dir: Path, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    """Two CPU processes (gloo) under `-m`: the job runs once, rank 0 writes one record and
-    complete predictions without duplicates; the untuned base scores exactly as in one process."""
+    """Two CPU processes (gloo) per job, two jobs under one `-m`: each job runs once, with ranks
+    of its own (the second job used to find the first job's launcher variables and process group
+    and wait on its dead peers); rank 0 writes one record and complete predictions without
+    duplicates; the untuned base scores exactly as in one process."""
     sweep = tmp_path / "sweep"
     proc = run_main(
-        ["-m", *SMOKE, "trainer.devices=2", "trainer.strategy=ddp", f"hydra.sweep.dir={sweep}"],
+        [
+            "-m",
+            *SMOKE,
+            "trainer.devices=2",
+            "trainer.strategy=ddp",
+            "seed=0,1",
+            f"hydra.sweep.dir={sweep}",
+        ],
         tmp_path / "unused",
         cache_dir,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    records = sorted(sweep.rglob("results.json"))
-    assert len(records) == 1, records  # children did not start the sweep again
-    job = records[0].parent
+    records = {read_record(p)["seed"]: p for p in sweep.rglob("results.json")}
+    assert sorted(records) == [0, 1], records  # children did not start the sweep again
+    for seed, path in records.items():
+        job = path.parent
+        assert read_record(path)["status"] == "finished", seed
+        assert (job / "run_rank1.log").is_file()  # rank 1 ran the same job, logging apart
+        assert not list(job.glob("*.rank*"))  # shards merged
+        for name in ("predictions.jsonl", "predictions_zero_shot.jsonl"):
+            preds = read_predictions(job / name)
+            assert len(preds) == 24 and not preds.duplicated(["split", "id"]).any(), (seed, name)
     record = read_record(records[0])
-    assert record["status"] == "finished"
-    assert (job / "run_rank1.log").is_file()  # rank 1 ran the same job, logging apart
-    assert not list(job.glob("*.rank*"))  # shards merged
-    for name in ("predictions.jsonl", "predictions_zero_shot.jsonl"):
-        preds = read_predictions(job / name)
-        assert len(preds) == 24 and not preds.duplicated(["split", "id"]).any(), name
     single = tmp_path / "single"
     proc = run_main([*SMOKE], single, cache_dir)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,7 +1,9 @@
 """Test-only: DeepSpeed ZeRO stage 2 on CPU, to test the wiring without GPUs.
 
-Lightning's DeepSpeedStrategy refuses anything but CUDA; this subclass skips that check and
-runs one process on `cpu:0` with the gloo backend. Never use it for real training.
+Lightning's DeepSpeedStrategy refuses anything but CUDA; this subclass of the project's
+(`medvqa.training.strategies.DeepSpeedStrategy`, the one conf/trainer/deepspeed_zero2.yaml
+names) skips that check and runs one process on `cpu:0` with the gloo backend. Never use it
+for real training.
 """
 
 from __future__ import annotations
@@ -9,7 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
+from lightning.pytorch.strategies import DDPStrategy
+
+from medvqa.training.strategies import DeepSpeedStrategy
 
 
 class CPUZero2Strategy(DeepSpeedStrategy):

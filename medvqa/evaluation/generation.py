@@ -23,6 +23,7 @@ import pandas as pd
 import torch
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import BasePredictionWriter
+from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
 from medvqa.atomic import write_file
@@ -33,6 +34,7 @@ from medvqa.distributed import is_global_zero
 from medvqa.evaluation.families.traditional import PREDICTION
 from medvqa.hashing import Hasher
 from medvqa.models.prompting import PLAIN, PromptTemplate
+from medvqa.training.strategies import prediction_strategy
 
 log = logging.getLogger(__name__)
 
@@ -251,8 +253,9 @@ def _generation_data(trainer: L.Trainer) -> GenerationData:
 
 
 def prediction_trainer(trainer_cfg: Any = None) -> L.Trainer:
-    """A Trainer that generates on the devices, strategy and precision of `trainer_cfg` (the
-    run's `trainer` config; None: one CPU process, for tests and scripts)."""
+    """A Trainer that generates on the devices and precision of `trainer_cfg` (the run's
+    `trainer` config; None: one CPU process, for tests and scripts), under its strategy except
+    DeepSpeed, which generates under DDP (`medvqa.training.strategies`)."""
     fixed: dict[str, Any] = {
         "logger": False,
         "enable_checkpointing": False,
@@ -261,7 +264,12 @@ def prediction_trainer(trainer_cfg: Any = None) -> L.Trainer:
     }
     if trainer_cfg is None:
         return L.Trainer(accelerator="cpu", devices=1, enable_progress_bar=False, **fixed)
-    return instantiate(trainer_cfg, **fixed)
+    options = OmegaConf.to_container(OmegaConf.create(trainer_cfg), resolve=True)
+    assert isinstance(options, dict)
+    options["strategy"] = prediction_strategy(
+        options.get("strategy", "auto"), options.get("devices", 1), options.get("num_nodes", 1)
+    )
+    return instantiate(options, **fixed)
 
 
 def generate_predictions(

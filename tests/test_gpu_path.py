@@ -1,0 +1,106 @@
+"""The GPU path's defects, shown on CPU: DeepSpeed generation (the test-only ZeRO-2 strategy runs
+Lightning's DeepSpeed code on CPU), several ranks (two gloo processes stand in for two GPUs),
+several jobs of one sweep in one process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from medvqa.evaluation import generation
+from medvqa.evaluation.generation import generate_predictions
+from medvqa.models.loading import load_vlm
+from medvqa.record import read_record
+from medvqa.training.strategies import DeepSpeedStrategy, is_deepspeed, prediction_strategy
+from tests.conftest import SMALL, compose, run_main
+
+pytest.importorskip("deepspeed", reason="deepspeed is in the dev extra")
+
+SMOKE = ["debug=smoke", "logger=csv"]
+# conf/trainer/deepspeed_zero2.yaml's strategy, on CPU (tests/zero2_cpu.py).
+CPU_ZERO2 = "{_target_: tests.zero2_cpu.CPUZero2Strategy, exclude_frozen_parameters: true}"
+ZERO2_TRAINER = [f"trainer.strategy={CPU_ZERO2}", "trainer.precision=bf16-mixed"]
+
+
+def test_deepspeed_is_recognised_in_every_form() -> None:
+    assert is_deepspeed("deepspeed_stage_2") and is_deepspeed("deepspeed_stage_2_offload")
+    assert is_deepspeed({"_target_": "medvqa.training.strategies.DeepSpeedStrategy"})
+    assert is_deepspeed({"_target_": "tests.zero2_cpu.CPUZero2Strategy"})  # a subclass
+    assert is_deepspeed({"_target_": "lightning.pytorch.strategies.DeepSpeedStrategy"})
+    assert not is_deepspeed("ddp") and not is_deepspeed("auto")
+    assert not is_deepspeed({"_target_": "lightning.pytorch.strategies.DDPStrategy"})
+    assert prediction_strategy("deepspeed_stage_2", devices=-1) == "ddp"
+    assert prediction_strategy("deepspeed_stage_2", devices=4) == "ddp"
+    assert prediction_strategy("deepspeed_stage_2", devices=1, num_nodes=2) == "ddp"
+    assert prediction_strategy("deepspeed_stage_2", devices=1) == "auto"
+    assert prediction_strategy("ddp_find_unused_parameters_true") == "ddp_find_unused_parameters_true"
+
+
+def test_the_shipped_deepspeed_trainer_reduces_and_accumulates_gradients_in_fp32() -> None:
+    cfg = compose(["trainer=deepspeed_zero2"])
+    strategy = OmegaConf.to_container(cfg.trainer.strategy)
+    assert is_deepspeed(strategy)
+    built = DeepSpeedStrategy(
+        **{k: v for k, v in strategy.items() if k != "_target_"}  # type: ignore[union-attr]
+    )
+    assert built.config["communication_data_type"] == "fp32"
+    assert built.config["data_types"]["grad_accum_dtype"] == "fp32"
+    assert built.config["zero_optimization"]["stage"] == 2
+    with pytest.raises(ValueError, match="communication_data_type"):
+        DeepSpeedStrategy(stage=2, communication_data_type="float32")
+
+
+def test_generation_under_a_deepspeed_trainer_runs_twice_outside_deepspeed(
+    tiny_model_dir: Path, cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lightning's DeepSpeed inference set-up wipes every module hook, transformers' once-only
+    output-capturing hooks too: the LLaVA vision tower then returns no hidden states and the
+    second generation raised IndexError (modeling_llava.py). Generation now runs under DDP."""
+    from hydra.utils import instantiate
+
+    source = instantiate(compose(SMALL, cache_dir).dataset)
+    frame = source.table().head(6)
+    model, processor = load_vlm(
+        OmegaConf.create({"name": "tiny", "pretrained": str(tiny_model_dir), "dtype": "float32"})
+    )
+    trainer_cfg = OmegaConf.create(
+        {
+            "_target_": "lightning.Trainer",
+            "accelerator": "cpu",
+            "devices": 1,
+            "strategy": OmegaConf.create(CPU_ZERO2),
+            "precision": "bf16-mixed",
+            "enable_progress_bar": False,
+        }
+    )
+    strategies = []
+    original = generation.GenerationModule.predict_step
+
+    def spy(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+        strategies.append(type(self.trainer.strategy).__name__)
+        return original(self, batch, batch_idx)
+
+    monkeypatch.setattr(generation.GenerationModule, "predict_step", spy)
+    answers = [
+        generate_predictions(
+            model, processor, frame, source, tmp_path / "p.jsonl", split, 4, 3, trainer_cfg=trainer_cfg
+        )
+        for split in ("test_iid", "test_ood")
+    ]
+    assert [len(a) for a in answers] == [6, 6]  # type: ignore[arg-type]
+    assert strategies and not any("DeepSpeed" in s or "Zero2" in s for s in strategies), strategies
+
+
+def test_a_deepspeed_job_trains_then_generates_every_split(cache_dir: Path, tmp_path: Path) -> None:
+    """The whole job under (CPU) ZeRO-2: zero-shot answers for both test splits, the fit, the
+    tuned answers for both splits. It crashed in the zero-shot answers of the second split."""
+    proc = run_main([*SMOKE, *ZERO2_TRAINER], tmp_path, cache_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = read_record(tmp_path / "results.json")
+    assert record["status"] == "finished"
+    metrics = record["metrics"]
+    for prefix in ("", "zero_shot/"):
+        assert metrics[f"{prefix}test_iid/n"] == 12 and metrics[f"{prefix}test_ood/n"] == 12
+    assert metrics["train/global_step"] == 3
