@@ -170,7 +170,9 @@ def _end_job(before: dict[str, str | None], outcome: str) -> None:
     for observer in observers:
         observer.release()
     timeout_s = CHILD_EXIT_TIMEOUT_S[outcome]
-    if outcome == "failed":  # peers waiting in a collective with rank 0 get an error (gloo) and leave
+    if (
+        outcome == "failed"
+    ):  # peers waiting in a collective with rank 0 get an error (gloo) and leave
         destroy_group()
     for proc in (p for observer in observers for p in observer.procs):
         try:

@@ -122,8 +122,14 @@ def read_record(path: Path) -> dict[str, Any]:
 
 
 # What `task=eval` takes from the run whose weights it evaluates: the weights need that model
-# and method, and the seed decides the splits (another seed would test on training rows).
-ADOPTED = ("model", "peft", "seed")
+# and method (and the method's trained parts depend on whether it was trained with images),
+# the seed decides the splits (another seed would test on training rows), and the trainer's
+# precision decides the numbers (a bf16 model cannot even run without autocast). Dotted keys
+# take one value; the devices and strategy stay this machine's (generation never goes
+# through DeepSpeed).
+ADOPTED = ("model", "peft", "seed", "trainer.precision", "data.train_image")
+# The config groups among them (`choices`: what reports group by).
+ADOPTED_CHOICES = ("model", "peft")
 
 
 def adopt_run(cfg: DictConfig, choices: Mapping[str, Any]) -> tuple[DictConfig, dict[str, Any]]:
@@ -143,12 +149,18 @@ def adopt_run(cfg: DictConfig, choices: Mapping[str, Any]) -> tuple[DictConfig, 
             "finished training has weights to evaluate."
         )
     cfg = cfg.copy()
+    trained = OmegaConf.create(record["config"])
     with open_dict(cfg):
         for key in ADOPTED:
-            value, schema = record["config"][key], OmegaConf.get_type(cfg, key)
-            if isinstance(value, dict) and schema not in (None, dict):  # replaced, not merged
-                value = OmegaConf.merge(OmegaConf.structured(schema), value)
-            cfg[key] = value
+            value = OmegaConf.select(trained, key, default=None)
+            if value is None:  # a record from before the key was adopted: keep the composed one
+                continue
+            if isinstance(value, DictConfig):  # a group: replaced, not merged
+                schema = OmegaConf.get_type(cfg, key)
+                value = OmegaConf.to_container(value)
+                if schema not in (None, dict):
+                    value = OmegaConf.merge(OmegaConf.structured(schema), value)
+            OmegaConf.update(cfg, key, value, merge=False)
     log.info("evaluating the weights of %s: %s", from_run, record.get("choices", {}))
-    adopted = {k: v for k, v in record.get("choices", {}).items() if k in ADOPTED}
+    adopted = {k: v for k, v in record.get("choices", {}).items() if k in ADOPTED_CHOICES}
     return cfg, {**choices, **adopted}

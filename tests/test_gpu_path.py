@@ -35,7 +35,9 @@ def test_deepspeed_is_recognised_in_every_form() -> None:
     assert prediction_strategy("deepspeed_stage_2", devices=4) == "ddp"
     assert prediction_strategy("deepspeed_stage_2", devices=1, num_nodes=2) == "ddp"
     assert prediction_strategy("deepspeed_stage_2", devices=1) == "auto"
-    assert prediction_strategy("ddp_find_unused_parameters_true") == "ddp_find_unused_parameters_true"
+    assert (
+        prediction_strategy("ddp_find_unused_parameters_true") == "ddp_find_unused_parameters_true"
+    )
 
 
 def test_the_shipped_deepspeed_trainer_reduces_and_accumulates_gradients_in_fp32() -> None:
@@ -85,7 +87,15 @@ def test_generation_under_a_deepspeed_trainer_runs_twice_outside_deepspeed(
     monkeypatch.setattr(generation.GenerationModule, "predict_step", spy)
     answers = [
         generate_predictions(
-            model, processor, frame, source, tmp_path / "p.jsonl", split, 4, 3, trainer_cfg=trainer_cfg
+            model,
+            processor,
+            frame,
+            source,
+            tmp_path / "p.jsonl",
+            split,
+            4,
+            3,
+            trainer_cfg=trainer_cfg,
         )
         for split in ("test_iid", "test_ood")
     ]
@@ -104,3 +114,60 @@ def test_a_deepspeed_job_trains_then_generates_every_split(cache_dir: Path, tmp_
     for prefix in ("", "zero_shot/"):
         assert metrics[f"{prefix}test_iid/n"] == 12 and metrics[f"{prefix}test_ood/n"] == 12
     assert metrics["train/global_step"] == 3
+
+
+TWO_RANKS = ["trainer.devices=2", "trainer.strategy=ddp"]
+
+
+def test_a_nan_on_one_rank_stops_every_rank_and_the_run_is_diverged(
+    cache_dir: Path, tmp_path: Path
+) -> None:
+    """Rank 1 alone sees a NaN loss at step 1. It used to stop alone and leave rank 0 in the
+    gradient all-reduce (gloo: an error at once, recorded `failed`; NCCL: a 30-minute hang)."""
+    poison = "{_target_: tests.rank_faults.NaNImagesOnRank, rank: 1, step: 1}"
+    proc = run_main([*SMOKE, *TWO_RANKS, f"+callbacks.nan_on_rank={poison}"], tmp_path, cache_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = read_record(tmp_path / "results.json")
+    assert record["status"] == "diverged", record.get("error")
+    assert record["diverged_step"] == 1
+    assert "NaN/inf at optimiser step 1" in (tmp_path / "run_rank1.log").read_text()
+
+
+def test_generation_with_fewer_rows_than_ranks(cache_dir: Path, tmp_path: Path) -> None:
+    """One row per split on two ranks: rank 1 gets none (as a resumed split with one row left
+    does). Lightning refused its empty loader and rank 0 waited at the merge."""
+    one_row = ["peft=none", "data.limit.test_iid=1", "data.limit.test_ood=1"]
+    proc = run_main([*SMOKE, *TWO_RANKS, *one_row], tmp_path, cache_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = read_record(tmp_path / "results.json")
+    assert record["status"] == "finished"
+    preds = generation.read_predictions(tmp_path / "predictions.jsonl")
+    assert sorted(preds["split"]) == ["test_iid", "test_ood"]
+    assert not list(tmp_path.glob("*.rank*"))
+
+
+def test_a_no_image_run_on_two_ranks_in_bf16_and_its_weights_evaluated_as_documented(
+    cache_dir: Path, tmp_path: Path
+) -> None:
+    """`baseline=no_image` trained the projector it never uses: DDP refused the first step on
+    two ranks. Its weights are then evaluated with the documented command, which names neither
+    the precision nor the image mode: both come from the run (a bf16 model without autocast was
+    refused; the trained parts depend on the image mode)."""
+    bf16 = ["model.dtype=bfloat16", "trainer.precision=bf16-mixed"]
+    run = tmp_path / "run"
+    proc = run_main([*SMOKE, *TWO_RANKS, "baseline=no_image", *bf16], run, cache_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    trained = read_record(run / "results.json")
+    assert trained["status"] == "finished", trained.get("error")
+    from safetensors.torch import load_file
+
+    saved = load_file(str(run / "trained" / "trainable.safetensors"))
+    assert saved and not any("multi_modal_projector" in name for name in saved)
+
+    again = tmp_path / "eval"
+    proc = run_main([*SMOKE, "task=eval", f"eval.from_run={run}"], again, cache_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = read_record(again / "results.json")
+    assert record["status"] == "finished"
+    assert record["config"]["trainer"]["precision"] == "bf16-mixed"
+    assert record["config"]["data"]["train_image"] == "none"

@@ -1,9 +1,10 @@
 """Batched greedy generation through the Lightning Trainer, written as it is produced.
 
 Generation is a Trainer predict loop, so it runs on the strategy's devices (the GPUs training
-used) under its precision. With N ranks, Lightning's sampler gives each rank a disjoint shard of
-the rows still to answer; each rank appends its answers to its own shard file as batches finish
-(`predictions.jsonl.rank<k>`) and global rank 0 merges the shards into the predictions file. A
+used) under its precision (DeepSpeed excepted: DDP on the same devices). With N ranks, each rank
+takes every N-th of the rows still to answer (possibly none); each rank appends its answers to
+its own shard file as batches finish (`predictions.jsonl.rank<k>`) and, once every rank is done,
+global rank 0 merges the shards into the predictions file. A
 killed run loses at most one batch per rank: on restart the ids already predicted by the same
 weights (in the file or in a shard left behind) are skipped.
 """
@@ -181,6 +182,9 @@ class GenerationData(L.LightningDataModule):
         self.num_workers = num_workers
         self.by_id = frame.set_index(R.ID)
         self.n_todo = 0
+        # Fewer rows left than ranks (a resumed split, a tiny one): some ranks get none. They
+        # still run the loop's set-up collectives; the merge waits for every rank after it.
+        self.allow_zero_length_dataloader_with_multiple_devices = True
 
     def predict_dataloader(self) -> DataLoader:
         todo: list[str] | None = None
@@ -197,7 +201,10 @@ class GenerationData(L.LightningDataModule):
                 )
         todo = self.trainer.strategy.broadcast(todo, src=0)
         self.n_todo = len(todo)
-        rows = self.frame.loc[self.frame[R.ID].isin(set(todo))]
+        # This rank's shard, cut here rather than by Lightning's sampler, which refuses a rank
+        # without rows (prediction_trainer turns it off).
+        mine = set(todo[self.trainer.global_rank :: self.trainer.world_size])
+        rows = self.frame.loc[self.frame[R.ID].isin(mine)]
         dataset = VQADataset(rows, self.source, self.processor, False, self.image_mode, self.prompt)
         return make_loader(
             dataset,
@@ -218,7 +225,8 @@ class GenerationData(L.LightningDataModule):
 
 
 class PredictionWriter(BasePredictionWriter):
-    """Each rank appends its batch's answers to its shard; rank 0 merges them at the end."""
+    """Each rank appends its batch's answers to its shard (`generate_predictions` merges them
+    once every rank is done: a rank without rows skips the loop's end hooks)."""
 
     def __init__(self) -> None:
         super().__init__(write_interval="batch")
@@ -239,11 +247,6 @@ class PredictionWriter(BasePredictionWriter):
         with shard.open("a") as fh:  # one write per batch: at most one batch is lost
             fh.write("".join(json.dumps(r) + "\n" for r in data.records(prediction)))
 
-    def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        trainer.strategy.barrier("medvqa-predictions")  # every shard is complete
-        if trainer.is_global_zero:
-            merge_shards(_generation_data(trainer).out_path)
-
 
 def _generation_data(trainer: L.Trainer) -> GenerationData:
     data = trainer.datamodule
@@ -261,6 +264,7 @@ def prediction_trainer(trainer_cfg: Any = None) -> L.Trainer:
         "enable_checkpointing": False,
         "enable_model_summary": False,
         "callbacks": [PredictionWriter()],
+        "use_distributed_sampler": False,  # GenerationData shards the rows itself
     }
     if trainer_cfg is None:
         return L.Trainer(accelerator="cpu", devices=1, enable_progress_bar=False, **fixed)
@@ -309,8 +313,10 @@ def generate_predictions(
     module = GenerationModule(model, processor.tokenizer, max_new_tokens)
     trainer.predict(module, datamodule=data, return_predictions=False)
     log.info("%s: generated %d of %d answers", split, data.n_todo, len(frame))
+    trainer.strategy.barrier("medvqa-predictions")  # every rank's shard is complete
     if not trainer.is_global_zero:
         return None
+    merge_shards(out_path)
     preds = _ours(read_predictions(out_path), split, model_id)
     return preds.drop_duplicates(subset=[R.ID], keep="last").reset_index(drop=True)
 

@@ -101,16 +101,43 @@ def add_virtual_tokens(model: torch.nn.Module, processor: Any, n: int, seed: int
     return list(ids)
 
 
+# Model roles that only ever see images: a run trained without them (`data.train_image=none`)
+# cannot train them.
+IMAGE_ROLES = ("vision", "projector")
+
+
+def trained_roles(peft_cfg: Any, images: bool = True) -> list[str]:
+    """The roles `peft_cfg.train_modules` trains as full weights, without the image-only ones
+    when the model is trained without images: they would get no gradient (DDP refuses a step
+    with a trainable parameter that took no part in the loss) and be saved unchanged."""
+    roles = list(peft_cfg.train_modules)
+    if images:
+        return roles
+    kept = [r for r in roles if r not in IMAGE_ROLES]
+    if kept != roles:
+        log.info("trained without images: not training %s", sorted(set(roles) - set(kept)))
+    return kept
+
+
 def apply_method(
-    model: torch.nn.Module, peft_cfg: Any, roles: Mapping[str, str], processor: Any = None
+    model: torch.nn.Module,
+    peft_cfg: Any,
+    roles: Mapping[str, str],
+    processor: Any = None,
+    images: bool = True,
+    trainable_dtype: torch.dtype | None = torch.float32,
 ) -> torch.nn.Module:
-    """Freeze the base, wrap it with the method's adapter, unfreeze its full-weight parts.
+    """Freeze the base, wrap it with the method's adapter, unfreeze its full-weight parts
+    (`trained_roles`: without the image-only ones when `images` is False).
 
     Trainable parameters end up float32 whatever the base's dtype: AdamW's steps (about `lr` in
     size) are below bf16's resolution for most weights and round away, so the base stays half
     and only the small trained part pays for fp32. Such a mixed model needs autocast to run: train
     it with a mixed trainer precision (`medvqa.training.hardware.check_precision`), and cast the
     trainables back (`cast_trainable(model, base dtype)`) before generating without autocast.
+    `trainable_dtype=None` keeps them in the base's dtype: DeepSpeed casts the module to bf16
+    anyway and keeps its own fp32 master copy in the optimizer, so an fp32 copy per rank would
+    only cost memory (30 GB of host RAM per rank for a 7B model's full fine-tuning).
 
     Methods with `virtual_tokens` (prompt tuning) also add their tokens to `processor`, so
     every prompt built from it afterwards carries them.
@@ -127,8 +154,8 @@ def apply_method(
         adapter.token_indices = token_ids
     if adapter is not None:
         model = get_peft_model(model, adapter)
-    set_trainable(model, list(peft_cfg.train_modules), roles)
-    upcast = cast_trainable(model, torch.float32)
+    set_trainable(model, trained_roles(peft_cfg, images), roles)
+    upcast = 0 if trainable_dtype is None else cast_trainable(model, trainable_dtype)
     if upcast:
         log.info(
             "cast %d trainable tensors to float32 (AdamW must not update half weights)", upcast

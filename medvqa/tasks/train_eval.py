@@ -10,6 +10,7 @@ from typing import Any
 
 import lightning as L
 import pandas as pd
+import torch
 from hydra.utils import instantiate
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig
@@ -29,6 +30,7 @@ from medvqa.tasks.common import prepare_splits, report_run
 from medvqa.tracking import instantiate_group
 from medvqa.training.hardware import check_precision, check_trainer
 from medvqa.training.module import VQAModule
+from medvqa.training.strategies import is_deepspeed
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +99,14 @@ def train_eval(
             model, out_path=outputs["zero_shot/"], image_mode=eval_image, shared_dir=shared
         )
 
-    model = apply_method(model, cfg.peft, roles_, processor)
+    model = apply_method(
+        model,
+        cfg.peft,
+        roles_,
+        processor,
+        images=str(cfg.data.train_image) != "none",
+        trainable_dtype=None if is_deepspeed(cfg.trainer.strategy) else torch.float32,
+    )
     if fit:
         if cfg.model.gradient_checkpointing:
             enable_gradient_checkpointing(model)

@@ -14,10 +14,13 @@ from medvqa.models.adapters import role_parameters
 
 
 class Diverged(RuntimeError):
-    """The loss became NaN/inf; the run is recorded as `diverged` at `step`."""
+    """The loss became NaN/inf (on any rank); the run is recorded as `diverged` at `step`."""
 
     def __init__(self, step: int, loss: float) -> None:
-        super().__init__(f"loss became {loss} at optimiser step {step}; the run diverged")
+        super().__init__(
+            f"the loss became NaN/inf at optimiser step {step} (this rank's loss: {loss}); "
+            "the run diverged"
+        )
         self.step = step
         self.loss = loss
 
@@ -86,14 +89,20 @@ class VQAModule(L.LightningModule):
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         loss = self._loss(batch)
-        if not torch.isfinite(loss):
+        # Every rank takes the same decision: a rank that stopped alone would leave the others
+        # waiting in the gradient all-reduce until the process group times out (30 minutes).
+        finite = bool(torch.isfinite(loss.detach()))
+        if not self.trainer.strategy.reduce_boolean_decision(finite, all=True):
             raise Diverged(self.global_step, float(loss.detach()))
         self.log("train/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
         return loss
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         loss = self._loss(batch)
-        self.log("val/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
+        # The mean over every rank's shard of the validation split, not rank 0's alone.
+        self.log(
+            "val/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0], sync_dist=True
+        )
 
     def param_groups(self) -> list[dict[str, Any]]:
         """AdamW's groups: `method` at `lr`, `projector` at `projector_lr`; empty ones omitted.
