@@ -181,6 +181,10 @@ class Config:
     # later GPUs: the paper's tf32), "medium"; set before the task runs, on every rank.
     matmul_precision: str = "highest"
     force: bool = False
+    # A model built offline for running the pipeline (`model.builder`: tiny, smollm2_llava, the
+    # families' test twins) is refused on a real dataset unless this is true (debug=smoke sets
+    # it): its rows would look like results.
+    allow_toy_model: bool = False
     ckpt_path: str | None = None
     label: str | None = None  # how tables name this run (baselines set it); default: peft.label
     tags: list[str] = dataclasses.field(default_factory=list)

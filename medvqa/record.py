@@ -29,7 +29,7 @@ STATUSES = ("running", "finished", "incomplete", "diverged", "failed")
 # `medvqa/status`, `medvqa/diverged_step`, `medvqa/failed_items`.
 SUMMARY_PREFIX = "medvqa/"
 # Keys that say how to run a job, not what it computes: they never make a finished job stale.
-_HOW_TO_RUN = ("force", "ckpt_path")
+_HOW_TO_RUN = ("force", "ckpt_path", "allow_toy_model")
 
 
 def _json_number(value: Any) -> Any:

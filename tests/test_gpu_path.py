@@ -171,3 +171,18 @@ def test_a_no_image_run_on_two_ranks_in_bf16_and_its_weights_evaluated_as_docume
     assert record["status"] == "finished"
     assert record["config"]["trainer"]["precision"] == "bf16-mixed"
     assert record["config"]["data"]["train_image"] == "none"
+
+
+def test_a_toy_model_on_real_data_is_refused_unless_allowed() -> None:
+    """The README's study recipe selected no model: 105 jobs of the 0.5M-parameter tiny LLaVA
+    on SLAKE, OVQA and MIMIC would have looked like normal rows."""
+    from medvqa.tasks.train_eval import check_model_for_data
+
+    with pytest.raises(ValueError, match="allow_toy_model=true"):
+        check_model_for_data(compose(["+experiment=slake_modality"]))
+    with pytest.raises(ValueError, match="toy model"):
+        check_model_for_data(compose(["+experiment=ovqa_body_part", "model=smollm2_llava"]))
+    check_model_for_data(compose(["+experiment=slake_modality", "allow_toy_model=true"]))
+    check_model_for_data(compose(["+experiment=slake_modality", "debug=smoke"]))
+    check_model_for_data(compose(["+experiment=slake_modality", "model=llava_med"]))
+    check_model_for_data(compose([]))  # the synthetic demo

@@ -32,6 +32,9 @@ class VQASource(Plugin, ABC):
     # answers); datasets with long answers (lists, sentences) raise it, and generation takes
     # the larger of the two (medvqa.evaluation.lengths.generation_length).
     answer_tokens: ClassVar[int] = 0
+    # Real clinical data (False: generated for running the pipeline): a toy model trained on it
+    # would produce rows that look like results (medvqa.tasks.train_eval.check_model_for_data).
+    real: ClassVar[bool] = True
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root).expanduser()

@@ -11,7 +11,7 @@ from typing import Any
 import lightning as L
 import pandas as pd
 import torch
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig
 
@@ -40,6 +40,23 @@ REFERENCES = {"zero_shot": "zero-shot base", "chance": "chance (1/k)"}
 SHARED_PREDICTIONS = "predictions"
 
 
+def check_model_for_data(cfg: DictConfig) -> None:
+    """Refuse an offline toy model (one with a `builder`) on a real dataset, before anything is
+    loaded: a random 0.5M-parameter LLaVA fine-tuned on SLAKE gives rows that look like results."""
+    dataset = get_class(str(cfg.dataset._target_))
+    if cfg.model.get("builder") is None or not getattr(dataset, "real", True):
+        return
+    if cfg.allow_toy_model:
+        log.warning("model %s is an offline toy model; allowed on %s", cfg.model.name, dataset.name)
+        return
+    raise ValueError(
+        f"model={cfg.model.name} is an offline toy model (built by {cfg.model.builder._target_}) "
+        f"and dataset={dataset.name} is real data: its numbers would look like results. Pick a "
+        "real model (e.g. model=llava_med, as sweep=sure_study does), or set allow_toy_model=true "
+        "for a pipeline check (debug=smoke sets it)."
+    )
+
+
 def train_eval(
     cfg: DictConfig,
     out_dir: Path,
@@ -59,6 +76,7 @@ def train_eval(
     unknown = [r for r in references if r not in REFERENCES]
     if unknown:
         raise ValueError(f"task.references: unknown {unknown}; choose from {list(REFERENCES)}")
+    check_model_for_data(cfg)
     trained = None if from_run is None else Path(from_run) / TRAINED_DIR
     fit = bool(cfg.peft.fit) and trained is None
     tuned = fit or trained is not None

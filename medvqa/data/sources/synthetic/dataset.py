@@ -77,6 +77,7 @@ class SyntheticVQA(VQASource):
     """Procedurally generated medical-like VQA, cached on disk under a hash of its parameters."""
 
     name = "synthetic"
+    real = False
 
     def __init__(
         self,
