@@ -197,25 +197,38 @@ def test_gradient_checkpointing_gives_the_same_gradients_and_trains(
     assert checkpointed.is_activation_checkpointing
     batch = {k: v for k, v in next(iter(_loader(cfg, processor))).items() if k != META_KEY}
 
-    def grads(model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], int]:
-        """Gradients of one step, and how often the first attention block started forward."""
-        layer = dict(model.named_modules())[
-            next(
-                n
-                for n, _ in model.named_modules()
-                if n.endswith("language_model.layers.0.self_attn")
-            )
+    def module(model: torch.nn.Module, suffix: str) -> torch.nn.Module:
+        return next(m for n, m in model.named_modules() if n.endswith(suffix))
+
+    def grads(model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], int, bool]:
+        """Gradients of one step, how often the first attention block started forward, and
+        whether the frozen vision tower's first layer produced an output that requires grad."""
+        calls, vision = [], []
+        hooks = [
+            module(model, "language_model.layers.0.self_attn").register_forward_pre_hook(
+                lambda *_: calls.append(1)
+            ),
+            module(model, "vision_tower.encoder.layers.0").register_forward_hook(
+                lambda _m, _i, out: vision.append(
+                    (out[0] if isinstance(out, tuple) else out).requires_grad
+                )
+            ),
         ]
-        calls = []
-        hook = layer.register_forward_pre_hook(lambda *_: calls.append(1))
         model.train()
         torch.manual_seed(0)  # LoRA dropout: the same masks in both models
         model(**batch).loss.backward()
-        hook.remove()
-        return {n: p.grad for n, p in model.named_parameters() if p.requires_grad}, len(calls)
+        for hook in hooks:
+            hook.remove()
+        grads = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+        return grads, len(calls), any(vision)
 
-    (expected, plain_calls), (got, checkpointed_calls) = grads(plain), grads(checkpointed)
+    (expected, plain_calls, _), (got, checkpointed_calls, vision_grad) = (
+        grads(plain),
+        grads(checkpointed),
+    )
     assert (plain_calls, checkpointed_calls) == (1, 2), "checkpointing recomputes the layer"
+    # The frozen tower keeps no activations and gets no backward pass.
+    assert not vision_grad, "checkpointing made the frozen vision tower require grad"
     assert got.keys() == expected.keys()
     for name, grad in got.items():
         assert grad is not None, name

@@ -194,11 +194,13 @@ def cast_trainable(model: torch.nn.Module, dtype: torch.dtype) -> int:
 def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
     """Recompute activations in the backward pass (non-reentrant `torch.utils.checkpoint`).
 
-    Call it after `apply_method`, before fitting: only then is it known whether the input
-    embeddings are frozen (LoRA, (IA)^3), and prompt tuning may have replaced the embedding
-    module, which would drop a hook registered earlier. With frozen embeddings the embedding
-    output is made to require grad, so gradients reach the checkpointed layers even with the
-    reentrant variant.
+    Call it after `apply_method`, before fitting (prompt tuning may replace the embedding
+    module). Non-reentrant checkpointing back-propagates into the adapters of a checkpointed
+    layer whether or not its inputs require grad, so the hooks transformers adds to make the
+    input embeddings' outputs require grad (`enable_input_require_grads`, needed only by the
+    reentrant variant) are removed again: in transformers 5 they sit on every embedding of the
+    model, the frozen vision tower's patch embedding too, which then saved and back-propagated
+    its activations for nothing (about +1 TFLOP per CLIP-L image).
     """
     kwargs = {"use_reentrant": False}
     # transformers renamed it; gradient_checkpointing_enable is the deprecated alias.
@@ -206,7 +208,5 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    embeddings = model.get_input_embeddings()
-    if not any(p.requires_grad for p in embeddings.parameters()):
-        model.enable_input_require_grads()
+    model.disable_input_require_grads()
     log.info("gradient checkpointing on (non-reentrant)")
