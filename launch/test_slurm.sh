@@ -2,11 +2,14 @@
 # `make test-slurm`: the main job through `hydra/launcher=slurm` on a real (one-node) SLURM cluster.
 #
 #   1. a two-job multirun (seed=0,1) of the debug main job: both results.json must say "finished";
-#   2. requeue: a longer job with ckpt_path=last is signalled as if preempted (USR2, as SLURM does
-#      before a time limit); submitit requeues it and the second attempt must resume from the
-#      run's checkpoints/last.ckpt and finish all its epochs;
+#   2. requeue: a longer job with the study's settings (study=sure_vqa: ckpt_path=last, last.ckpt
+#      every N optimiser steps) is signalled mid-epoch as if preempted (USR2, as SLURM does before
+#      a time limit); submitit requeues it and the second attempt must resume from last.ckpt at
+#      the step it saved (that epoch's next batch, not step 0 nor the epoch's start) and finish
+#      with the full number of steps;
 #   3. ranks: a job of two tasks (trainer.devices=2, DDP over gloo) is two ranks of one run: one
-#      finished results.json, complete predictions without duplicates, no shard left.
+#      finished results.json, complete predictions without duplicates, no shard left, and each
+#      rank's own log (run.log, run_rank1.log).
 #
 # Root on Debian/Ubuntu (launch/slurm_cluster.sh installs slurm-wlm + munge if missing). The
 # daemons this script started are stopped on exit, pass or fail; a cluster that was already
@@ -21,10 +24,13 @@ CLUSTER=launch/slurm_cluster.sh
 NODE=(hydra.launcher.cpus_per_task=1 hydra.launcher.mem_gb=4 hydra.launcher.timeout_min=10)
 # The debug main job on a tiny model and dataset that build in seconds (cached in MEDVQA_CACHE,
 # default .cache/): this checks the launcher, not the model.
-JOB=(debug=smoke logger=csv "task.references=[]" dataset.n_cases=60
+JOB=(debug=smoke logger=csv "task.references=[]" model=tiny dataset.n_cases=60
     model.builder.pretrain.data.n_cases=30 model.builder.pretrain.epochs=1
     model.builder.pretrain.progress_bar=false)
+# Check 2: epochs of 24 steps (96 rows, batch 4), a step checkpoint every 5 (never an epoch's end).
 REQUEUE_EPOCHS=3
+REQUEUE_STEPS_PER_EPOCH=24
+REQUEUE_EVERY=5
 
 say() { echo "[test_slurm $(date +%T)] $*" >&2; }
 fail() {
@@ -93,15 +99,16 @@ for seed in 0 1; do
     say "seed=$seed finished"
 done
 
-# --- 2. preempted, requeued, resumed ---------------------------------------------------------
-say "2/3: requeue on preemption resumes from last.ckpt"
+# --- 2. preempted mid-epoch, requeued, resumed -------------------------------------------------
+say "2/3: a job preempted mid-epoch is requeued and resumes from its last step checkpoint"
 SWEEP="$WORK/requeue"
-# The default callbacks write a checkpoint every epoch (last.ckpt a copy of the newest), and
-# epochs of 24 steps make it unlikely that the signal lands while one is being written.
-timeout 300 "$PY" run.py -m hydra/launcher=slurm "${NODE[@]}" "${JOB[@]}" seed=0 ckpt_path=last \
-    data.limit.train=96 \
-    trainer.max_steps=-1 "trainer.max_epochs=$REQUEUE_EPOCHS" "hydra.sweep.dir=$SWEEP" \
-    >"$WORK/requeue.log" 2>&1 &
+# The study's checkpointing (conf/study/sure_vqa.yaml: ckpt_path=last, last.ckpt every N steps
+# and when training ends), on the debug job: ckpt_path is not passed here, the study sets it.
+timeout 300 "$PY" run.py -m hydra/launcher=slurm "${NODE[@]}" study=sure_vqa "${JOB[@]}" seed=0 \
+    "data.limit.train=$((REQUEUE_STEPS_PER_EPOCH * 4))" trainer.max_steps=-1 \
+    "trainer.max_epochs=$REQUEUE_EPOCHS" \
+    "callbacks.model_checkpoint.every_n_train_steps=$REQUEUE_EVERY" \
+    "hydra.sweep.dir=$SWEEP" >"$WORK/requeue.log" 2>&1 &
 SWEEP_PID=$!
 ckpt=""
 for _ in $(seq 240); do
@@ -110,9 +117,6 @@ for _ in $(seq 240); do
     kill -0 "$SWEEP_PID" 2>/dev/null || break
     sleep 0.5
 done
-# The step this attempt had saved (epoch=E-step=S.ckpt next to last.ckpt; the job goes on).
-at_step=$(find "$(dirname "${ckpt:-.}")" -name 'epoch=*-step=*.ckpt' -printf '%f\n' 2>/dev/null \
-    | sed -n 's/.*step=\([0-9]*\).*/\1/p' | sort -n | head -1 || true)
 [[ -n "$ckpt" ]] || { kill "$SWEEP_PID" 2>/dev/null || true; fail "no last.ckpt appeared (log: $WORK/requeue.log)"; }
 # submitit names the job's folder after its id (hydra.launcher.submitit_folder).
 job=$(find "$SWEEP/.submitit" -mindepth 1 -maxdepth 1 -type d -printf '%f\n' | head -1 || true)
@@ -123,6 +127,14 @@ for _ in $(seq 60); do
     [[ "$(squeue -h -j "$job" -o %t 2>/dev/null)" == PD ]] && break
     sleep 0.5
 done
+# While the job is held: the step, epoch and batch of the last.ckpt it will resume from.
+read -r at_step at_epoch at_batch < <("$PY" - "$ckpt" <<'EOF'
+import sys, torch
+ckpt = torch.load(sys.argv[1], map_location="cpu", weights_only=False)
+loader = ckpt["VQADataModule"]["train_loader"]
+print(ckpt["global_step"], loader["epoch"], loader["batches"])
+EOF
+) || fail "could not read $ckpt"
 # SLURM holds a requeued job for ~2 min (BeginTime); a test need not wait for that.
 scontrol update JobId="$job" StartTime=now || true
 wait "$SWEEP_PID" || { tail -30 "$WORK/requeue.log" >&2; fail "the requeued multirun exited non-zero"; }
@@ -132,11 +144,18 @@ logs=("$SWEEP"/.submitit/"$job"*/*_log.*)
 grep -q "Requeued job $job" "${logs[@]}" || fail "submitit did not requeue job $job (logs: ${logs[*]})"
 grep -q "Restored all states from the checkpoint at .*last.ckpt" "${logs[@]}" \
     || fail "the requeued job did not resume from last.ckpt (logs: ${logs[*]})"
+[[ "$at_step" -gt 0 && "$at_batch" -gt 0 && "$at_batch" -lt "$REQUEUE_STEPS_PER_EPOCH" ]] \
+    || fail "last.ckpt was at step $at_step (epoch $at_epoch, batch $at_batch): not mid-epoch"
+[[ "$at_step" -eq $((at_epoch * REQUEUE_STEPS_PER_EPOCH + at_batch)) ]] \
+    || fail "last.ckpt: step $at_step is not epoch $at_epoch, batch $at_batch"
+grep -q "resuming epoch $at_epoch at batch $at_batch of $REQUEUE_STEPS_PER_EPOCH" "${logs[@]}" \
+    || fail "the second attempt did not go on at epoch $at_epoch, batch $at_batch (${logs[*]})"
 steps=$("$PY" -c 'import json,sys; print(int(json.load(open(sys.argv[1]))["metrics"]["train/global_step"]))' \
     "$(dirname "$(dirname "$ckpt")")/results.json")
-[[ -n "$at_step" && "$at_step" -lt "$steps" ]] \
-    || fail "preempted at step '${at_step}', finished at $steps: the resume was not mid-training"
-say "job $job: preempted after step $at_step, requeued, resumed from last.ckpt, finished at step $steps"
+[[ "$steps" -eq $((REQUEUE_EPOCHS * REQUEUE_STEPS_PER_EPOCH)) ]] \
+    || fail "finished at step $steps, expected $((REQUEUE_EPOCHS * REQUEUE_STEPS_PER_EPOCH))"
+say "job $job: preempted after step $at_step (epoch $at_epoch, batch $at_batch), requeued," \
+    "resumed there, finished at step $steps"
 
 # --- 3. one job, two tasks = two ranks ----------------------------------------------------------
 say "3/3: two tasks of one job are two ranks; rank 0 writes"
@@ -160,5 +179,9 @@ assert not list(job.glob("*.rank*")), "shards left"
 EOF
 grep -q "global rank 1: running the task" "$SWEEP"/.submitit/*/*_log.* \
     || fail "no second rank ran (logs: $SWEEP/.submitit/)"
-say "two ranks, one record, predictions complete"
+run_dir=$(dirname "$(find "$SWEEP" -name results.json | head -1)")
+grep -q "global rank 1: running the task" "$run_dir/run_rank1.log" \
+    || fail "rank 1 did not log to its own file ($run_dir/run_rank1.log)"
+if grep -q "global rank 1" "$run_dir/run.log"; then fail "rank 1 wrote into rank 0's run.log"; fi
+say "two ranks, one record, predictions complete, one log per rank"
 say "PASS"

@@ -18,7 +18,7 @@ from medvqa import plugins
 from medvqa.data.shifts import Shift
 from medvqa.evaluation.judge.backends import JudgeConfig
 from medvqa.hashing import content_hash
-from medvqa.training.hardware import slurm_gpus, slurm_tasks
+from medvqa.training.hardware import rank_log_name, slurm_gpus, slurm_mem_gb, slurm_tasks
 
 # The shift's fields are those of `medvqa.data.shifts.Shift` (declared there once).
 ShiftSchema = plugins.schema(Shift, target=False)
@@ -55,6 +55,10 @@ class ModelSchema:
     # A named chat template (medvqa.models.prompting.CHAT_TEMPLATES, e.g. llava_med) replacing
     # the processor's own, for checkpoints saved without the one the model was trained with.
     chat_template: str | None = None
+    # Keyword arguments for AutoProcessor.from_pretrained, e.g. Qwen's image size cap
+    # `{size: {shortest_edge: 3136, longest_edge: 401408}}` (pixels); part of what answers are
+    # keyed by, and what task=plan counts image tokens with.
+    processor_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclass
@@ -126,6 +130,9 @@ class TrainerSchema:
     enable_progress_bar: bool = True
     enable_model_summary: bool = True
     enable_checkpointing: bool = True
+    # Machines, each with `devices` devices (world size = devices x num_nodes); under SLURM
+    # hydra.launcher.nodes follows it (launch/README.md, "More than one node").
+    num_nodes: int = 1
     deterministic: Any = False
     benchmark: bool | None = None
 
@@ -217,6 +224,10 @@ def register() -> None:
     # launcher's job size follows the trainer (conf/hydra/launcher/slurm.yaml).
     OmegaConf.register_new_resolver("slurm_tasks", slurm_tasks, replace=True)
     OmegaConf.register_new_resolver("slurm_gpus", slurm_gpus, replace=True)
+    # `${slurm_mem_gb:tasks,per_task_gb,reserve_gb}`: host memory per node from the tasks on it.
+    OmegaConf.register_new_resolver("slurm_mem_gb", slurm_mem_gb, replace=True)
+    # `${rank_log:}`: the job log's name, run.log on global rank 0, run_rank<k>.log on rank k.
+    OmegaConf.register_new_resolver("rank_log", rank_log_name, replace=True)
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
     # Datasets and metric families: one schema per registered plug-in, made from its class.

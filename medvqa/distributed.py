@@ -51,7 +51,7 @@ def child_command(local_rank: int) -> tuple[Sequence[str], str]:
 
     Lightning's default re-runs the command line, which in a multirun (`-m`) starts the whole
     sweep again in every child. Instead each child runs this job's own overrides as a single
-    run in the job's output directory, logging to its own file.
+    run in the job's output directory, logging to its own file (`rank_log_name`).
     """
     from hydra.core.hydra_config import HydraConfig
     from hydra.utils import get_original_cwd, to_absolute_path
@@ -69,7 +69,7 @@ def child_command(local_rank: int) -> tuple[Sequence[str], str]:
         f'hydra.run.dir="{out_dir}"',
         "hydra.output_subdir=null",  # the job's .hydra/ is rank 0's
         f"hydra.job.name=rank{local_rank}",
-        f'hydra.job_logging.handlers.file.filename="{out_dir}/run_rank{local_rank}.log"',
+        # its log, run_rank<k>.log, is named from LOCAL_RANK (conf/hydra/default.yaml)
     ]
     return command, get_original_cwd()
 

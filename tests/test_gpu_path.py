@@ -186,3 +186,56 @@ def test_a_toy_model_on_real_data_is_refused_unless_allowed() -> None:
     check_model_for_data(compose(["+experiment=slake_modality", "debug=smoke"]))
     check_model_for_data(compose(["+experiment=slake_modality", "model=llava_med"]))
     check_model_for_data(compose([]))  # the synthetic demo
+
+
+def test_the_shared_answers_key_holds_what_changes_the_answers(tiny_model_dir: Path) -> None:
+    """The untuned base's answers are shared by the jobs of a sweep through this key: it held
+    the precision but not the device type, the batches (ranks, eval batch: left padding flips
+    bf16 near ties), the attention kernel, the image processor's size cap or TF32."""
+    import copy
+
+    import pandas as pd
+    import torch
+
+    from medvqa.data import records as R
+    from medvqa.evaluation.generation import prediction_key
+
+    model, processor = load_vlm(
+        OmegaConf.create({"name": "tiny", "pretrained": str(tiny_model_dir), "dtype": "float32"})
+    )
+    frames = {"test_iid": pd.DataFrame({R.ID: ["a"], R.QUESTION: ["q"]})}
+    trainer = OmegaConf.create(
+        {"accelerator": "gpu", "devices": 1, "precision": "bf16-mixed", "strategy": "auto"}
+    )
+
+    def key(trainer_cfg=trainer, proc=processor, batch_size=64, **settings):  # type: ignore[no-untyped-def]
+        options = {"trainer_cfg": trainer_cfg, "batch_size": batch_size, **settings}
+        return prediction_key("w", model, proc, frames, options)
+
+    base = key()
+    deepspeed = OmegaConf.merge(
+        trainer, {"strategy": {"_target_": "tests.zero2_cpu.CPUZero2Strategy"}}
+    )
+    assert key(deepspeed) == base  # generation runs under DDP for both
+    changed = [
+        key(OmegaConf.merge(trainer, {"accelerator": "cpu"})),
+        key(OmegaConf.merge(trainer, {"devices": 4})),
+        key(OmegaConf.merge(trainer, {"precision": "32-true"})),
+        key(batch_size=32),
+        key(max_new_tokens=8),
+    ]
+    capped = copy.deepcopy(processor)
+    capped.image_processor.size = {"height": 16, "width": 16}
+    changed.append(key(proc=capped))
+    previous = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("high")
+        changed.append(key())
+    finally:
+        torch.set_float32_matmul_precision(previous)
+    model.config._attn_implementation = "eager"
+    try:
+        changed.append(key())
+    finally:
+        model.config._attn_implementation = "sdpa"
+    assert base not in changed and len(set(changed)) == len(changed)

@@ -20,6 +20,8 @@ LAUNCHERS = sorted(p.stem for p in (CONF / "hydra" / "launcher").glob("*.yaml"))
 # What a cluster user has to be able to set in conf/hydra/launcher/slurm.yaml.
 SLURM_KNOBS = (
     "partition",
+    "nodes",
+    "tasks_per_node",
     "gpus_per_node",
     "cpus_per_task",
     "mem_gb",

@@ -29,6 +29,7 @@ def real_grid(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path
         [
             "-m",
             "sweep=lora_grid",
+            "model=tiny",  # the study trains LLaVA-Med; the pipeline check, the tiny one
             "peft.adapter.r=4,8",
             "peft.lr=3e-3",
             "debug=smoke",

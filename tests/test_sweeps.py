@@ -38,10 +38,12 @@ def test_every_sweep_names_existing_choices(sweep: str) -> None:
 
 
 def test_the_sure_grid_is_the_papers() -> None:
-    grid = _grid("sure_study")
-    assert set(grid["+experiment"]) == PAPER_EXPERIMENTS
-    assert set(grid["peft"]) == {"none", "full", "prompt_tuning", "lora", "ia3"}
-    assert grid["seed"] == ["123", "124", "125"]
+    """Two sweeps, one GPU size each: full fine-tuning needs ZeRO-2 on four (test_plan.py)."""
+    grid, full = _grid("sure_study"), _grid("sure_study_full")
+    assert set(grid["+experiment"]) == set(full["+experiment"]) == PAPER_EXPERIMENTS
+    assert set(grid["peft"]) | set(full["peft"]) == {"none", "full", "prompt_tuning", "lora", "ia3"}
+    assert full["peft"] == ["full"]
+    assert grid["seed"] == full["seed"] == ["123", "124", "125"]
     assert set(_grid("sure_baselines")["+experiment"]) == PAPER_EXPERIMENTS
     assert compose(["sweep=sure_study"], Path("/tmp/medvqa-sweep-compose")).trainer.max_epochs == 3
 
@@ -209,6 +211,51 @@ def test_the_no_image_baseline_trains_lora_with_the_studys_settings() -> None:
     assert cfg.data.train_image == "none" and cfg.data.batch_size == 32
 
 
+STUDY_SWEEPS = ("sure_study", "sure_study_full", "sure_baselines", *GRIDS)
+
+
+@pytest.mark.parametrize("sweep", STUDY_SWEEPS)
+def test_the_study_trains_llava_med_unless_told_otherwise(sweep: str) -> None:
+    """The README's recipe named no model: 105 jobs of the tiny CPU model on the real data."""
+    assert compose([f"sweep={sweep}"], Path("/tmp/medvqa-sweep-compose")).model.name == "llava_med"
+    other = compose([f"sweep={sweep}", "model=qwen2_vl"], Path("/tmp/medvqa-sweep-compose"))
+    assert other.model.name == "qwen2_vl"
+
+
+def test_full_fine_tuning_in_the_study_keeps_the_papers_batch_on_four_gpus() -> None:
+    cfg = compose(
+        ["sweep=sure_study_full", "+experiment=slake_modality", "peft=full"],
+        Path("/tmp/medvqa-sweep-compose"),
+    )
+    assert cfg.trainer.devices * cfg.data.batch_size * cfg.trainer.accumulate_grad_batches == 32
+    assert cfg.trainer.strategy.stage == 2 and cfg.peft.lr == pytest.approx(2e-5)
+
+
+@pytest.mark.parametrize("sweep", STUDY_SWEEPS)
+def test_the_study_resumes_and_checkpoints_inside_epochs(sweep: str) -> None:
+    """A requeued job goes on from last.ckpt (none yet: Lightning starts fresh), written every
+    250 optimiser steps and once more when training ends, with no second copy kept."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from medvqa.tracking import instantiate_group
+
+    cfg = compose(
+        [f"sweep={sweep}", "+experiment=mimic_age", "paths.output_dir=/tmp/run"],
+        Path("/tmp/medvqa-sweep-compose"),
+    )
+    assert cfg.ckpt_path == "last"
+    checkpoints = [c for c in instantiate_group(cfg.callbacks) if isinstance(c, ModelCheckpoint)]
+    assert {c.dirpath for c in checkpoints} == {"/tmp/run/checkpoints"}
+    assert all(c.save_last and c.save_top_k == 0 for c in checkpoints)
+    steps, end = sorted(checkpoints, key=lambda c: c._every_n_train_steps, reverse=True)
+    assert steps._every_n_train_steps == 250 and steps._every_n_epochs == 0
+    assert (end._every_n_train_steps, end._every_n_epochs) == (0, 0)  # only on_train_end
+    # outside the study: no resume unless asked, a checkpoint every epoch
+    plain = compose(["+experiment=mimic_age"], Path("/tmp/medvqa-sweep-compose"))
+    assert plain.ckpt_path is None and plain.callbacks.model_checkpoint.every_n_train_steps is None
+    assert "final_checkpoint" not in plain.callbacks
+
+
 @pytest.mark.parametrize("sweep", GRIDS)
 def test_grids_score_on_validation_with_the_fixed_settings_only(sweep: str) -> None:
     cfg = compose([f"sweep={sweep}", "+experiment=slake_modality"], Path("/tmp/medvqa-sweep"))
@@ -228,6 +275,7 @@ def test_a_grid_job_records_validation_scores_and_no_test_scores(
         [
             "-m",
             "sweep=ia3_grid",
+            "model=tiny",  # the study trains LLaVA-Med; the pipeline check, the tiny one
             "peft.lr=3e-2",  # narrows the grid to one job
             "debug=smoke",
             "logger=csv",

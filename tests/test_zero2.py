@@ -175,3 +175,32 @@ def test_zero2_checkpoint_holds_only_trained_tensors_and_resumes(
     assert probe.global_step == 2 and probe.scheduler_epoch == 2
     assert torch.equal(probe.tensor, module[name]), "the trained adapter was restored"
     assert second.global_step == 4
+
+
+def test_zero2_offloads_the_optimizer_with_deepspeeds_cpu_adam(
+    tiny_model_dir: Path, cache_dir: Path
+) -> None:
+    """What task=plan suggests when no number of GPUs holds the optimizer state:
+    `++trainer.strategy.offload_optimizer=true`. DeepSpeed refuses torch's AdamW there
+    (ZeRORuntimeException: "ZeRO-Offload with a client provided optimizer"); the module gives it
+    DeepSpeed's CPU AdamW (compiled on first use, ~1 minute)."""
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    from tests.zero2_cpu import CPUZero2Strategy
+
+    _, _, model, loader = _lora_setup(tiny_model_dir, cache_dir)
+    lora_b = [p for n, p in model.named_parameters() if "lora_B" in n]
+    trainer = L.Trainer(
+        accelerator="cpu",
+        strategy=CPUZero2Strategy(offload_optimizer=True),
+        precision="bf16-mixed",
+        max_steps=2,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+    )
+    trainer.fit(VQAModule(model, lr=1e-2), train_dataloaders=loader)
+    assert trainer.global_step == 2
+    assert isinstance(trainer.strategy.model.optimizer.optimizer, DeepSpeedCPUAdam)
+    assert any(p.abs().sum() > 0 for p in lora_b), "the offloaded optimizer updated the adapter"

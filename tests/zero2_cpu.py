@@ -17,6 +17,8 @@ from medvqa.training.strategies import DeepSpeedStrategy
 
 
 class CPUZero2Strategy(DeepSpeedStrategy):
+    cuda_only = False  # medvqa.training.hardware.check_trainer lets it run here
+
     def __init__(self, **kwargs: Any) -> None:
         """`kwargs` go to DeepSpeedStrategy (e.g. `exclude_frozen_parameters`), as in the configs."""
         super().__init__(

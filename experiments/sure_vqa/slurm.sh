@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # SURE-VQA's study on a SLURM cluster: one array job per sweep, resources from
 # conf/hydra/launcher/slurm.yaml (edit partition, GPUs, memory, time there or override here).
+# Jobs longer than the time limit (MIMIC: 13-15 h) are requeued and resume where they stopped,
+# mid-epoch included: the study sets ckpt_path=last and writes last.ckpt every 250 steps
+# (conf/study/sure_vqa.yaml). Run this script in tmux/screen or a small CPU job: the sweep
+# process waits for the array; launched again with the same hydra.sweep.dir=..., it skips
+# finished jobs and resumes the others.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 COMMON=(model=llava_med trainer=gpu hydra/launcher=slurm hydra.launcher.partition="${PARTITION:-gpu}")

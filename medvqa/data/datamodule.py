@@ -1,8 +1,16 @@
-"""Torch datasets and the Lightning DataModule over the splits of one (dataset, shift)."""
+"""Torch datasets and the Lightning DataModule over the splits of one (dataset, shift).
+
+Training order is a function of (seed, epoch) alone, and the training loader knows where it stands
+in its epoch: a run resumed from a mid-epoch checkpoint (`ckpt_path=last`, e.g. a requeued SLURM
+job) trains the rest of that epoch's batches, in the order an uninterrupted run would have, with
+the same dropout masks (tests/test_resume.py).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+import math
+from collections.abc import Iterator, Mapping
 from functools import partial
 from typing import Any
 
@@ -10,13 +18,15 @@ import lightning as L
 import pandas as pd
 import torch
 from PIL import Image
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from medvqa.data import records as R
 from medvqa.data.base import VQASource
 from medvqa.data.shifts import IMAGE_TRANSFORM
 from medvqa.data.transforms import apply_transform
 from medvqa.models.prompting import PLAIN, PromptTemplate, encode, pad_batch
+
+log = logging.getLogger(__name__)
 
 META_KEY = "record_ids"
 IMAGE_MODES = ("image", "none", "blank")
@@ -81,6 +91,141 @@ def collate(features: list[dict[str, Any]], pad_token_id: int, padding_side: str
     return batch
 
 
+def epoch_order(size: int, seed: int, epoch: int) -> list[int]:
+    """The shuffled order of the training rows in `epoch`: a function of (seed, epoch) alone.
+
+    It is the (epoch + 1)-th permutation of a torch.Generator seeded with `seed`, each one after
+    the single draw a DataLoader takes from its generator for its workers' base seed: the orders
+    an uninterrupted run trained on when the loader shuffled with one generator across epochs
+    (with num_workers=0, the default). So weights trained and tiny models cached before keep
+    their data order; what changed is that a resumed run's later epochs no longer replay the
+    first epochs' orders, and that num_workers no longer changes the order of epochs after the
+    first (worker prefetching used to draw one more permutation an epoch).
+    """
+    generator = torch.Generator().manual_seed(seed)
+    order: list[int] = []
+    for _ in range(epoch + 1):
+        torch.empty((), dtype=torch.int64).random_(generator=generator)  # the base-seed draw
+        order = torch.randperm(size, generator=generator).tolist()
+    return order
+
+
+class EpochSampler(DistributedSampler):
+    """This rank's share of one epoch's training order (`epoch_order`).
+
+    Lightning calls `set_epoch` before every epoch, and leaves a DistributedSampler in place on
+    several ranks (a plain shuffled loader gets a DistributedSampler of its own there, whose order
+    ignores ours). Rank r takes every `num_replicas`-th row of the epoch's order from the r-th,
+    padded to equal shares as DistributedSampler pads, so each rank's shard of epoch e depends on
+    (seed, e) alone. `skip` drops the first rows of the next pass only: the ones a resumed run
+    trained before its checkpoint.
+    """
+
+    def __init__(self, dataset: Dataset, seed: int, num_replicas: int = 1, rank: int = 0) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed)
+        self.skip = 0
+
+    def __iter__(self) -> Iterator[int]:
+        order = epoch_order(len(self.dataset), self.seed, self.epoch)  # type: ignore[arg-type]
+        if order:
+            padding = self.total_size - len(order)
+            order += (order * math.ceil(padding / len(order)))[:padding]
+        start, self.skip = self.skip, 0
+        return iter(order[self.rank : self.total_size : self.num_replicas][start:])
+
+
+def random_state() -> dict[str, torch.Tensor]:
+    """The state of the generators training draws from (dropout): torch's CPU generator and this
+    rank's GPU's, if CUDA is in use. Data order and worker seeds have generators of their own."""
+    state = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_random_state(state: Mapping[str, torch.Tensor]) -> None:
+    torch.set_rng_state(state["cpu"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+class ResumableLoader(DataLoader):
+    """The training loader: an EpochSampler, and where it stands in its epoch as a state dict.
+
+    Lightning keeps a loader's `state_dict()` in every checkpoint and hands it back through
+    `load_state_dict()` when a fit resumes inside an unfinished epoch. A plain DataLoader has no
+    such state: Lightning 2.6 then runs the rest of the epoch's batch count from the first batch
+    of a fresh iterator, training some rows twice and never the last ones. This one skips the
+    batches trained before the checkpoint. The iterator is made at the first batch, not when
+    Lightning asks for it, because on a resumed run Lightning asks before it calls `set_epoch`.
+    """
+
+    sampler: EpochSampler
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._epoch = self.sampler.epoch
+        self._served = 0  # batches of `_epoch` handed out, by this iterator and those before it
+        self._resume: dict[str, int] | None = None
+        # The generators' state at the checkpoint (VQADataModule.load_state_dict), restored just
+        # before the first batch after it, so that dropout continues as if never interrupted.
+        self.random_state: Mapping[str, torch.Tensor] | None = None
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._batches()
+
+    def _batches(self) -> Iterator[Any]:
+        self._epoch, self._served = self.sampler.epoch, self._resume_at(self.sampler.epoch)
+        self.sampler.skip = self._served * int(self.batch_size or 1)
+        batches = super().__iter__()
+        if self.random_state is not None:
+            set_random_state(self.random_state)
+            self.random_state = None
+        for batch in batches:
+            self._served += 1
+            yield batch
+
+    def _layout(self) -> dict[str, int]:
+        """What fixes the batches of an epoch: a mid-epoch state only fits the same layout."""
+        return {
+            "seed": int(self.sampler.seed),
+            "rows": len(self.sampler.dataset),  # type: ignore[arg-type]
+            "ranks": int(self.sampler.num_replicas),
+            "batch_size": int(self.batch_size or 1),
+        }
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self._epoch, "batches": self._served, **self._layout()}
+
+    def load_state_dict(self, state_dict: Mapping[str, int]) -> None:
+        state = dict(state_dict)
+        saved = {k: state.get(k) for k in self._layout()}
+        if 0 < state["batches"] < len(self) and saved != self._layout():
+            changed = [f"{k} {saved[k]} -> {v}" for k, v in self._layout().items() if saved[k] != v]
+            raise ValueError(
+                f"the checkpoint stopped after batch {state['batches']} of epoch {state['epoch']}, "
+                f"and the training batches changed since ({', '.join(changed)}: ranks are "
+                "trainer.devices x trainer.num_nodes, rows the train split after data.limit), so "
+                "the rest of that epoch cannot be trained in its order. Resume with the settings "
+                "of the interrupted run, or start over without ckpt_path (ckpt_path=null)."
+            )
+        self._resume = state
+
+    def _resume_at(self, epoch: int) -> int:
+        """Batches of `epoch` trained before the checkpoint (0 unless resuming inside it)."""
+        resume, self._resume = self._resume, None
+        if resume is None or resume["epoch"] != epoch or not 0 < resume["batches"] < len(self):
+            return 0
+        log.info(
+            "resuming epoch %d at batch %d of %d (the batches before it were trained before the "
+            "checkpoint, in this order)",
+            epoch,
+            resume["batches"],
+            len(self),
+        )
+        return resume["batches"]
+
+
 def make_loader(
     dataset: VQADataset,
     batch_size: int,
@@ -89,21 +234,31 @@ def make_loader(
     padding_side: str,
     num_workers: int = 0,
     seed: int = 0,
+    num_replicas: int = 1,
+    rank: int = 0,
 ) -> DataLoader:
+    """A loader of padded batches; `shuffle=True` gives the resumable training loader (rank
+    `rank`'s share of `num_replicas`).
+
+    Every loader seeds its workers from a generator of its own, never from torch's global one,
+    which dropout draws from: training's random stream does not depend on how many loaders
+    (validation, zero-shot generation, skipped when cached) were iterated before it.
+    """
     tokenizer = dataset.processor.tokenizer
     pad_id = (
         tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     )
-    generator = torch.Generator().manual_seed(seed) if shuffle else None
-    return DataLoader(
-        dataset,
-        batch_size=batch_size,
-        shuffle=shuffle,
-        generator=generator,
-        num_workers=num_workers,
-        persistent_workers=num_workers > 0,
-        collate_fn=partial(collate, pad_token_id=pad_id, padding_side=padding_side),
-    )
+    options: dict[str, Any] = {
+        "batch_size": batch_size,
+        "generator": torch.Generator().manual_seed(seed),
+        "num_workers": num_workers,
+        "persistent_workers": num_workers > 0,
+        "collate_fn": partial(collate, pad_token_id=pad_id, padding_side=padding_side),
+    }
+    if shuffle:
+        sampler = EpochSampler(dataset, seed, num_replicas=num_replicas, rank=rank)
+        return ResumableLoader(dataset, sampler=sampler, **options)
+    return DataLoader(dataset, **options)
 
 
 class VQADataModule(L.LightningDataModule):
@@ -131,6 +286,55 @@ class VQADataModule(L.LightningDataModule):
         self.seed = seed
         self.image_mode = image_mode
         self.prompt = prompt
+        self._train_loader: ResumableLoader | None = None
+        self._resume: dict[str, Any] | None = None  # from the checkpoint, for the train loader
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where training stands in its epoch, and every rank's generator state, at this
+        checkpoint.
+
+        The train loader's position rides here although the loader is stateful itself:
+        Lightning restores a loader's state only inside an unfinished epoch, and in 2.6 not at
+        all once `configure_optimizers` has asked for `trainer.estimated_stepping_batches` (the
+        cosine schedule does), which builds the loader before the checkpoint is read (Lightning
+        issue #20550). A DataModule's state comes back on every resume. The generators are
+        gathered from every rank (all ranks save a checkpoint together; Lightning requires it):
+        dropout draws as many numbers as a rank's batch has tokens, so the ranks' streams drift
+        apart and rank 0's alone would not continue rank 1's.
+        """
+        states = [random_state()]
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            states = [{}] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(states, random_state())
+        state: dict[str, Any] = {"random_states": states}
+        if self._train_loader is not None:
+            state["train_loader"] = self._train_loader.state_dict()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._resume = dict(state_dict)
+        if self._train_loader is not None:  # built already (see state_dict)
+            self._resume_loader(self._train_loader)
+
+    def _resume_loader(self, loader: ResumableLoader) -> None:
+        resume, self._resume = self._resume, None
+        if resume is None:
+            return
+        if "train_loader" in resume:
+            loader.load_state_dict(resume["train_loader"])
+        states = resume.get("random_states", [])
+        trainer = self.trainer
+        ranks = 1 if trainer is None else trainer.world_size
+        rank = 0 if trainer is None else trainer.global_rank
+        if len(states) == ranks:
+            loader.random_state = states[rank]
+        else:
+            log.warning(
+                "the checkpoint holds the random state of %d ranks and this run has %d: dropout "
+                "goes on from a fresh state, not as an uninterrupted run's would",
+                len(states),
+                ranks,
+            )
 
     def _dataset(self, split: str) -> VQADataset:
         return VQADataset(
@@ -138,14 +342,21 @@ class VQADataModule(L.LightningDataModule):
         )
 
     def train_dataloader(self) -> DataLoader:
-        return make_loader(
+        # Each rank's share of the epoch (Lightning leaves an EpochSampler in place).
+        shares = self.trainer.distributed_sampler_kwargs if self.trainer is not None else None
+        loader = make_loader(
             self._dataset("train"),
             self.batch_size,
             shuffle=True,
             padding_side="right",
             num_workers=self.num_workers,
             seed=self.seed,
+            **(shares or {}),
         )
+        assert isinstance(loader, ResumableLoader)
+        self._train_loader = loader
+        self._resume_loader(loader)
+        return loader
 
     def val_dataloader(self) -> DataLoader:
         return make_loader(

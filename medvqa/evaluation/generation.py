@@ -366,14 +366,32 @@ def prediction_key(
     frames: Mapping[str, pd.DataFrame],
     settings: Mapping[str, Any],
 ) -> str:
-    """What determines a set of answers: weights and their dtype, rows, prompt, settings."""
+    """What determines a set of answers: the weights, their dtype and attention kernel; the
+    templates and the image processor's settings (Qwen's size cap changes the tokens); the rows
+    and prompt; and how they are computed: precision, matmul precision, device type, and the
+    batches (batch size and ranks decide the left padding, which can flip a near tie in bf16).
+    Not the strategy: generation runs under DDP for DeepSpeed runs too."""
     key = Hasher().update(model_id).update(str(next(model.parameters()).dtype))
+    key.update(getattr(getattr(model, "config", None), "_attn_implementation", None))
     key.update(getattr(processor, "chat_template", None) or "")
     key.update(getattr(processor.tokenizer, "chat_template", None) or "")
-    precision = getattr(settings.get("trainer_cfg"), "precision", None)
-    what = {k: v for k, v in settings.items() if k in ("max_new_tokens", "image_mode")}
+    image_processor = getattr(processor, "image_processor", None)
+    key.update(image_processor.to_dict() if image_processor is not None else None)
+    trainer: Any = settings.get("trainer_cfg") or {}
+    what = {
+        k: v for k, v in settings.items() if k in ("max_new_tokens", "image_mode", "batch_size")
+    }
     prompt = settings.get("prompt", PLAIN)
-    key.update({**what, "precision": precision, "prompt": prompt.settings()})
+    key.update(
+        {
+            **what,
+            "precision": trainer.get("precision"),
+            "accelerator": trainer.get("accelerator"),
+            "ranks": [trainer.get("devices"), trainer.get("num_nodes", 1)],
+            "matmul_precision": torch.get_float32_matmul_precision(),
+            "prompt": prompt.settings(),
+        }
+    )
     for split, frame in sorted(frames.items()):
         key.update(split).update(frame.to_json(orient="records", default_handler=str))
     return key.hexdigest()

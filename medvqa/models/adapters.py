@@ -49,10 +49,18 @@ def role_parameters(
     """The (name, parameter) pairs inside the module `module_name` (a role's module name).
 
     The one rule that maps a role to weights, used to unfreeze roles and to give the projector
-    its own learning rate; it holds under peft's `base_model.model.` name prefix too.
+    its own learning rate; it holds under peft's `base_model.model.` name prefix too. Parameters
+    are found through the modules that hold them, so a weight tied to another module's (Qwen2-VL
+    2B's and Gemma's lm_head share the input embeddings, and `named_parameters` lists the shared
+    tensor once, under the embedding) still belongs to the role; each parameter comes once.
     """
     fragment = f"{module_name}."
-    return [(n, p) for n, p in model.named_parameters() if fragment in f"{n}."]
+    found: dict[int, tuple[str, torch.nn.Parameter]] = {}
+    for name, module in model.named_modules():
+        if fragment in f"{name}.":
+            for pname, param in module.named_parameters(prefix=name, recurse=False):
+                found.setdefault(id(param), (pname, param))
+    return list(found.values())
 
 
 def set_trainable(

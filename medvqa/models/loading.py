@@ -98,8 +98,13 @@ def load_vlm(model_cfg: Any) -> tuple[torch.nn.Module, Any]:
     dtype = torch_dtype(model_cfg)
     source = resolve_pretrained(model_cfg)
     remote = bool(model_option(model_cfg, "trust_remote_code"))
+    processor_kwargs = model_cfg.get("processor_kwargs") or {}
+    if isinstance(processor_kwargs, DictConfig):
+        processor_kwargs = OmegaConf.to_container(processor_kwargs, resolve=True)
     try:
-        processor = AutoProcessor.from_pretrained(source, trust_remote_code=remote)
+        processor = AutoProcessor.from_pretrained(
+            source, trust_remote_code=remote, **processor_kwargs
+        )
         model = AutoModelForImageTextToText.from_pretrained(
             source, dtype=dtype, attn_implementation=attention, trust_remote_code=remote
         )

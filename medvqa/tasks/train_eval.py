@@ -27,8 +27,9 @@ from medvqa.models.loading import load_vlm, roles
 from medvqa.models.saving import load_trainable, save_trainable
 from medvqa.provenance import add_metrics, add_model
 from medvqa.tasks.common import prepare_splits, report_run
+from medvqa.tasks.plan import check_fits
 from medvqa.tracking import instantiate_group
-from medvqa.training.hardware import check_precision, check_trainer
+from medvqa.training.hardware import GPU_ACCELERATORS, check_precision, check_trainer
 from medvqa.training.module import VQAModule
 from medvqa.training.strategies import is_deepspeed
 
@@ -65,6 +66,7 @@ def train_eval(
     references: Sequence[str] = ("zero_shot", "chance"),
     provenance: MutableMapping[str, Any] | None = None,
     from_run: str | None = None,
+    check_memory: bool = True,
 ) -> dict[str, float]:
     """Splits -> (reference rows) -> method applied -> fit -> generate -> score -> report.
 
@@ -83,6 +85,8 @@ def train_eval(
     if tuned:  # before any data or model is loaded
         check_trainer(cfg.trainer)
         check_precision(cfg.trainer, cfg.model)
+    if fit and check_memory and str(cfg.trainer.accelerator) in GPU_ACCELERATORS:
+        check_fits(cfg)  # the memory plan (task=plan) says it fits this machine's GPUs
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
     roles_ = roles(cfg.model)
     build_adapter_config(cfg.peft.adapter, cfg.peft.adapter_scope, roles_)  # fail fast on typos

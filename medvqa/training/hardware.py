@@ -1,5 +1,6 @@
 """What hardware a trainer needs: fail at once, with the fix in the message, when it is absent,
-and size a scheduler's job from `trainer.devices` (conf/hydra/launcher/slurm.yaml)."""
+and size a scheduler's job from `trainer.devices` and `trainer.num_nodes`
+(conf/hydra/launcher/slurm.yaml)."""
 
 from __future__ import annotations
 
@@ -34,9 +35,11 @@ def check_trainer(trainer_cfg: Any, cuda_available: bool | None = None) -> None:
         import torch  # here: medvqa.config imports this module for the resolvers below
 
         cuda_available = torch.cuda.is_available()
+    from medvqa.training.strategies import needs_cuda  # here: lightning, for config's resolvers
+
     strategy = _strategy_name(trainer_cfg.get("strategy", "auto"))
     accelerator = str(trainer_cfg.get("accelerator", "auto"))
-    if "deepspeed" in strategy.lower() and not cuda_available:
+    if needs_cuda(trainer_cfg.get("strategy", "auto")) and not cuda_available:
         raise HardwareError(
             f"trainer strategy {strategy!r} (DeepSpeed ZeRO) needs CUDA GPUs, and "
             "torch.cuda.is_available() is False here. Use trainer=cpu on this machine, or run "
@@ -75,6 +78,33 @@ def slurm_tasks(devices: Any) -> int:
 def slurm_gpus(accelerator: str, devices: Any) -> int | None:
     """GPUs per node for a SLURM job: one per task on a GPU trainer, none (null) on a CPU one."""
     return slurm_tasks(devices) if accelerator in GPU_ACCELERATORS else None
+
+
+def slurm_mem_gb(tasks_per_node: Any, per_task_gb: Any, reserve_gb: Any) -> int:
+    """Host memory per node of a SLURM job, GB: `per_task_gb` for every task (rank) on the node,
+    which loads the whole model into host memory before it moves to its GPU, plus `reserve_gb`
+    for global rank 0's scoring (asked on every node: one size fits all nodes of a job)."""
+    tasks, per_task, reserve = int(tasks_per_node), int(per_task_gb), int(reserve_gb)
+    if tasks < 1 or per_task < 0 or reserve < 0:
+        raise ValueError(
+            f"hydra.launcher.mem_gb: cannot size {tasks} tasks x {per_task} GB + {reserve} GB; "
+            "set hydra.launcher.mem_gb=N (GB per node) by hand."
+        )
+    return tasks * per_task + reserve
+
+
+def rank_log_name(stem: str = "run") -> str:
+    """This process's job log file name: `run.log` on global rank 0, `run_rank<k>.log` on rank k.
+
+    Under SLURM every task runs the whole Hydra job in the same run directory, and Hydra sets up
+    the job's file log before the task runs, so the name comes from the environment: the rank
+    Lightning will assume (RANK, LOCAL_RANK, SLURM_PROCID, ...; 0 when none is set), which is
+    also the rank medvqa.distributed.global_rank() reports before any Trainer exists.
+    """
+    from lightning.fabric.utilities.rank_zero import _get_rank  # here: config imports this module
+
+    rank = _get_rank() or 0
+    return f"{stem}.log" if rank == 0 else f"{stem}_rank{rank}.log"
 
 
 def check_precision(trainer_cfg: Any, model_cfg: Any) -> None:

@@ -31,6 +31,8 @@ class DeepSpeedStrategy(LightningDeepSpeed):
     `communication_data_type` and `grad_accum_dtype` go into the generated DeepSpeed config.
     """
 
+    cuda_only = True  # Lightning's DeepSpeed refuses other accelerators (see needs_cuda)
+
     def __init__(
         self,
         *args: Any,
@@ -71,6 +73,20 @@ def is_deepspeed(strategy: Any) -> bool:
         except (ImportError, ValueError):  # resolved when the trainer is built; say it there
             return "deepspeed" in str(target).lower()
     return isinstance(strategy, LightningDeepSpeed)
+
+
+def needs_cuda(strategy: Any) -> bool:
+    """DeepSpeed runs on CUDA GPUs only (Lightning checks at set-up, after the data and model
+    are loaded); a subclass that runs elsewhere says so with `cuda_only = False` (the tests'
+    CPU strategy)."""
+    if not is_deepspeed(strategy):
+        return False
+    if isinstance(strategy, Mapping):
+        try:
+            return bool(getattr(get_class(str(strategy["_target_"])), "cuda_only", True))
+        except (ImportError, ValueError):
+            return True
+    return bool(getattr(strategy, "cuda_only", True))
 
 
 def prediction_strategy(strategy: Any, devices: Any = 1, num_nodes: int = 1) -> Any:

@@ -1,0 +1,206 @@
+"""A composed run config as a `memory.Setup`: architecture, method, trainer and batch sizes.
+
+Nothing is downloaded and no weights are loaded: the model is built on the meta device from
+its architecture config (a local checkpoint's config.json, or the copy shipped for its hub id),
+the run's method is applied to it exactly as training applies it, and the activations of one
+decoder layer with that method are measured on the CPU (cached under `paths.cache_dir`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.utils import get_class
+from omegaconf import DictConfig, OmegaConf
+
+from medvqa.atomic import write_file
+from medvqa.evaluation.lengths import generation_length
+from medvqa.hashing import Hasher
+from medvqa.models.adapters import apply_method, build_adapter_config, count_parameters
+from medvqa.models.architectures import image_tokens, load_architecture, meta_model
+from medvqa.models.loading import resolve_pretrained, roles, torch_dtype
+from medvqa.planning.activations import LayerActivations, measure_layer
+from medvqa.planning.memory import DEFAULT_GPU_GIB, TEXT_TOKENS, Setup
+from medvqa.training.strategies import is_deepspeed
+
+log = logging.getLogger(__name__)
+
+# Under paths.cache_dir: one measured layer per (layer config, method, dtypes, versions).
+CACHE = "plans"
+# Trainer precision -> the autocast dtype the layer runs under (others: no autocast).
+AUTOCAST = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
+
+
+class PlanError(RuntimeError):
+    """The configured run cannot be planned, or cannot fit; the message names the fix."""
+
+
+def build_setup(
+    cfg: DictConfig,
+    gpu_gib: float | None = None,
+    text_tokens: int = TEXT_TOKENS,
+    devices: int | None = None,
+) -> Setup:
+    """The `Setup` of the composed config `cfg` for GPUs of `gpu_gib` (None: this machine's
+    GPU, or `DEFAULT_GPU_GIB` without one); `devices` replaces a `trainer.devices` of -1."""
+    config, preprocessor = load_architecture(resolve_pretrained(cfg.model))
+    overrides = OmegaConf.to_container(
+        OmegaConf.create(cfg.model.get("processor_kwargs") or {}), resolve=True
+    )
+    preprocessor = _with_overrides(preprocessor, overrides)  # type: ignore[arg-type]
+    images = str(cfg.data.train_image) != "none"
+    deepspeed = is_deepspeed(cfg.trainer.strategy)
+    dtype = torch_dtype(cfg.model)
+    trainable_dtype = dtype if deepspeed else torch.float32
+    trainable, total, peft = _counts(config, cfg, images, trainable_dtype)
+
+    text = config.get_text_config(decoder=True)
+    heads = int(text.num_attention_heads)
+    head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
+    kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
+    adapter = build_adapter_config(peft.adapter, None, roles(cfg.model))
+    adapter = adapter if _injectable(adapter) else None
+    train_weights = "language" in peft.train_modules
+    autocast = AUTOCAST.get(str(cfg.trainer.precision))
+    cache = Path(cfg.paths.cache_dir) / CACHE
+
+    def layer(trained: torch.dtype) -> LayerActivations:
+        return _measured(cache, config, adapter, train_weights, dtype, trained, autocast)
+
+    n_devices, nodes = _devices(cfg.trainer, devices)
+    source = get_class(str(cfg.dataset._target_))
+    return Setup(
+        model=str(cfg.model.name),
+        params=total,
+        trainable=trainable,
+        dtype_bytes=_bytes(dtype),
+        trainable_bytes=_bytes(trainable_dtype),
+        layers=int(text.num_hidden_layers),
+        hidden=int(text.hidden_size),
+        vocab=int(text.vocab_size),
+        kv_width=kv_heads * head_dim,
+        intermediate=int(text.intermediate_size),
+        layer=layer(trainable_dtype),
+        # ZeRO-2's own layer (trainables in the model's dtype) only where it runs; the changes
+        # the plan suggests use checkpointing, under which the difference is one layer's.
+        zero2_layer=layer(dtype)
+        if deepspeed and dtype != trainable_dtype
+        else layer(trainable_dtype),
+        image_tokens=image_tokens(config, preprocessor, with_markers=True) if images else 0,
+        text_tokens=int(text_tokens) + int(peft.get("virtual_tokens", 0)),
+        micro_batch=int(cfg.data.batch_size),
+        accumulate=int(cfg.trainer.accumulate_grad_batches),
+        eval_batch=int(cfg.data.eval_batch_size),
+        max_new_tokens=generation_length(cfg.model, source),
+        checkpointing=bool(cfg.model.gradient_checkpointing),
+        strategy="zero2" if deepspeed else ("ddp" if n_devices * nodes > 1 else "single"),
+        devices=n_devices,
+        nodes=nodes,
+        offload_optimizer=_offloads_optimizer(cfg.trainer.strategy),
+        gpu_gib=gpu_capacity_gib() if gpu_gib is None else float(gpu_gib),
+    )
+
+
+def gpu_capacity_gib() -> float:
+    """This machine's first GPU's memory, or an 80 GB GPU's where there is none."""
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(0).total_memory / 2**30
+    return DEFAULT_GPU_GIB
+
+
+def _with_overrides(preprocessor: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """The image-token fields as the loaded processor has them: `model.processor_kwargs` win
+    (a `size` given there replaces the file's min/max_pixels, as transformers' loading does)."""
+    merged = {**preprocessor, **overrides}
+    if "size" in overrides:
+        for key in ("min_pixels", "max_pixels"):
+            merged.pop(key, None)
+    return merged
+
+
+def _counts(
+    config: Any, cfg: DictConfig, images: bool, trainable_dtype: torch.dtype
+) -> tuple[int, int, DictConfig]:
+    """(trained, total) parameters of the model with the run's method applied, on meta."""
+    peft = OmegaConf.to_container(cfg.peft, resolve=True)
+    assert isinstance(peft, dict)
+    n_virtual = int(peft.get("virtual_tokens", 0))
+    if n_virtual and peft.get("adapter"):  # the token rows themselves: no tokenizer needed
+        peft["adapter"]["token_indices"] = list(range(n_virtual))
+        peft["virtual_tokens"] = 0
+    method = OmegaConf.create(peft)
+    model = meta_model(config, torch_dtype(cfg.model))
+    with torch.device("meta"):  # adapters are created where the weights are: nowhere
+        model = apply_method(model, method, roles(cfg.model), None, images, trainable_dtype)
+    trainable, total = count_parameters(model)
+    return trainable, total, cfg.peft
+
+
+def _injectable(adapter: Any) -> bool:
+    """Adapters that live in the decoder layers (LoRA, (IA)^3); prompt tuning's trainable
+    tokens live in the embedding, and leave the layers frozen."""
+    return adapter is not None and type(adapter).__name__ in ("LoraConfig", "IA3Config")
+
+
+def _measured(
+    cache: Path,
+    config: Any,
+    adapter: Any,
+    train_weights: bool,
+    dtype: torch.dtype,
+    trainable_dtype: torch.dtype,
+    autocast: torch.dtype | None,
+) -> LayerActivations:
+    import transformers
+
+    text = config.get_text_config(decoder=True).to_dict()
+    key = Hasher().update(
+        {
+            "text": text,
+            "adapter": None if adapter is None else adapter.to_dict(),
+            "train_weights": train_weights,
+            "dtypes": [str(dtype), str(trainable_dtype), str(autocast)],
+            "versions": [torch.__version__, transformers.__version__],
+        }
+    )
+    path = cache / f"{key.hexdigest()}.json"
+    if path.is_file():
+        return LayerActivations(**json.loads(path.read_text()))
+    layer = measure_layer(config, adapter, train_weights, dtype, trainable_dtype, autocast)
+    write_file(path, lambda tmp: tmp.write_text(json.dumps(layer.__dict__)))
+    return layer
+
+
+def _devices(trainer_cfg: Any, devices: int | None) -> tuple[int, int]:
+    """(devices per node, nodes); `trainer.devices=-1`/"auto" is every visible GPU, or
+    `devices` (default 1) where none is visible."""
+    nodes = int(trainer_cfg.get("num_nodes", 1) or 1)
+    value = trainer_cfg.get("devices", 1)
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        value = int(value)
+    if isinstance(value, int) and value > 0:
+        return value, nodes
+    if not isinstance(value, int) and not isinstance(value, str):
+        return len(list(value)), nodes  # a list of device ids
+    visible = torch.cuda.device_count()
+    if visible:
+        return visible, nodes
+    n = devices or 1
+    log.warning("trainer.devices=%s (every visible GPU): none here; planning for %d", value, n)
+    return n, nodes
+
+
+def _offloads_optimizer(strategy: Any) -> bool:
+    """DeepSpeed's optimizer state on the host: `offload_optimizer: true`, or Lightning's
+    registry names ending in `_offload` (deepspeed_stage_2_offload)."""
+    if isinstance(strategy, DictConfig):
+        return bool(strategy.get("offload_optimizer", False))
+    return isinstance(strategy, str) and strategy.endswith("_offload")
+
+
+def _bytes(dtype: torch.dtype) -> int:
+    return torch.finfo(dtype).bits // 8

@@ -1,0 +1,110 @@
+"""`task=plan`: what the configured run needs on each GPU and host, before any GPU hour.
+
+    python run.py task=plan model=llava_med peft=lora
+    python run.py task=plan model=llava_med peft=full trainer=gpu          # refused, with the fixes
+    python run.py task=plan +experiment=slake_modality study=sure_vqa model=llava_med trainer=gpu
+
+No data is loaded and no weights are downloaded (`medvqa.planning`). The numbers go to
+results.json as `plan/...`; a run that cannot fit is refused (status `failed`, exit status 1)
+with the settings that would make it fit.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import MutableMapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.loggers import Logger
+from omegaconf import DictConfig
+from rich.console import Console
+from rich.table import Table
+
+from medvqa.planning.memory import GIB, TEXT_TOKENS, Plan, describe, estimate, fixes, headline
+from medvqa.planning.memory import refusal as refusal_text
+from medvqa.planning.setup import PlanError, build_setup
+from medvqa.tracking import log_metrics
+
+log = logging.getLogger(__name__)
+
+
+def plan(
+    cfg: DictConfig,
+    out_dir: Path,
+    loggers: Sequence[Logger] = (),
+    provenance: MutableMapping[str, Any] | None = None,
+    gpu_gib: float | None = None,
+    text_tokens: int = TEXT_TOKENS,
+    devices: int | None = None,
+) -> dict[str, float]:
+    """Print the plan of `cfg` and record it; refuse (PlanError) a run that cannot fit.
+
+    `gpu_gib`: each GPU's memory (None: this machine's, or an 80 GB GPU's without one);
+    `text_tokens`: tokens per sample beside the image's; `devices`: the GPUs per node assumed
+    for `trainer.devices=-1` on a machine that has none.
+    """
+    result = estimate(build_setup(cfg, gpu_gib, text_tokens, devices))
+    print_plan(result)
+    metrics = {f"plan/{key}": value for key, value in describe(result).items()}
+    log_metrics(loggers, metrics)
+    if not result.fits:
+        raise PlanError(refusal_text(result, fixes(result.setup)))
+    log.info("%s: it fits.", headline(result))
+    return metrics
+
+
+def check_fits(cfg: DictConfig) -> None:
+    """The pre-flight check `train_eval` runs on CUDA before loading anything: refuse a run the
+    plan says cannot fit on this machine's GPUs. A model whose architecture is unknown offline
+    (no local checkpoint, no shipped config) is let through with a warning."""
+    from medvqa.models.architectures import UnknownArchitectureError
+
+    try:
+        result = estimate(build_setup(cfg))
+    except UnknownArchitectureError as err:
+        log.warning("memory pre-flight skipped: %s", err)
+        return
+    if not result.fits:
+        raise PlanError(
+            refusal_text(result, fixes(result.setup))
+            + "\n(task=plan prints the whole plan; task.check_memory=false skips this check.)"
+        )
+    log.info("memory pre-flight: %s", headline(result))
+
+
+def print_plan(result: Plan, console: Console | None = None) -> None:
+    """The plan as a table: per GPU in training and generation, per host."""
+    s = result.setup
+    view = Table(title=f"plan · model={s.model} · {s.world_size} GPU(s), {s.strategy}")
+    view.add_column("", style="bold")
+    view.add_column("GiB per GPU", justify="right")
+    view.add_column("what", style="dim")
+    rows = [
+        (
+            "weights",
+            result.weights,
+            f"{s.params / 1e9:.2f} B parameters, {s.trainable / 1e6:.1f} M trained",
+        ),
+        ("gradients", result.gradients, "sharded 1/N" if s.strategy == "zero2" else "float32"),
+        (
+            "optimizer",
+            result.optimizer,
+            "AdamW moments" + (" + fp32 master, 1/N" if s.strategy == "zero2" else ""),
+        ),
+        (
+            "activations",
+            result.activations,
+            f"micro-batch {s.micro_batch} x {s.tokens} tokens ({s.image_tokens} image), "
+            f"{s.layers} layers, checkpointing {'on' if s.checkpointing else 'off'}",
+        ),
+        ("loss", result.loss, f"float32 logits over {s.vocab} entries"),
+        ("reserve", result.reserve, "CUDA context, workspaces (estimate)"),
+        ("training", result.training, f"global batch {s.global_batch}"),
+        ("generation", result.generation, f"eval batch {s.eval_batch}, KV cache"),
+    ]
+    for name, value, what in rows:
+        view.add_row(name, f"{value / GIB:.1f}", what)
+    view.add_row("GPU", f"{s.gpu_gib:.1f}", "fits" if result.fits else "DOES NOT FIT")
+    view.add_row("host per node", f"{result.host_per_node / GIB:.1f}", f"{s.devices} rank(s)")
+    (console or Console()).print(view)

@@ -1,0 +1,207 @@
+"""task=plan: the memory a run needs per GPU, from the real architectures on the meta device.
+
+The hand computations below count LLaVA-Med v1.5 (CLIP ViT-L/14-336 + Mistral-7B) from its
+published shapes, and the activations autograd keeps in one decoder layer from the tensors each
+operation saves (listed where they are summed); the plan measures the same layer on the CPU.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from medvqa.planning.memory import (
+    CUDA_RESERVE_GIB,
+    GIB,
+    LOSS_BYTES_PER_LOGIT,
+    TEXT_TOKENS,
+    ZERO_ALLGATHER_BUCKET,
+    ZERO_REDUCE_BUCKET,
+    estimate,
+    fixes,
+)
+from medvqa.planning.setup import build_setup
+from medvqa.record import read_record
+from tests.conftest import compose, run_main
+
+# LLaVA-Med v1.5 (transformers' LLaVA layout): Mistral-7B text model, CLIP ViT-L/14 at 336 px.
+H, KV, I, HEADS, HEAD_DIM, LAYERS, VOCAB = 4096, 1024, 14336, 32, 128, 32, 32064
+ALL_PARAMS = 7_566_743_552  # the original release's safetensors total + 64 added vocab rows
+CLIP_PARAMS = (
+    3 * 14 * 14 * 1024 + 1024 + 577 * 1024  # patch conv, class embedding, positions
+    + 2 * 1024 + 2 * 1024  # pre and post layer norms
+    + 24 * (4 * (1024 * 1024 + 1024) + (1024 * 4096 + 4096) + (4096 * 1024 + 1024) + 4 * 1024)
+)  # fmt: skip
+PROJECTOR = (1024 * 4096 + 4096) + (4096 * 4096 + 4096)
+R = 16  # LoRA rank of conf/peft/lora.yaml, on q, k, v, o, gate, up and down
+LORA_IN_OUT = (H + H) + (H + KV) + (H + KV) + (H + H) + 3 * (H + I)
+LORA = LAYERS * R * LORA_IN_OUT
+IMAGE_TOKENS = (336 // 14) ** 2  # 576: CLIP's patches, the class token dropped
+TOKENS = IMAGE_TOKENS + TEXT_TOKENS
+
+
+def lora_layer_bytes_per_token(r: int = R) -> int:
+    """Bytes autograd keeps per token in one Mistral layer with LoRA (dropout > 0), trainables
+    in fp32 under bf16 autocast, frozen base: the base linears keep nothing (frozen weights)."""
+    norm = 4 * H + 4  # RMSNorm: its input upcast to fp32, and rsqrt
+    adapted = 4 * 1 + 2 * 1 + 0  # per input feature: dropout's fp32 output and its bf16 copy
+    q_k_v = 3 * (adapted * H + 2 * r)  # + the bf16 output of lora_A (r features)
+    attention = 2 * H + 2 * KV + 2 * KV + 2 * H + 4 * HEADS  # q, k, v, output, logsumexp
+    rope = 2 * 2 * HEAD_DIM  # cos and sin
+    o = adapted * H + 2 * r
+    gate_up = 2 * (adapted * H + 2 * r) + 2 * 2 * I  # + their outputs (for silu(gate) * up)
+    silu = 2 * I
+    down = adapted * I + 2 * r
+    return norm + q_k_v + attention + rope + o + norm + gate_up + silu + down
+
+
+def full_layer_bytes_per_token() -> int:
+    """The same for full fine-tuning (every weight trained, no adapter)."""
+    norm = 4 * H + 4 + 2 * H  # + its bf16 output (the norm weight is trained)
+    inputs = 3 * 2 * H + 2 * H + 2 * 2 * H + 2 * I  # bf16 inputs of q, k, v, o, gate, up, down
+    attention = 2 * H + 2 * KV + 2 * KV + 2 * H + 4 * HEADS + 2 * 2 * HEAD_DIM
+    mlp = 2 * 2 * I + 2 * I  # gate and up outputs, silu output
+    return 2 * norm + inputs + attention + mlp
+
+
+@pytest.fixture(scope="module")
+def plan_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("plans")
+
+
+def _plan(overrides: list[str], cache: Path, **options: object):  # type: ignore[no-untyped-def]
+    cfg = compose(["model=llava_med", *overrides, f"paths.cache_dir={cache}"])
+    return estimate(build_setup(cfg, **options))  # type: ignore[arg-type]
+
+
+def test_the_architecture_is_counted_by_hand() -> None:
+    assert CLIP_PARAMS == 303_507_456
+    assert LORA + PROJECTOR == 62_922_752
+
+
+def test_lora_on_one_gpu_equals_a_hand_computation(plan_cache: Path) -> None:
+    """The preset (checkpointing on), batch 16, one 80 GB GPU."""
+    plan = _plan(["peft=lora", "trainer=gpu"], plan_cache, gpu_gib=79.2)
+    s = plan.setup
+    assert (s.params, s.trainable) == (ALL_PARAMS + LORA, LORA + PROJECTOR)
+    assert (s.image_tokens, s.tokens, s.micro_batch, s.checkpointing) == (576, TOKENS, 16, True)
+    trainable = LORA + PROJECTOR
+    tokens = 16 * TOKENS
+    per_forward = 2 * R * LORA_IN_OUT  # autocast's bf16 copies of one layer's LoRA weights
+    by_hand = {
+        "weights": ALL_PARAMS * 2 - PROJECTOR * 2 + trainable * 4,
+        "gradients": trainable * 4,
+        "optimizer": trainable * 8,
+        # checkpointing: each layer's bf16 input, and one layer recomputed at a time
+        "activations": LAYERS * 2 * H * tokens
+        + lora_layer_bytes_per_token() * tokens
+        + per_forward,
+        "loss": tokens * (VOCAB * LOSS_BYTES_PER_LOGIT + 8 * H),
+    }
+    for term, expected in by_hand.items():
+        assert getattr(plan, term) == pytest.approx(expected, rel=0.10), term
+    total = sum(by_hand.values()) + CUDA_RESERVE_GIB * GIB
+    assert plan.training == pytest.approx(total, rel=0.10)
+    assert plan.fits and plan.training < 40 * GIB
+    # the measured layer is the hand count (the LoRA layer's saved tensors, exactly)
+    assert s.layer.per_token == pytest.approx(lora_layer_bytes_per_token(), rel=0.01)
+
+
+def test_lora_without_checkpointing_at_batch_16_is_refused_with_the_fixes(plan_cache: Path) -> None:
+    """The shipped defaults before the presets: ~92 GiB of activations was the audit's CPU
+    estimate for a layer whose input needs no grad; every layer's but the first does."""
+    plan = _plan(["peft=lora", "trainer=gpu", "model.gradient_checkpointing=false"], plan_cache)
+    assert not plan.fits
+    layers = LAYERS * (lora_layer_bytes_per_token() * 16 * TOKENS + 2 * R * LORA_IN_OUT)
+    assert plan.activations == pytest.approx(layers, rel=0.10) and plan.activations > 100 * GIB
+    found = {fix.what: fix for fix in fixes(plan.setup)}
+    assert "model.gradient_checkpointing=true" in found["gradient checkpointing"].overrides
+    micro = next(f for w, f in found.items() if w.startswith("micro-batch"))
+    assert micro.plan.setup.global_batch == 16 and micro.plan.fits
+
+
+def test_full_fine_tuning_on_one_gpu_is_refused_and_zero2_on_four_fits(plan_cache: Path) -> None:
+    plan = _plan(["peft=full", "trainer=gpu"], plan_cache)
+    trainable = ALL_PARAMS - CLIP_PARAMS  # language model, lm_head and projector
+    assert plan.setup.trainable == trainable
+    # fp32 weights, gradients and AdamW moments: 16 bytes per trained parameter
+    states = CLIP_PARAMS * 2 + trainable * (4 + 4 + 8)
+    assert plan.weights + plan.gradients + plan.optimizer == pytest.approx(states, rel=0.01)
+    assert not plan.fits and states > 100 * GIB
+    gpus, offload = fixes(plan.setup)  # more GPUs; or fewer, with the optimizer on the host
+    assert "trainer=deepspeed_zero2" in gpus.overrides and gpus.plan.setup.world_size >= 4
+    assert "++trainer.strategy.offload_optimizer=true" in offload.overrides
+    assert offload.plan.setup.world_size < gpus.plan.setup.world_size
+    for fix in (gpus, offload):
+        assert fix.plan.setup.global_batch == 16  # the same batch per optimiser step
+        assert fix.plan.peak <= 0.9 * fix.plan.setup.gpu_gib * GIB
+
+    sharded = _plan(["peft=full", "trainer=deepspeed_zero2", "trainer.devices=4"], plan_cache)
+    s = sharded.setup
+    assert (s.strategy, s.world_size, s.trainable_bytes) == ("zero2", 4, 2)
+    tokens = 16 * TOKENS
+    by_hand = {
+        "weights": ALL_PARAMS * 2,  # DeepSpeed casts the module to bf16
+        "gradients": trainable * 4 / 4 + 2 * ZERO_REDUCE_BUCKET * 4 + ZERO_ALLGATHER_BUCKET * 2,
+        "optimizer": trainable * (4 + 8) / 4,  # fp32 master + moments, a quarter each
+        "activations": LAYERS * 2 * H * tokens + full_layer_bytes_per_token() * tokens,
+    }
+    for term, expected in by_hand.items():
+        assert getattr(sharded, term) == pytest.approx(expected, rel=0.10), term
+    assert sharded.fits
+
+
+@pytest.mark.parametrize("model", ["llava_med", "llava", "qwen2_vl", "qwen2_5_vl", "medgemma", "paligemma", "smolvlm"])  # fmt: skip
+@pytest.mark.parametrize("peft", ["lora", "ia3", "prompt_tuning"])
+def test_every_preset_fits_one_80gb_gpu_at_the_study_batch(
+    model: str, peft: str, plan_cache: Path
+) -> None:
+    cfg = compose(
+        [f"model={model}", f"peft={peft}", "trainer=gpu", "study=sure_vqa", f"paths.cache_dir={plan_cache}"]
+    )  # fmt: skip
+    plan = estimate(build_setup(cfg, gpu_gib=79.2))
+    assert plan.setup.micro_batch == 32
+    assert plan.fits, plan.peak / GIB
+
+
+def test_task_plan_prints_a_fitting_plan_and_refuses_full_fine_tuning(
+    cache_dir: Path, tmp_path: Path
+) -> None:
+    lora = ["task=plan", "model=llava_med", "peft=lora", "logger=csv"]
+    fits = run_main(lora, tmp_path / "lora", cache_dir, small=[])
+    assert fits.returncode == 0, fits.stderr[-3000:]
+    record = read_record(tmp_path / "lora" / "results.json")
+    assert record["status"] == "finished" and record["metrics"]["plan/fits"] == 1.0
+    assert record["metrics"]["plan/trainable"] == LORA + PROJECTOR
+    assert "training" in fits.stdout and "fits" in fits.stdout
+
+    full = ["task=plan", "model=llava_med", "peft=full", "trainer=gpu", "logger=csv"]
+    refused = run_main(full, tmp_path / "full", cache_dir, small=[])
+    assert refused.returncode != 0
+    assert "does not fit" in refused.stderr and "trainer=deepspeed_zero2" in refused.stderr
+    record = read_record(tmp_path / "full" / "results.json")
+    assert record["status"] == "failed" and "trainer.devices=" in record["error"]
+
+
+@pytest.mark.parametrize(
+    ("sweep", "peft", "devices"),
+    [
+        ("sure_study", "lora", 1),
+        ("sure_study", "ia3", 1),
+        ("sure_study", "prompt_tuning", 1),
+        ("sure_study_full", "full", 4),
+    ],
+)
+def test_every_job_of_the_sure_study_fits_its_gpus(
+    sweep: str, peft: str, devices: int, plan_cache: Path
+) -> None:
+    """With the chosen settings of the largest ones (LoRA r128 on SLAKE, prompt tuning's 50
+    tokens): the sweeps' own trainer (trainer=gpu on one GPU; ZeRO-2 on four for full)."""
+    extra = ["trainer=gpu"] if sweep == "sure_study" else []
+    cfg = compose(
+        [f"sweep={sweep}", "+experiment=slake_modality", f"peft={peft}", *extra, f"paths.cache_dir={plan_cache}"]
+    )  # fmt: skip
+    plan = estimate(build_setup(cfg, gpu_gib=79.2))
+    assert plan.setup.world_size == devices and plan.setup.global_batch == 32
+    assert plan.peak <= 0.9 * 79.2 * GIB, plan.peak / GIB
