@@ -197,7 +197,7 @@ def test_gradient_checkpointing_gives_the_same_gradients_and_trains(
     assert checkpointed.is_activation_checkpointing
     batch = {k: v for k, v in next(iter(_loader(cfg, processor))).items() if k != META_KEY}
 
-    def module(model: torch.nn.Module, suffix: str) -> torch.nn.Module:
+    def submodule(model: torch.nn.Module, suffix: str) -> torch.nn.Module:
         return next(m for n, m in model.named_modules() if n.endswith(suffix))
 
     def grads(model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], int, bool]:
@@ -205,10 +205,10 @@ def test_gradient_checkpointing_gives_the_same_gradients_and_trains(
         whether the frozen vision tower's first layer produced an output that requires grad."""
         calls, vision = [], []
         hooks = [
-            module(model, "language_model.layers.0.self_attn").register_forward_pre_hook(
+            submodule(model, "language_model.layers.0.self_attn").register_forward_pre_hook(
                 lambda *_: calls.append(1)
             ),
-            module(model, "vision_tower.encoder.layers.0").register_forward_hook(
+            submodule(model, "vision_tower.encoder.layers.0").register_forward_hook(
                 lambda _m, _i, out: vision.append(
                     (out[0] if isinstance(out, tuple) else out).requires_grad
                 )

@@ -26,7 +26,7 @@ from medvqa.record import read_record
 from tests.conftest import compose, run_main
 
 # LLaVA-Med v1.5 (transformers' LLaVA layout): Mistral-7B text model, CLIP ViT-L/14 at 336 px.
-H, KV, I, HEADS, HEAD_DIM, LAYERS, VOCAB = 4096, 1024, 14336, 32, 128, 32, 32064
+H, KV, MLP, HEADS, HEAD_DIM, LAYERS, VOCAB = 4096, 1024, 14336, 32, 128, 32, 32064
 ALL_PARAMS = 7_566_743_552  # the original release's safetensors total + 64 added vocab rows
 CLIP_PARAMS = (
     3 * 14 * 14 * 1024 + 1024 + 577 * 1024  # patch conv, class embedding, positions
@@ -35,7 +35,7 @@ CLIP_PARAMS = (
 )  # fmt: skip
 PROJECTOR = (1024 * 4096 + 4096) + (4096 * 4096 + 4096)
 R = 16  # LoRA rank of conf/peft/lora.yaml, on q, k, v, o, gate, up and down
-LORA_IN_OUT = (H + H) + (H + KV) + (H + KV) + (H + H) + 3 * (H + I)
+LORA_IN_OUT = (H + H) + (H + KV) + (H + KV) + (H + H) + 3 * (H + MLP)
 LORA = LAYERS * R * LORA_IN_OUT
 IMAGE_TOKENS = (336 // 14) ** 2  # 576: CLIP's patches, the class token dropped
 TOKENS = IMAGE_TOKENS + TEXT_TOKENS
@@ -50,18 +50,18 @@ def lora_layer_bytes_per_token(r: int = R) -> int:
     attention = 2 * H + 2 * KV + 2 * KV + 2 * H + 4 * HEADS  # q, k, v, output, logsumexp
     rope = 2 * 2 * HEAD_DIM  # cos and sin
     o = adapted * H + 2 * r
-    gate_up = 2 * (adapted * H + 2 * r) + 2 * 2 * I  # + their outputs (for silu(gate) * up)
-    silu = 2 * I
-    down = adapted * I + 2 * r
+    gate_up = 2 * (adapted * H + 2 * r) + 2 * 2 * MLP  # + their outputs (for silu(gate) * up)
+    silu = 2 * MLP
+    down = adapted * MLP + 2 * r
     return norm + q_k_v + attention + rope + o + norm + gate_up + silu + down
 
 
 def full_layer_bytes_per_token() -> int:
     """The same for full fine-tuning (every weight trained, no adapter)."""
     norm = 4 * H + 4 + 2 * H  # + its bf16 output (the norm weight is trained)
-    inputs = 3 * 2 * H + 2 * H + 2 * 2 * H + 2 * I  # bf16 inputs of q, k, v, o, gate, up, down
+    inputs = 3 * 2 * H + 2 * H + 2 * 2 * H + 2 * MLP  # bf16 inputs of q, k, v, o, gate, up, down
     attention = 2 * H + 2 * KV + 2 * KV + 2 * H + 4 * HEADS + 2 * 2 * HEAD_DIM
-    mlp = 2 * 2 * I + 2 * I  # gate and up outputs, silu output
+    mlp = 2 * 2 * MLP + 2 * MLP  # gate and up outputs, silu output
     return 2 * norm + inputs + attention + mlp
 
 

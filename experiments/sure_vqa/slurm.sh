@@ -8,10 +8,13 @@
 # finished jobs and resumes the others.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-COMMON=(model=llava_med trainer=gpu hydra/launcher=slurm hydra.launcher.partition="${PARTITION:-gpu}")
-python run.py -m sweep=sure_study "${COMMON[@]}" 'metric=[traditional,judge]' \
-    judge.backend=openai judge.base_url="${JUDGE_URL:?set JUDGE_URL to the judge server}" \
-    judge.model=mistralai/Mistral-7B-Instruct-v0.2 judge.mode=generate
-python run.py -m sweep=sure_baselines "${COMMON[@]}"
+# The study selects LLaVA-Med (conf/study/sure_vqa.yaml); the full fine-tuning sweep its own
+# trainer (DeepSpeed ZeRO-2, 4 GPUs per job), the others one GPU each.
+LAUNCH=(hydra/launcher=slurm hydra.launcher.partition="${PARTITION:-gpu}")
+JUDGE=(judge.backend=openai judge.base_url="${JUDGE_URL:?set JUDGE_URL to the judge server}"
+    judge.model=mistralai/Mistral-7B-Instruct-v0.2 judge.mode=generate)
+python run.py -m sweep=sure_study trainer=gpu "${LAUNCH[@]}" "${JUDGE[@]}"
+python run.py -m sweep=sure_study_full "${LAUNCH[@]}" "${JUDGE[@]}"
+python run.py -m sweep=sure_baselines trainer=gpu "${LAUNCH[@]}" "${JUDGE[@]}"
 # After the study has finished: the blind ablation from its LoRA runs' weights (runs here, in turn).
 # bash experiments/sure_vqa/blind.sh logs/multiruns/<sure_study dir> trainer=gpu
