@@ -239,3 +239,33 @@ def test_the_shared_answers_key_holds_what_changes_the_answers(tiny_model_dir: P
     finally:
         model.config._attn_implementation = "sdpa"
     assert base not in changed and len(set(changed)) == len(changed)
+
+
+@pytest.mark.parametrize("name", ["qwen2_vl", "qwen2_5_vl"])
+def test_the_qwen_presets_cap_an_image_at_512_tokens(name: str, cache_dir: Path) -> None:
+    """The checkpoints' processors allow 12.8 MP: a 2.5k x 3k radiograph became ~9.9k tokens.
+    The preset's cap (`model.processor_kwargs.size`) reaches the loaded processor."""
+    from PIL import Image
+
+    from tests.test_families import model_cfg
+
+    _, processor = load_vlm(model_cfg(name, cache_dir))
+    cap = 512 * 28 * 28
+    assert processor.image_processor.size["longest_edge"] == cap
+    grid = processor.image_processor(images=[Image.new("RGB", (2500, 3000))])["image_grid_thw"]
+    patch = processor.image_processor.patch_size
+    assert int(grid.prod()) * patch**2 <= cap  # pixels kept: at most the cap
+
+
+def test_a_fit_that_cannot_fit_the_gpus_is_refused_before_anything_loads(tmp_path: Path) -> None:
+    """train_eval's pre-flight on CUDA (it cannot reach it here: no CUDA): full fine-tuning of
+    LLaVA-Med on one 80 GB GPU is refused with the fixes; LoRA with the preset passes."""
+    from medvqa.planning.setup import PlanError
+    from medvqa.tasks.plan import check_fits
+
+    cache = [f"paths.cache_dir={tmp_path}"]
+    with pytest.raises(PlanError, match="trainer=deepspeed_zero2"):
+        check_fits(compose(["model=llava_med", "peft=full", "trainer=gpu", *cache]))
+    check_fits(compose(["model=llava_med", "peft=lora", "trainer=gpu", *cache]))
+    unknown = ["model=llava_med", "model.pretrained=nobody/unknown-vlm", "trainer=gpu", *cache]
+    check_fits(compose(unknown))  # no architecture offline: a warning, not a refusal
