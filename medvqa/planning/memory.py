@@ -69,8 +69,10 @@ class Setup:
     vocab: int
     kv_width: int  # key/value heads x head dim
     intermediate: int  # the MLP's width
-    layer: LayerActivations  # one decoder layer, trained parameters in `trainable_bytes`
-    zero2_layer: LayerActivations  # the same with every parameter in the model's dtype
+    # One decoder layer with the run's method and dtypes. The ZeRO-2 changes `fixes` suggests
+    # reuse it (measured with fp32 trainables, it keeps autocast's bf16 weight copies that
+    # ZeRO-2's bf16 module does not make: under checkpointing, one layer's more).
+    layer: LayerActivations
     image_tokens: int
     text_tokens: int
     micro_batch: int  # per GPU and forward (data.batch_size)
@@ -148,7 +150,7 @@ def estimate(s: Setup) -> Plan:
         gradients = s.trainable * 4 + buckets
         optimizer = s.trainable * 8.0
     tokens = s.micro_batch * s.tokens
-    layer = s.zero2_layer if sharded else s.layer
+    layer = s.layer
     full_layer = layer.per_token * tokens + layer.per_forward
     if s.checkpointing:
         activations = s.layers * layer.hidden_bytes * tokens + full_layer

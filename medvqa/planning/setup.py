@@ -56,7 +56,8 @@ def build_setup(
     deepspeed = is_deepspeed(cfg.trainer.strategy)
     dtype = torch_dtype(cfg.model)
     trainable_dtype = dtype if deepspeed else torch.float32
-    trainable, total, peft = _counts(config, cfg, images, trainable_dtype)
+    trainable, total = _counts(config, cfg, images, trainable_dtype)
+    peft = cfg.peft
 
     text = config.get_text_config(decoder=True)
     heads = int(text.num_attention_heads)
@@ -67,10 +68,6 @@ def build_setup(
     train_weights = "language" in peft.train_modules
     autocast = AUTOCAST.get(str(cfg.trainer.precision))
     cache = Path(cfg.paths.cache_dir) / CACHE
-
-    def layer(trained: torch.dtype) -> LayerActivations:
-        return _measured(cache, config, adapter, train_weights, dtype, trained, autocast)
-
     n_devices, nodes = _devices(cfg.trainer, devices)
     source = get_class(str(cfg.dataset._target_))
     return Setup(
@@ -84,12 +81,7 @@ def build_setup(
         vocab=int(text.vocab_size),
         kv_width=kv_heads * head_dim,
         intermediate=int(text.intermediate_size),
-        layer=layer(trainable_dtype),
-        # ZeRO-2's own layer (trainables in the model's dtype) only where it runs; the changes
-        # the plan suggests use checkpointing, under which the difference is one layer's.
-        zero2_layer=layer(dtype)
-        if deepspeed and dtype != trainable_dtype
-        else layer(trainable_dtype),
+        layer=_measured(cache, config, adapter, train_weights, dtype, trainable_dtype, autocast),
         image_tokens=image_tokens(config, preprocessor, with_markers=True) if images else 0,
         text_tokens=int(text_tokens) + int(peft.get("virtual_tokens", 0)),
         micro_batch=int(cfg.data.batch_size),
@@ -124,7 +116,7 @@ def _with_overrides(preprocessor: dict[str, Any], overrides: dict[str, Any]) -> 
 
 def _counts(
     config: Any, cfg: DictConfig, images: bool, trainable_dtype: torch.dtype
-) -> tuple[int, int, DictConfig]:
+) -> tuple[int, int]:
     """(trained, total) parameters of the model with the run's method applied, on meta."""
     peft = OmegaConf.to_container(cfg.peft, resolve=True)
     assert isinstance(peft, dict)
@@ -136,8 +128,7 @@ def _counts(
     model = meta_model(config, torch_dtype(cfg.model))
     with torch.device("meta"):  # adapters are created where the weights are: nowhere
         model = apply_method(model, method, roles(cfg.model), None, images, trainable_dtype)
-    trainable, total = count_parameters(model)
-    return trainable, total, cfg.peft
+    return count_parameters(model)
 
 
 def _injectable(adapter: Any) -> bool:
