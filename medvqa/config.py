@@ -15,10 +15,10 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
 from medvqa import plugins
+from medvqa.cluster import rank_log_name, slurm_gpus, slurm_mem_gb, slurm_tasks
 from medvqa.data.shifts import Shift
 from medvqa.evaluation.judge.backends import JudgeConfig
 from medvqa.hashing import content_hash
-from medvqa.training.hardware import rank_log_name, slurm_gpus, slurm_mem_gb, slurm_tasks
 
 # The shift's fields are those of `medvqa.data.shifts.Shift` (declared there once).
 ShiftSchema = plugins.schema(Shift, target=False)
@@ -56,8 +56,8 @@ class ModelSchema:
     # the processor's own, for checkpoints saved without the one the model was trained with.
     chat_template: str | None = None
     # Keyword arguments for AutoProcessor.from_pretrained, e.g. Qwen's image size cap
-    # `{size: {shortest_edge: 3136, longest_edge: 401408}}` (pixels); part of what answers are
-    # keyed by, and what task=plan counts image tokens with.
+    # `{min_pixels: 3136, max_pixels: 401408}`; part of what answers are keyed by (through the
+    # loaded image processor's settings), and what task=plan counts image tokens with.
     processor_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 

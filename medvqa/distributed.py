@@ -51,7 +51,7 @@ def child_command(local_rank: int) -> tuple[Sequence[str], str]:
 
     Lightning's default re-runs the command line, which in a multirun (`-m`) starts the whole
     sweep again in every child. Instead each child runs this job's own overrides as a single
-    run in the job's output directory, logging to its own file (`rank_log_name`).
+    run in the job's output directory, logging to its own file (`medvqa.cluster.rank_log_name`).
     """
     from hydra.core.hydra_config import HydraConfig
     from hydra.utils import get_original_cwd, to_absolute_path

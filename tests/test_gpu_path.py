@@ -242,14 +242,32 @@ def test_the_shared_answers_key_holds_what_changes_the_answers(tiny_model_dir: P
 
 
 @pytest.mark.parametrize("name", ["qwen2_vl", "qwen2_5_vl"])
-def test_the_qwen_presets_cap_an_image_at_512_tokens(name: str, cache_dir: Path) -> None:
+def test_the_qwen_presets_cap_an_image_at_512_tokens(
+    name: str, cache_dir: Path, tmp_path: Path
+) -> None:
     """The checkpoints' processors allow 12.8 MP: a 2.5k x 3k radiograph became ~9.9k tokens.
-    The preset's cap (`model.processor_kwargs.size`) reaches the loaded processor."""
+    The preset's cap (`model.processor_kwargs`) reaches the loaded processor even though the
+    real checkpoints' preprocessor_config.json carries its own min/max_pixels, which at loading
+    override a `size` given as an argument."""
+    import json
+    import shutil
+
     from PIL import Image
 
+    from medvqa.models.loading import resolve_pretrained
     from tests.test_families import model_cfg
 
-    _, processor = load_vlm(model_cfg(name, cache_dir))
+    twin = Path(resolve_pretrained(model_cfg(name, cache_dir)))
+    checkpoint = tmp_path / "checkpoint"
+    shutil.copytree(twin, checkpoint)
+    saved = checkpoint / "processor_config.json"  # transformers 5 nests the image processor
+    fields = json.loads(saved.read_text())
+    # as Qwen/Qwen2-VL-7B-Instruct's preprocessor_config.json says
+    fields["image_processor"].update(min_pixels=3136, max_pixels=12845056)
+    saved.write_text(json.dumps(fields))
+
+    cfg = compose([f"model={name}", f"model.pretrained={checkpoint}", "model.dtype=float32"])
+    _, processor = load_vlm(cfg.model)
     cap = 512 * 28 * 28
     assert processor.image_processor.size["longest_edge"] == cap
     grid = processor.image_processor(images=[Image.new("RGB", (2500, 3000))])["image_grid_thw"]

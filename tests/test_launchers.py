@@ -140,14 +140,14 @@ def test_slurm_refuses_all_visible_devices() -> None:
 
 @pytest.mark.parametrize(("devices", "tasks"), [(3, 3), ("3", 3), ("0,1", 2), ([0, 1], 2)])
 def test_slurm_tasks_reads_lightning_device_forms(devices: object, tasks: int) -> None:
-    from medvqa.training.hardware import slurm_tasks
+    from medvqa.cluster import slurm_tasks
 
     assert slurm_tasks(devices) == tasks
 
 
 @pytest.mark.parametrize("devices", [-1, "-1", "auto", 0, True, []])
 def test_slurm_tasks_refuses_what_cannot_size_a_job(devices: object) -> None:
-    from medvqa.training.hardware import slurm_tasks
+    from medvqa.cluster import slurm_tasks
 
     with pytest.raises(ValueError, match=r"trainer\.devices=N"):
         slurm_tasks(devices)

@@ -173,20 +173,13 @@ def test_nan_loss_raises_diverged() -> None:
         def forward(self, **_: object) -> object:
             return type("Out", (), {"loss": self.w * float("nan")})()
 
-    import lightning as L
     from torch.utils.data import DataLoader
 
-    trainer = L.Trainer(
-        accelerator="cpu",
-        max_steps=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    from tests.test_numerics import _trainer
+
     loader = DataLoader([{"input_ids": torch.ones(3)}] * 2, batch_size=2)
     with pytest.raises(Diverged) as err:
-        trainer.fit(VQAModule(NaNModel()), train_dataloaders=loader)
+        _trainer(max_steps=1).fit(VQAModule(NaNModel()), train_dataloaders=loader)
     assert err.value.step == 0 and "diverged" in str(err.value)
 
 

@@ -68,7 +68,7 @@ def test_num_nodes_is_a_trainer_setting_not_a_folder_name() -> None:
 
 
 def test_slurm_mem_gb_refuses_what_cannot_size_a_node() -> None:
-    from medvqa.training.hardware import slurm_mem_gb
+    from medvqa.cluster import slurm_mem_gb
 
     assert slurm_mem_gb(2, 36, 16) == 88
     with pytest.raises(ValueError, match=r"hydra\.launcher\.mem_gb=N"):
@@ -87,7 +87,7 @@ def test_slurm_mem_gb_refuses_what_cannot_size_a_node() -> None:
 def test_each_rank_names_its_own_log(
     monkeypatch: pytest.MonkeyPatch, env: dict[str, str], name: str
 ) -> None:
-    from medvqa.training.hardware import rank_log_name
+    from medvqa.cluster import rank_log_name
 
     for key in RANK_VARIABLES:
         monkeypatch.delenv(key, raising=False)
@@ -129,7 +129,7 @@ import json, sys
 sys.path.insert(0, sys.argv[1])
 from hydra.utils import instantiate
 from medvqa import distributed
-from medvqa.training.hardware import rank_log_name
+from medvqa.cluster import rank_log_name
 from tests.conftest import compose
 
 before = distributed.global_rank()  # known before any Trainer: the task's file log needs it

@@ -47,12 +47,16 @@ def _lora_setup(
     return cfg, spec, model, loader
 
 
-def _zero2_trainer(max_steps: int, exclude_frozen: bool = False, **kwargs: Any) -> L.Trainer:
+def _zero2_trainer(
+    max_steps: int, exclude_frozen: bool = False, offload: bool = False, **kwargs: Any
+) -> L.Trainer:
     from tests.zero2_cpu import CPUZero2Strategy
 
     return L.Trainer(
         accelerator="cpu",
-        strategy=CPUZero2Strategy(exclude_frozen_parameters=exclude_frozen),
+        strategy=CPUZero2Strategy(
+            exclude_frozen_parameters=exclude_frozen, offload_optimizer=offload
+        ),
         precision="bf16-mixed",
         max_steps=max_steps,
         logger=False,
@@ -186,20 +190,9 @@ def test_zero2_offloads_the_optimizer_with_deepspeeds_cpu_adam(
     DeepSpeed's CPU AdamW (compiled on first use, ~1 minute)."""
     from deepspeed.ops.adam import DeepSpeedCPUAdam
 
-    from tests.zero2_cpu import CPUZero2Strategy
-
     _, _, model, loader = _lora_setup(tiny_model_dir, cache_dir)
     lora_b = [p for n, p in model.named_parameters() if "lora_B" in n]
-    trainer = L.Trainer(
-        accelerator="cpu",
-        strategy=CPUZero2Strategy(offload_optimizer=True),
-        precision="bf16-mixed",
-        max_steps=2,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-    )
+    trainer = _zero2_trainer(2, offload=True, enable_checkpointing=False)
     trainer.fit(VQAModule(model, lr=1e-2), train_dataloaders=loader)
     assert trainer.global_step == 2
     assert isinstance(trainer.strategy.model.optimizer.optimizer, DeepSpeedCPUAdam)

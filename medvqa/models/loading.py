@@ -69,6 +69,15 @@ def _model_type(source: str) -> str | None:
         return None
 
 
+def processor_kwargs(model_cfg: Any) -> dict[str, Any]:
+    """`model.processor_kwargs` as plain values: what AutoProcessor.from_pretrained gets, over
+    the checkpoint's own processor files (e.g. Qwen's max_pixels)."""
+    kwargs = model_cfg.get("processor_kwargs")  # a bare spec (a test's) may omit it
+    if isinstance(kwargs, DictConfig):
+        kwargs = OmegaConf.to_container(kwargs, resolve=True)
+    return dict(kwargs or {})
+
+
 def resolve_pretrained(model_cfg: Any) -> str:
     """A local directory or hub id; an offline `builder` (e.g. the tiny model) makes one first."""
     if model_cfg.get("builder") is not None:
@@ -98,12 +107,9 @@ def load_vlm(model_cfg: Any) -> tuple[torch.nn.Module, Any]:
     dtype = torch_dtype(model_cfg)
     source = resolve_pretrained(model_cfg)
     remote = bool(model_option(model_cfg, "trust_remote_code"))
-    processor_kwargs = model_cfg.get("processor_kwargs") or {}
-    if isinstance(processor_kwargs, DictConfig):
-        processor_kwargs = OmegaConf.to_container(processor_kwargs, resolve=True)
     try:
         processor = AutoProcessor.from_pretrained(
-            source, trust_remote_code=remote, **processor_kwargs
+            source, trust_remote_code=remote, **processor_kwargs(model_cfg)
         )
         model = AutoModelForImageTextToText.from_pretrained(
             source, dtype=dtype, attn_implementation=attention, trust_remote_code=remote

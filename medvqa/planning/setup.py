@@ -18,11 +18,12 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
 from medvqa.atomic import write_file
+from medvqa.cluster import device_count
 from medvqa.evaluation.lengths import generation_length
 from medvqa.hashing import Hasher
 from medvqa.models.adapters import apply_method, build_adapter_config, count_parameters
 from medvqa.models.architectures import image_tokens, load_architecture, meta_model
-from medvqa.models.loading import resolve_pretrained, roles, torch_dtype
+from medvqa.models.loading import processor_kwargs, resolve_pretrained, roles, torch_dtype
 from medvqa.planning.activations import LayerActivations, measure_layer
 from medvqa.planning.memory import DEFAULT_GPU_GIB, TEXT_TOKENS, Setup
 from medvqa.training.strategies import is_deepspeed
@@ -48,10 +49,7 @@ def build_setup(
     """The `Setup` of the composed config `cfg` for GPUs of `gpu_gib` (None: this machine's
     GPU, or `DEFAULT_GPU_GIB` without one); `devices` replaces a `trainer.devices` of -1."""
     config, preprocessor = load_architecture(resolve_pretrained(cfg.model))
-    overrides = OmegaConf.to_container(
-        OmegaConf.create(cfg.model.get("processor_kwargs") or {}), resolve=True
-    )
-    preprocessor = _with_overrides(preprocessor, overrides)  # type: ignore[arg-type]
+    preprocessor = {**preprocessor, **processor_kwargs(cfg.model)}  # the processor as loaded
     images = str(cfg.data.train_image) != "none"
     deepspeed = is_deepspeed(cfg.trainer.strategy)
     dtype = torch_dtype(cfg.model)
@@ -102,16 +100,6 @@ def gpu_capacity_gib() -> float:
     if torch.cuda.is_available():
         return torch.cuda.get_device_properties(0).total_memory / 2**30
     return DEFAULT_GPU_GIB
-
-
-def _with_overrides(preprocessor: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    """The image-token fields as the loaded processor has them: `model.processor_kwargs` win
-    (a `size` given there replaces the file's min/max_pixels, as transformers' loading does)."""
-    merged = {**preprocessor, **overrides}
-    if "size" in overrides:
-        for key in ("min_pixels", "max_pixels"):
-            merged.pop(key, None)
-    return merged
 
 
 def _counts(
@@ -171,15 +159,9 @@ def _devices(trainer_cfg: Any, devices: int | None) -> tuple[int, int]:
     `devices` (default 1) where none is visible."""
     nodes = int(trainer_cfg.get("num_nodes", 1) or 1)
     value = trainer_cfg.get("devices", 1)
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        value = int(value)
-    if isinstance(value, int) and value > 0:
-        return value, nodes
-    if not isinstance(value, int) and not isinstance(value, str):
-        return len(list(value)), nodes  # a list of device ids
-    visible = torch.cuda.device_count()
-    if visible:
-        return visible, nodes
+    count = device_count(value) or torch.cuda.device_count()
+    if count:
+        return count, nodes
     n = devices or 1
     log.warning("trainer.devices=%s (every visible GPU): none here; planning for %d", value, n)
     return n, nodes

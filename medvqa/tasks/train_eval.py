@@ -15,6 +15,7 @@ from hydra.utils import get_class, instantiate
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig
 
+from medvqa.cluster import GPU_ACCELERATORS
 from medvqa.data.datamodule import VQADataModule
 from medvqa.distributed import is_global_zero
 from medvqa.evaluation.baselines import chance_scores
@@ -29,7 +30,7 @@ from medvqa.provenance import add_metrics, add_model
 from medvqa.tasks.common import prepare_splits, report_run
 from medvqa.tasks.plan import check_fits
 from medvqa.tracking import instantiate_group
-from medvqa.training.hardware import GPU_ACCELERATORS, check_precision, check_trainer
+from medvqa.training.hardware import check_precision, check_trainer
 from medvqa.training.module import VQAModule
 from medvqa.training.strategies import is_deepspeed
 

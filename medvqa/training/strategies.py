@@ -16,6 +16,8 @@ from typing import Any
 from hydra.utils import get_class
 from lightning.pytorch.strategies import DeepSpeedStrategy as LightningDeepSpeed
 
+from medvqa.cluster import device_count
+
 # Floating dtype names DeepSpeed's config accepts for communication and gradient accumulation.
 DEEPSPEED_DTYPES = ("fp32", "bf16", "fp16")
 
@@ -59,34 +61,32 @@ class DeepSpeedStrategy(LightningDeepSpeed):
             )
 
 
+def _strategy_class(strategy: Any) -> type | None:
+    """The class of a `trainer.strategy` object spec (`_target_`) or instance; None for a
+    registry name, or a target that does not import here (the trainer says so when built)."""
+    if isinstance(strategy, Mapping):
+        try:
+            return get_class(str(strategy.get("_target_")))
+        except (ImportError, ValueError):
+            return None
+    return None if isinstance(strategy, str) else type(strategy)
+
+
 def is_deepspeed(strategy: Any) -> bool:
     """Whether a `trainer.strategy` value is DeepSpeed: a registry name ("deepspeed_stage_2"),
     an object spec (`_target_` a DeepSpeedStrategy subclass) or a strategy instance."""
-    if isinstance(strategy, str):
-        return "deepspeed" in strategy.lower()
-    if isinstance(strategy, Mapping):
-        target = strategy.get("_target_")
-        if target is None:
-            return False
-        try:
-            return issubclass(get_class(str(target)), LightningDeepSpeed)
-        except (ImportError, ValueError):  # resolved when the trainer is built; say it there
-            return "deepspeed" in str(target).lower()
-    return isinstance(strategy, LightningDeepSpeed)
+    cls = _strategy_class(strategy)
+    if cls is None:
+        name = strategy if isinstance(strategy, str) else str(strategy.get("_target_", ""))
+        return "deepspeed" in name.lower()
+    return issubclass(cls, LightningDeepSpeed)
 
 
 def needs_cuda(strategy: Any) -> bool:
     """DeepSpeed runs on CUDA GPUs only (Lightning checks at set-up, after the data and model
     are loaded); a subclass that runs elsewhere says so with `cuda_only = False` (the tests'
     CPU strategy)."""
-    if not is_deepspeed(strategy):
-        return False
-    if isinstance(strategy, Mapping):
-        try:
-            return bool(getattr(get_class(str(strategy["_target_"])), "cuda_only", True))
-        except (ImportError, ValueError):
-            return True
-    return bool(getattr(strategy, "cuda_only", True))
+    return is_deepspeed(strategy) and bool(getattr(_strategy_class(strategy), "cuda_only", True))
 
 
 def prediction_strategy(strategy: Any, devices: Any = 1, num_nodes: int = 1) -> Any:
@@ -95,5 +95,4 @@ def prediction_strategy(strategy: Any, devices: Any = 1, num_nodes: int = 1) -> 
     Lightning's single-device default where the run has one device."""
     if not is_deepspeed(strategy):
         return strategy
-    one_device = str(devices).strip() in ("1", "[0]") and int(num_nodes) == 1
-    return "auto" if one_device else "ddp"
+    return "auto" if device_count(devices) == 1 and int(num_nodes) == 1 else "ddp"
