@@ -142,6 +142,9 @@ st=$(status_of "$SWEEP" 0)
 [[ "$st" == finished ]] || fail "requeued job: status '$st', expected 'finished'"
 logs=("$SWEEP"/.submitit/"$job"*/*_log.*)
 grep -q "Requeued job $job" "${logs[@]}" || fail "submitit did not requeue job $job (logs: ${logs[*]})"
+# The first attempt recorded its end (`interrupted`, at its step) before submitit's exit.
+grep -q "interrupted (SystemExit(-1)) at {'stage'" "${logs[@]}" \
+    || fail "the preempted attempt did not record that it was interrupted (logs: ${logs[*]})"
 grep -q "Restored all states from the checkpoint at .*last.ckpt" "${logs[@]}" \
     || fail "the requeued job did not resume from last.ckpt (logs: ${logs[*]})"
 [[ "$at_step" -gt 0 && "$at_batch" -gt 0 && "$at_batch" -lt "$REQUEUE_STEPS_PER_EPOCH" ]] \

@@ -5,18 +5,23 @@ Normalised dataset tables, generated synthetic datasets and offline-built models
 directories that are expensive to make and shared by concurrent jobs (a multirun, a SLURM
 array). Each is built into a private temporary sibling and renamed into place only when its
 completion marker exists, so a crash or a second job building at the same time can never
-leave a half-built directory that looks complete, and a finished one is never rebuilt.
+leave a half-built directory that looks complete, and a finished one is never rebuilt. While one
+process builds an entry, the others wait for it (`hold_lock`) and then reuse it: a sweep's jobs
+starting on an empty cache pre-train the tiny model once, not once each.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import json
 import logging
 import os
 import shutil
+import socket
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -41,6 +46,78 @@ def write_file(path: Path, write: Callable[[Path], None]) -> Path:
     return path
 
 
+class LockHeld(RuntimeError):
+    """Another live process holds the lock; `owner` says which (pid, host, since)."""
+
+    def __init__(self, path: Path, owner: dict[str, object]) -> None:
+        self.path = path
+        self.owner = owner
+        super().__init__(f"{path} is held by {describe_owner(owner)}")
+
+
+def describe_owner(owner: dict[str, object]) -> str:
+    if not owner:
+        return "another process"
+    return f"pid {owner.get('pid')} on {owner.get('host')} (since {owner.get('since')})"
+
+
+@contextlib.contextmanager
+def hold_lock(path: Path, wait: bool = True) -> Iterator[None]:
+    """Hold an exclusive lock on `path` (created if needed) for the block.
+
+    An OS lock (`flock`), not a file's existence: a process that dies, even by kill -9, releases
+    it, so nothing is ever left locked. The holder's pid, host and start time are written into
+    the file for whoever waits or is refused. `wait=False` raises `LockHeld` at once instead of
+    waiting. (On network file systems flock is as good as their lock support: NFSv4 and Lustre
+    with `flock` mounted have it.)
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = _read_owner(fd)
+            if not wait:
+                raise LockHeld(path, owner) from None
+            log.info("waiting for %s, held by %s", path, describe_owner(owner))
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        me = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "since": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(me).encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _read_owner(fd: int) -> dict[str, object]:
+    try:
+        owner = json.loads(os.pread(fd, 4096, 0) or b"{}")
+    except (OSError, ValueError):
+        return {}
+    return owner if isinstance(owner, dict) else {}
+
+
+def replace_dir(new: Path, target: Path) -> None:
+    """Put the complete directory `new` in the place of `target` (which may exist).
+
+    A directory cannot be renamed over a non-empty one, so the old copy is renamed aside first
+    and removed after: at every moment either the old or the new complete copy is in place
+    (or, for an instant, none: never a half-written one).
+    """
+    new, target = Path(new), Path(target)
+    old = target.with_name(f".{target.name}.old-{os.getpid()}")
+    if target.exists():
+        os.replace(target, old)
+    os.replace(new, target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def is_built(target: Path, marker: str) -> bool:
     """True if `target` was completed by `build_once` (its marker file exists)."""
     return (Path(target) / marker).is_file()
@@ -61,14 +138,31 @@ def build_once(
     target = Path(target)
     if is_built(target, marker):
         return False
+    lock = target.with_name(f".{target.name}.lock")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
+        lock.touch()
+    except OSError as err:
+        raise _unwritable(what, target, err) from err
+    with hold_lock(lock):  # another process building it: wait, then reuse its copy
+        if is_built(target, marker):
+            log.info("%s was built by another process meanwhile; reusing it", target)
+            return False
+        return _build(target, build_into, marker, what)
+
+
+def _unwritable(what: str, target: Path, err: OSError) -> CacheWriteError:
+    return CacheWriteError(
+        f"cannot write the {what} under {target.parent}: {err}. Set paths.cache_dir (or "
+        "the MEDVQA_CACHE environment variable) to a writable directory."
+    )
+
+
+def _build(target: Path, build_into: Callable[[Path], None], marker: str, what: str) -> bool:
+    try:
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     except OSError as err:
-        raise CacheWriteError(
-            f"cannot write the {what} under {target.parent}: {err}. Set paths.cache_dir (or "
-            "the MEDVQA_CACHE environment variable) to a writable directory."
-        ) from err
+        raise _unwritable(what, target, err) from err
     start = time.perf_counter()
     try:
         build_into(tmp)

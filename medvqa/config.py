@@ -2,21 +2,26 @@
 
 Each group's YAML files start from one of these schemas (`defaults: [<name>_schema, _self_]`),
 so a misspelled key in a YAML file or on the command line fails when Hydra composes the config,
-not hours into a job. `register()` is idempotent and runs on import.
+not hours into a job; `check_config` refuses the values no type can rule out (a batch size of
+-1, a breakdown by a column the dataset lacks) when a run starts. `register()` is idempotent
+and runs on import.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from medvqa import plugins
 from medvqa.cluster import rank_log_name, slurm_gpus, slurm_mem_gb, slurm_tasks
-from medvqa.data.shifts import Shift
+from medvqa.data import records as R
+from medvqa.data.shifts import IMAGE_TRANSFORM, SPLITS, Shift
 from medvqa.evaluation.judge.backends import JudgeConfig
 from medvqa.hashing import content_hash
 
@@ -86,6 +91,17 @@ class PeftSchema:
 
 # The judge node's keys and defaults are those of JudgeConfig (declared there once).
 JudgeSchema = plugins.schema(JudgeConfig, target=False)
+
+
+def check_judge_config(cfg: Any) -> None:
+    """Refuse a judge config that must not run, before anything records it: a key pasted as
+    `judge.api_key_env` (it takes a variable's name) would otherwise be written to results.json
+    with the resolved config. Raises JudgeConfigError; a config without a judge passes."""
+    from medvqa.evaluation.judge.keys import check_api_key_env
+
+    judge = cfg.get("judge") if hasattr(cfg, "get") else None
+    if judge is not None:
+        check_api_key_env(judge.get("api_key_env"))
 
 
 @dataclass
@@ -196,6 +212,323 @@ class Config:
     label: str | None = None  # how tables name this run (baselines set it); default: peft.label
     tags: list[str] = dataclasses.field(default_factory=list)
     eval: Any = None  # task=eval: {from_run: <run dir>}, whose trained weights are evaluated
+
+
+# -- values checked when a run starts -------------------------------------------------------------
+
+
+class ConfigError(ValueError):
+    """Config values that cannot work; the message names each key, its value and the fix."""
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _at_least(low: float, *also: Any) -> Callable[[Any], bool]:
+    """A whole number >= `low`, or one of the special values `also` (e.g. -1, null)."""
+    return lambda v: (_whole(v) and v >= low) or v in also
+
+
+def _between(
+    low: float, high: float, *, low_open: bool = False, high_open: bool = False
+) -> Callable[[Any], bool]:
+    """A number between `low` and `high`, each end included unless it is open."""
+
+    def ok(v: Any) -> bool:
+        if not _number(v):
+            return False
+        above = v > low if low_open else v >= low
+        below = v < high if high_open else v <= high
+        return above and below
+
+    return ok
+
+
+def _positive_number(v: Any) -> bool:
+    return _number(v) and v > 0
+
+
+def _non_negative_number(v: Any) -> bool:
+    return _number(v) and v >= 0
+
+
+def _batch_limit(v: Any) -> bool:
+    """Lightning's limit_*_batches: null, a whole number of batches, or a fraction in [0, 1]."""
+    return v is None or (_whole(v) and v >= 0) or (isinstance(v, float) and 0.0 <= v <= 1.0)
+
+
+def _val_interval(v: Any) -> bool:
+    """null, every k training batches (k >= 1) or a fraction of an epoch in (0, 1]; a time
+    ("DD:HH:MM:SS", a dict) is Lightning's to read."""
+    if isinstance(v, float):
+        return 0.0 < v <= 1.0
+    return not _whole(v) or v >= 1
+
+
+def _devices(v: Any) -> bool:
+    """Lightning's forms: N > 0, -1 or "auto" (every visible device), a list of device
+    indices, or the same as a string ("2", "-1", "0,1")."""
+    if isinstance(v, str):
+        text = v.strip()
+        if text in ("auto", "-1"):
+            return True
+        if text.isdigit():
+            return int(text) > 0
+        parts = [p.strip() for p in text.split(",") if p.strip()]
+        return bool(parts) and all(p.isdigit() for p in parts)
+    if _whole(v):
+        return v > 0 or v == -1
+    if isinstance(v, Sequence):
+        return len(v) > 0 and all(_whole(d) and d >= 0 for d in v) and len(set(v)) == len(v)
+    return False
+
+
+# key -> (valid?, what a valid value is and how to set one). Lightning, torch and the judge
+# would refuse most of these too, but only once data, model or generation work is done.
+_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    ("seed", _between(0, 2**32 - 1), "needs a whole number in [0, 2^32 - 1] (seed=0)"),
+    ("data.batch_size", _at_least(1), "needs a whole number >= 1 (data.batch_size=16)"),
+    ("data.eval_batch_size", _at_least(1), "needs a whole number >= 1 (data.eval_batch_size=64)"),
+    (
+        "data.num_workers",
+        _at_least(0),
+        "needs a whole number >= 0 (data.num_workers=0: no workers)",
+    ),
+    (
+        "trainer.max_epochs",
+        _at_least(1, -1, None),
+        "needs a whole number >= 1, or -1 (no limit: set trainer.max_steps), or null",
+    ),
+    ("trainer.max_steps", _at_least(1, -1), "needs a whole number >= 1, or -1 (no limit)"),
+    ("trainer.min_epochs", _at_least(0, None), "needs a whole number >= 0, or null"),
+    (
+        "trainer.accumulate_grad_batches",
+        _at_least(1),
+        "needs a whole number >= 1 (1: an optimiser step after every batch)",
+    ),
+    (
+        "trainer.devices",
+        _devices,
+        'needs N >= 1 devices, -1 or "auto" (every visible one), or device indices such as [0,1]',
+    ),
+    ("trainer.num_nodes", _at_least(1), "needs a whole number >= 1 (trainer.num_nodes=1)"),
+    ("trainer.log_every_n_steps", _at_least(1), "needs a whole number >= 1"),
+    ("trainer.check_val_every_n_epoch", _at_least(1, None), "needs a whole number >= 1, or null"),
+    (
+        "trainer.num_sanity_val_steps",
+        _at_least(-1),
+        "needs a whole number >= 0, or -1 (the whole validation set)",
+    ),
+    (
+        "trainer.gradient_clip_val",
+        lambda v: v is None or _non_negative_number(v),
+        "needs a number >= 0, or null (no clipping)",
+    ),
+    (
+        "trainer.limit_train_batches",
+        _batch_limit,
+        "needs a whole number of batches >= 0, a fraction in [0.0, 1.0], or null",
+    ),
+    (
+        "trainer.limit_val_batches",
+        _batch_limit,
+        "needs a whole number of batches >= 0, a fraction in [0.0, 1.0], or null",
+    ),
+    (
+        "trainer.val_check_interval",
+        _val_interval,
+        "needs a whole number of batches >= 1, a fraction of an epoch in (0.0, 1.0], or null",
+    ),
+    ("model.max_new_tokens", _at_least(1), "needs a whole number >= 1 (model.max_new_tokens=16)"),
+    ("peft.lr", _positive_number, "needs a learning rate > 0 (e.g. peft.lr=3e-4)"),
+    ("peft.projector_lr", _non_negative_number, "needs a learning rate >= 0"),
+    ("peft.weight_decay", _non_negative_number, "needs a number >= 0"),
+    ("peft.warmup_ratio", _between(0, 1, high_open=True), "needs a fraction in [0, 1)"),
+    ("peft.virtual_tokens", _at_least(0), "needs a whole number >= 0"),
+    (
+        "evaluation.bootstrap.samples",
+        _at_least(0),
+        "needs a whole number >= 0 (0: no confidence intervals)",
+    ),
+    ("evaluation.bootstrap.seed", _between(0, 2**32 - 1), "needs a whole number >= 0"),
+    (
+        "evaluation.bootstrap.level",
+        _between(0, 1, low_open=True, high_open=True),
+        "needs a confidence level in (0, 1), e.g. 0.95",
+    ),
+    ("judge.batch_size", _at_least(1), "needs a whole number >= 1 (judge.batch_size=8)"),
+    ("judge.concurrency", _at_least(1), "needs a whole number >= 1 (judge.concurrency=8)"),
+    ("judge.max_new_tokens", _at_least(1), "needs a whole number >= 1"),
+    ("judge.retries", _at_least(0), "needs a whole number >= 0 (0: no retry)"),
+    ("judge.timeout", _positive_number, "needs seconds > 0 (judge.timeout=60)"),
+    ("judge.backoff", _non_negative_number, "needs seconds >= 0"),
+    ("judge.selfcheck_min_closed_acc", _between(0, 1), "needs an accuracy in [0, 1]"),
+    ("judge.selfcheck_min_open_tau", _between(-1, 1), "needs a rank correlation in [-1, 1]"),
+)
+
+
+_ABSENT = object()
+
+
+def _show(value: Any) -> str:
+    """A value as it is written on the command line (`[a,b]`, `null`)."""
+    if value is None:
+        return "null"
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        return "[" + ",".join(_show(v) for v in value) + "]"
+    return str(value)
+
+
+def _plain(value: Any) -> Any:
+    """Config nodes as plain Python values (lists, dicts)."""
+    if OmegaConf.is_config(value):
+        return OmegaConf.to_container(value, resolve=True)
+    return value
+
+
+def _value_problems(cfg: DictConfig) -> list[str]:
+    """The numeric and choice keys whose value cannot work."""
+    problems = []
+    for key, ok, need in _RULES:
+        value = _plain(OmegaConf.select(cfg, key, default=_ABSENT))
+        if value is _ABSENT:
+            continue  # a key this config has no node for (a partial config) is not checked
+        if not ok(value):
+            problems.append(f"{key}={_show(value)}: {need}")
+    r = _plain(OmegaConf.select(cfg, "peft.adapter.r"))
+    if r is not None and not (_whole(r) and r >= 1):
+        problems.append(f"peft.adapter.r={_show(r)}: needs a LoRA rank >= 1 (peft.adapter.r=16)")
+    max_epochs = _plain(OmegaConf.select(cfg, "trainer.max_epochs"))
+    min_epochs = _plain(OmegaConf.select(cfg, "trainer.min_epochs"))
+    if _whole(max_epochs) and _whole(min_epochs) and 1 <= max_epochs < min_epochs:
+        problems.append(
+            f"trainer.min_epochs={min_epochs}: above trainer.max_epochs={max_epochs}; lower it "
+            "or raise trainer.max_epochs"
+        )
+    limits = _plain(OmegaConf.select(cfg, "data.limit")) or {}
+    for split, cap in limits.items():
+        if split not in SPLITS:
+            problems.append(
+                f"data.limit.{split}={_show(cap)}: {split!r} is not a split; the splits are "
+                f"{list(SPLITS)} (e.g. data.limit.train=100)"
+            )
+        elif cap is not None and not (_whole(cap) and cap >= 1):
+            problems.append(
+                f"data.limit.{split}={_show(cap)}: needs a whole number of rows >= 1, or null "
+                "(no cap)"
+            )
+    from medvqa.data.datamodule import IMAGE_MODES  # torch and lightning: only when checking
+
+    for key in ("data.train_image", "data.eval_image", "data.extra_eval_images"):
+        value = _plain(OmegaConf.select(cfg, key))
+        modes = value if isinstance(value, list) else [] if value is None else [value]
+        if any(m not in IMAGE_MODES for m in modes):
+            problems.append(f"{key}={_show(value)}: each image mode must be one of {IMAGE_MODES}")
+    return problems
+
+
+def _dataset_class(cfg: DictConfig) -> type | None:
+    """The registered dataset class `dataset._target_` builds (None: not a registered one)."""
+    target = OmegaConf.select(cfg, "dataset._target_")
+    for cls in plugins.registered("dataset").values():
+        if plugins.target_of(cls) == target:
+            return cls
+    return None
+
+
+def _shift_problems(cfg: DictConfig) -> list[str]:
+    """A shift definition that `make_splits` would refuse only after loading the table."""
+    shift = OmegaConf.select(cfg, "shift")
+    if not isinstance(shift, DictConfig):
+        return []
+    missing = [k for k in shift if OmegaConf.is_missing(shift, k)]
+    if missing:
+        return [f"shift.{k}=???: this shift kind needs it; set shift.{k}=..." for k in missing]
+    try:
+        Shift.from_config(_shift_spec(shift))
+    except (OmegaConfBaseException, TypeError, ValueError) as err:
+        return [f"shift: {err}"]
+    return []
+
+
+def _shift_spec(shift: DictConfig) -> dict[str, Any]:
+    """The shift as plain values. A `name` interpolating a key that is not set (`${.field}`
+    without a field) is left out, so that Shift itself says which key the kind needs."""
+    try:
+        return OmegaConf.to_container(shift, resolve=True)  # type: ignore[return-value]
+    except OmegaConfBaseException:
+        return {k: _plain(shift[k]) for k in shift if k != "name"} | {"name": "shift"}
+
+
+def _field_problems(cfg: DictConfig) -> list[str]:
+    """Breakdown and shift fields that the dataset's records do not have.
+
+    A dataset class declares its metadata columns once (`VQASource.metadata_fields`); the
+    records have those plus the core columns (medvqa.data.records), and predictions add the
+    split and, under a transform shift, the image transform. A class that declares nothing
+    (a plug-in's choice) is not checked here: its table is, when it is loaded.
+    """
+    cls = _dataset_class(cfg)
+    declared = getattr(cls, "metadata_fields", None)
+    if cls is None or declared is None:
+        return []
+    fields = (*R.CORE_COLUMNS, *declared)
+    listed = f"dataset {cls.name!r} has {list(declared)} beside the record columns"
+    listed += f" {list(R.CORE_COLUMNS)}"
+    problems = []
+    transform = OmegaConf.select(cfg, "shift.transform") is not None
+    scored = (*fields, R.SPLIT, *((IMAGE_TRANSFORM,) if transform else ()))
+    breakdown = _plain(OmegaConf.select(cfg, "evaluation.breakdown")) or []
+    unknown = [f for f in breakdown if f not in scored]
+    if unknown:
+        kept = [f for f in breakdown if f in scored] or ["question_type"]
+        problems.append(
+            f"evaluation.breakdown={_show(breakdown)}: the records have no field "
+            f"{', '.join(map(repr, unknown))}; {listed}, and predictions add {R.SPLIT!r}"
+            f"{f' and (a transform shift) {IMAGE_TRANSFORM!r}' if transform else ''}. "
+            f"Pick from those, e.g. evaluation.breakdown={_show(kept)}"
+        )
+    node = OmegaConf.select(cfg, "shift")
+    try:
+        shift = _shift_spec(node) if isinstance(node, DictConfig) else {}
+    except OmegaConfBaseException:
+        shift = {}  # _shift_problems reports it
+    named = [("shift.field", shift.get("field")), ("shift.val_group", shift.get("val_group"))]
+    named += [("shift.val_stratify", f) for f in shift.get("val_stratify") or ()]
+    for i, part in enumerate(shift.get("any_of") or ()):
+        if isinstance(part, dict):
+            named.append((f"shift.any_of[{i}].field", part.get("field")))
+    for key, field in named:
+        if isinstance(field, str) and field != "???" and field not in fields:
+            problems.append(
+                f"{key}={field}: the records have no field {field!r}; {listed}. Set {key} to "
+                "one of them"
+            )
+    return problems
+
+
+def check_config(cfg: DictConfig, *, fields: bool = True) -> None:
+    """Refuse values that cannot work before any data, model or record work is done.
+
+    The typed schemas catch misspelled keys and wrong types when Hydra composes the config;
+    this catches what a type cannot say (a batch size of -1, a breakdown by a column the
+    dataset does not have), which used to fail only after data preparation, generation or
+    training. Every problem is reported at once, as a `ConfigError`. `fields=False` skips the
+    dataset's fields (breakdown and shift): medvqa-score reads its columns from a file.
+    """
+    problems = _value_problems(cfg)
+    if fields:
+        problems += _shift_problems(cfg) + _field_problems(cfg)
+    if problems:
+        raise ConfigError(
+            f"{len(problems)} config value(s) cannot work; nothing was run. Fix them on the "
+            "command line or in the config file:\n" + "\n".join(f"  - {p}" for p in problems)
+        )
 
 
 MAX_DIRNAME = 200

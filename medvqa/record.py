@@ -18,13 +18,16 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from medvqa.atomic import write_file
+from medvqa.hashing import Hasher
+from medvqa.redaction import redact_secrets
 
 log = logging.getLogger(__name__)
 
 RESULTS_FILE = "results.json"
 # `incomplete`: the job ran to the end, but some items could not be scored (a judge that did
 # not answer); the aggregates over them are NaN and a re-run retries only those items.
-STATUSES = ("running", "finished", "incomplete", "diverged", "failed")
+# `interrupted`: stopped by a signal or a scheduler (the record names it, the stage and step).
+STATUSES = ("running", "finished", "incomplete", "diverged", "failed", "interrupted")
 # Where a W&B run's summary holds the record's status and details (medvqa.tracking.log_status):
 # `medvqa/status`, `medvqa/diverged_step`, `medvqa/failed_items`.
 SUMMARY_PREFIX = "medvqa/"
@@ -48,7 +51,8 @@ class RunRecord:
         # Which option of each config group ran (peft=lora, shift=age, baseline=blind, ...):
         # what aggregation groups by, rather than parsing directory names.
         self.choices = {k: v for k, v in (choices or {}).items() if not k.startswith("hydra")}
-        self.config = OmegaConf.to_container(cfg, resolve=True)
+        # A secret-looking value (a key pasted where a variable's name belongs) never lands here.
+        self.config = redact_secrets(OmegaConf.to_container(cfg, resolve=True))
         self.seed = int(cfg.seed)
         self.task = str(cfg.task.get("name", "")) if cfg.get("task") is not None else ""
         self.started = time.time()
@@ -65,7 +69,8 @@ class RunRecord:
             return None
         try:
             previous = read_record(self.path)
-        except ValueError:
+        except ValueError as err:
+            log.warning("%s; running the job again", err)
             return None
         same = _what(previous.get("config", {})) == _what(self.config)
         return previous if previous["status"] == "finished" and same else None
@@ -86,7 +91,16 @@ class RunRecord:
             "config": self.config,
         }
         text = json.dumps(record, indent=2, default=str)
-        return write_file(self.path, lambda tmp: tmp.write_text(text))
+        try:
+            return write_file(self.path, lambda tmp: tmp.write_text(text))
+        except OSError as err:
+            # A full disk has no room for a second copy; rewriting the record in place reuses
+            # its own blocks (truncating frees them first), so `failed` still replaces `running`.
+            log.error(
+                "cannot write %s beside the old one (%s); rewriting it in place", self.path, err
+            )
+            self.path.write_text(text)
+            return self.path
 
     def finish(self, metrics: Mapping[str, float], failed_items: int = 0) -> str:
         """Record a run that got to its end: `finished`, or `incomplete` when `failed_items`
@@ -110,14 +124,44 @@ def _what(config: Any) -> Any:
     return {k: v for k, v in config.items() if k not in _HOW_TO_RUN}
 
 
+def config_fingerprint(cfg: DictConfig) -> str:
+    """A hash of what a run computes (its resolved config, less how to run it): the weights a
+    run trained are reused by a re-run of the same job only (`medvqa.models.saving`)."""
+    return Hasher().update(_what(OmegaConf.to_container(cfg, resolve=True))).hexdigest()
+
+
 def read_record(path: Path) -> dict[str, Any]:
-    """Load a results.json, with an error naming the file if it is not a record."""
+    """Load a results.json; anything that is not a record of the shape RunRecord writes is a
+    ValueError naming the file and what is wrong, so callers may index what they get back
+    (a `null` or a number there once crashed resuming and medvqa-report with a TypeError)."""
+
+    def kind(value: Any) -> str:
+        if value is None:
+            return "null"
+        if isinstance(value, bool):
+            return "a boolean"
+        if isinstance(value, int | float):
+            return "a number"
+        return {str: "a string", list: "a list", dict: "an object"}.get(type(value), "a value")
+
+    fix = "not a medvqa run record; delete the file or run the job again to rewrite it"
     try:
         record = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as err:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ValueError(f"{path}: not a readable results.json ({err})") from err
-    if "status" not in record or "metrics" not in record:
-        raise ValueError(f"{path}: missing 'status'/'metrics'; not a medvqa run record")
+    if not isinstance(record, dict):
+        raise ValueError(f"{path}: holds {kind(record)}, not a JSON object; {fix}")
+    missing = [key for key in ("status", "metrics") if key not in record]
+    if missing:
+        raise ValueError(f"{path}: missing {', '.join(map(repr, missing))}; {fix}")
+    # Required keys, then keys a record may lack or hold null in (readers use `or {}`).
+    shapes = (("status", str, False), ("metrics", dict, False))
+    shapes += tuple((key, dict, True) for key in ("choices", "config", "provenance"))
+    for key, expected, may_be_null in shapes:
+        value = record.get(key)
+        if not isinstance(value, expected) and not (may_be_null and value is None):
+            wanted = "a string" if expected is str else "an object"
+            raise ValueError(f"{path}: {key!r} is {kind(value)}, expected {wanted}; {fix}")
     return record
 
 
@@ -149,6 +193,11 @@ def adopt_run(cfg: DictConfig, choices: Mapping[str, Any]) -> tuple[DictConfig, 
             "finished training has weights to evaluate."
         )
     cfg = cfg.copy()
+    if not isinstance(record.get("config"), dict):
+        raise ValueError(
+            f"eval.from_run={from_run}: {path} records no config, so the model and method its "
+            "weights need are unknown; evaluate a run whose record has one."
+        )
     trained = OmegaConf.create(record["config"])
     with open_dict(cfg):
         for key in ADOPTED:

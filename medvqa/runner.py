@@ -1,14 +1,22 @@
 """Run the selected task inside Hydra's run directory and record how it ended.
 
-A crash is logged and recorded as `failed` in results.json, the loggers are always finished, and
-in a multirun the exception is swallowed so the next job still runs (a single run re-raises, so
-its exit status tells the truth). Divergence is a result, not a crash: `diverged` with its step.
-In a multi-GPU run every rank runs the task; only global rank 0 writes the record and logs.
+Every ending is written to results.json before the process moves on: `finished`, `incomplete`
+(items a judge could not score), `diverged` (with its step), `failed` (with the error) or
+`interrupted` (SIGTERM/SIGINT, a scheduler's requeue; with the stage and step). The loggers are
+always finished. A single run then exits with its status's code (`EXIT_CODES`; interrupted:
+128 + the signal). In a multirun, a job that did not finish raises `JobNotFinished` after its
+record is written: Hydra runs the sweep's other jobs and exits 1 at the end, naming the first
+such job (SIGINT, Ctrl-C, stops the whole sweep instead).
+
+Global rank 0 holds the run directory's lock for the whole job (`RUN_LOCK`): a second launch
+into the same directory refuses, naming the pid and host that run it. In a multi-GPU run every
+rank runs the task; only global rank 0 writes the record and logs.
 """
 
 from __future__ import annotations
 
 import logging
+import signal
 import traceback
 from pathlib import Path
 
@@ -18,8 +26,11 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from medvqa.atomic import LockHeld, describe_owner, hold_lock
+from medvqa.config import check_config, check_judge_config
 from medvqa.distributed import Job, global_rank, is_global_zero, job_ranks
 from medvqa.evaluation.scoring import failed_items
+from medvqa.interrupts import as_interrupted, interrupts_job, where
 from medvqa.provenance import environment
 from medvqa.record import RunRecord, adopt_run
 from medvqa.tracking import finish, instantiate_group, log_config, log_status
@@ -27,32 +38,84 @@ from medvqa.training.module import Diverged
 
 log = logging.getLogger("medvqa")
 
+# A single run's exit status per record status (`interrupted`: 128 + the signal's number, the
+# shell's convention: 143 for SIGTERM, 130 for SIGINT). A multirun exits 1 if any job did not
+# finish. Hydra itself exits 1 on a config it cannot compose.
+EXIT_CODES = {"finished": 0, "failed": 1, "incomplete": 3, "diverged": 4}
+# In the run directory; see medvqa.atomic.hold_lock.
+RUN_LOCK = ".medvqa.lock"
+
+
+class JobNotFinished(RuntimeError):
+    """A job of a multirun ended otherwise than `finished` (its record says how)."""
+
+
+class RunDirBusy(RuntimeError):
+    """Another live process is running a job in this run directory."""
+
 
 def run(cfg: DictConfig) -> dict[str, float] | None:
+    # Values that cannot work fail here, before any data, model or record. Before adopt_run:
+    # task=eval adopts only what a run trained with (model, method, seed, precision, train
+    # image); the checked data, shift, breakdown, trainer and judge values stay as composed.
+    check_judge_config(cfg)  # before anything could record a key pasted as its name
+    check_config(cfg)
     hydra_cfg = HydraConfig.get()
     out_dir = Path(hydra_cfg.runtime.output_dir)
     cfg, choices = adopt_run(cfg, hydra_cfg.runtime.choices)  # task=eval: the run's model
     record = RunRecord(out_dir, cfg, choices=choices)
     # Filled by the task as it loads data, model and metrics; written with every status.
     record.provenance = environment()
-    previous = None if cfg.force else record.finished_before()
-    if previous is not None:
-        log.info(
-            "already finished with this config (%s); skipping. force=true re-runs it.", record.path
-        )
-        return previous["metrics"]
     if not is_global_zero():
         return _other_rank(cfg, out_dir, record)
-    with job_ranks() as job:  # the other ranks, if the trainer starts any, run this job alone
-        return _run_on_rank_zero(cfg, out_dir, record, hydra_cfg.mode, job)
+    try:
+        with hold_lock(out_dir / RUN_LOCK, wait=False):
+            previous = None if cfg.force else record.finished_before()
+            if previous is not None:
+                log.info(
+                    "already finished with this config (%s); skipping. force=true re-runs it.",
+                    record.path,
+                )
+                return previous["metrics"]
+            with interrupts_job(), job_ranks() as job:  # the ranks it starts run this job alone
+                metrics, status, err = _run_on_rank_zero(cfg, out_dir, record, job)
+    except LockHeld as held:
+        raise RunDirBusy(
+            f"{out_dir} is in use by {describe_owner(held.owner)}: two jobs in one run "
+            "directory would write the same checkpoints and predictions. Wait for it (or stop "
+            "it), or give this run another directory (hydra.run.dir=...)."
+        ) from None
+    if status == "finished":
+        return metrics
+    return _not_finished(status, err, record, hydra_cfg.mode)
+
+
+def _not_finished(
+    status: str, err: BaseException | None, record: RunRecord, mode: RunMode | None
+) -> None:
+    """Leave the job with its status: the exit code of a single run, `JobNotFinished` in a
+    multirun (Hydra goes on with the other jobs), SIGINT ends a sweep."""
+    if isinstance(err, SystemExit) and err.code not in (None, 0):
+        # A scheduler's own exit: submitit requeued the job and leaves with sys.exit(-1) so that
+        # no result is written for this attempt. It must leave as it came.
+        raise err
+    interrupted = as_interrupted(err) if err is not None else None
+    if mode != RunMode.MULTIRUN:
+        if status == "failed" and interrupted is None and isinstance(err, Exception):
+            raise err  # Hydra prints it and exits 1
+        raise SystemExit(interrupted.exit_code if interrupted else EXIT_CODES[status])
+    if interrupted is not None and interrupted.signum == signal.SIGINT:
+        raise KeyboardInterrupt from err  # Ctrl-C: the user stops the sweep
+    detail = f": {err}" if err is not None and status in ("failed", "interrupted") else ""
+    raise JobNotFinished(f"the job is {status}{detail} (record: {record.path})")
 
 
 def _run_on_rank_zero(
-    cfg: DictConfig, out_dir: Path, record: RunRecord, mode: RunMode | None, job: Job
-) -> dict[str, float] | None:
+    cfg: DictConfig, out_dir: Path, record: RunRecord, job: Job
+) -> tuple[dict[str, float] | None, str, BaseException | None]:
+    """Run the task and record how it ended: (metrics, status, the error if any)."""
     record.write("running")
     loggers = []
-    status = "failed"
     try:
         loggers = instantiate_group(cfg.logger)
         log_config(loggers, cfg)  # first, so even a crashed run shows its config
@@ -60,25 +123,28 @@ def _run_on_rank_zero(
         failed = failed_items(metrics)
         ended = record.finish(metrics, failed)
         log_status(loggers, ended, **({"failed_items": failed} if failed else {}))
-        status = "success"
-        return metrics
+        finish(loggers, "success")
+        return metrics, ended, None
     except Diverged as err:
         log.error("%s", err)
         record.write("diverged", diverged_step=err.step, error=str(err))
         log_status(loggers, "diverged", diverged_step=err.step)
-        status = "success"  # a recorded result, not a crash
-        return None
-    except Exception as err:
+        finish(loggers, "success")  # a recorded result, not a crash
+        return None, "diverged", err
+    except BaseException as err:
         job.outcome = "failed"
-        log.exception("run failed")
-        record.write(
-            "failed", error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc()
-        )
-        if mode != RunMode.MULTIRUN:
-            raise
-        return None
-    finally:
-        finish(loggers, status)
+        interrupted = as_interrupted(err)
+        if interrupted is not None:
+            at = where()
+            log.error("interrupted (%s) at %s", interrupted.reason, at or "start")
+            record.write("interrupted", signal=interrupted.reason, **at)
+            log_status(loggers, "interrupted", **at)
+        else:
+            log.exception("run failed")
+            error = f"{type(err).__name__}: {err}"
+            record.write("failed", error=error, traceback=traceback.format_exc())
+        finish(loggers, "failed")
+        return None, "interrupted" if interrupted else "failed", err
 
 
 def _run_task(cfg: DictConfig, out_dir: Path, loggers: list, provenance: dict) -> dict[str, float]:
@@ -90,10 +156,21 @@ def _run_task(cfg: DictConfig, out_dir: Path, loggers: list, provenance: dict) -
 
 
 def _other_rank(cfg: DictConfig, out_dir: Path, record: RunRecord) -> None:
-    """A rank other than 0: the same task (it fits and generates its shard), writing nothing."""
+    """A rank other than 0: the same task (it fits and generates its shard), writing nothing.
+
+    It skips a job rank 0 would skip (finished with this config), and exits 128 + the signal
+    when signalled (rank 0 records it)."""
+    if not cfg.force and record.finished_before() is not None:
+        return None
     log.info("global rank %d: running the task; rank 0 records it", global_rank())
     try:  # Lightning's loggers and callbacks act on rank 0 only, but every rank's Trainer has them
-        _run_task(cfg, out_dir, instantiate_group(cfg.logger), record.provenance)
+        with interrupts_job():
+            _run_task(cfg, out_dir, instantiate_group(cfg.logger), record.provenance)
     except Diverged as err:
         log.error("%s", err)  # rank 0 records it
+    except BaseException as err:
+        interrupted = as_interrupted(err)
+        if interrupted is None:
+            raise
+        raise SystemExit(interrupted.exit_code) from err
     return None

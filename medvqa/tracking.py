@@ -13,6 +13,7 @@ from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
 from medvqa.record import SUMMARY_PREFIX
+from medvqa.redaction import redact_secrets
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +26,7 @@ def instantiate_group(group: DictConfig | None) -> list[Any]:
 
 
 def log_config(loggers: Sequence[Logger], cfg: DictConfig) -> None:
-    params = OmegaConf.to_container(cfg, resolve=True)
+    params = redact_secrets(OmegaConf.to_container(cfg, resolve=True))
     for lg in loggers:
         lg.log_hyperparams(params)  # type: ignore[arg-type]
 

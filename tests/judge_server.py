@@ -52,7 +52,12 @@ class JudgeServer:
     * `fail_first`: answer HTTP 500 to the next N requests, then behave;
     * `delay`: seconds a "slow" reply takes;
     * `label_probs`: when set and a request asks for logprobs, the score token's
-      `top_logprobs` are these (plus a non-label token); `logprobs=False` never returns any.
+      `top_logprobs` are these (plus a non-label token); `logprobs=False` never returns any;
+    * `fail_when`: answer HTTP 500 to every request whose item it returns True for (a judge
+      that cannot answer some items, however often it is asked).
+
+    `authorizations` holds the Authorization header of every request (None: none sent), so
+    tests can check which key reached the server.
     """
 
     def __init__(self, score_fn: ScoreFn = default_score) -> None:
@@ -65,7 +70,9 @@ class JudgeServer:
         self.reject_system = False  # answer HTTP 400 to chats with a system message
         self.reject_structured = False  # answer HTTP 400 to requests with a response_format
         self.honours_schema = False  # with a response_format, always reply valid JSON
+        self.fail_when: Callable[[dict[str, str]], bool] | None = None
         self.requests: list[dict[str, Any]] = []
+        self.authorizations: list[str | None] = []
         self._lock = threading.Lock()
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._httpd.daemon_threads = True
@@ -103,7 +110,7 @@ class JudgeServer:
             fail = self.fail_first > 0
             if fail:
                 self.fail_first -= 1
-        if fail:
+        if fail or (self.fail_when is not None and self.fail_when(read_chat(body)[1])):
             return 500, {"error": {"message": "scripted failure", "type": "server_error"}}
         if self.reject_system and any(m["role"] == "system" for m in body["messages"]):
             message = "Conversation roles must alternate user/assistant; System role not supported"
@@ -158,6 +165,8 @@ class JudgeServer:
                     return
                 length = int(self.headers.get("Content-Length", 0))
                 body = json.loads(self.rfile.read(length) or b"{}")
+                with server._lock:
+                    server.authorizations.append(self.headers.get("Authorization"))
                 status, payload = server._reply(body)
                 self._send(status, payload)
 

@@ -82,6 +82,10 @@ def test_generation_resumes_without_repeating(
     )
     assert sum(calls) == 10 and len(again) == 10
     assert again["model"].nunique() == 1 and again["model"].iloc[0] != preds["model"].iloc[0]
+    # the file holds one answer per row, of these weights; the old ones are set aside
+    kept, stale = read_predictions(out), read_predictions(out.with_name(f"{out.name}.stale"))
+    assert len(kept) == 10 and set(kept["model"]) == set(again["model"])
+    assert len(stale) == 10 and set(stale["model"]) == set(preds["model"])
 
 
 def test_chance_is_mean_inverse_option_count() -> None:

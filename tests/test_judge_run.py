@@ -92,7 +92,7 @@ def test_a_dead_judge_leaves_the_run_incomplete_and_a_rerun_judges_only_those_it
     ]
     try:
         first = run_main(args, run_dir, cache_dir)
-        assert first.returncode == 0, first.stderr[-3000:]
+        assert first.returncode == 3, first.stderr[-3000:]  # incomplete's exit code
         record = json.loads((run_dir / "results.json").read_text())
         metrics = record["metrics"]
         failed = metrics["test_iid/judge_failures"] + metrics["test_ood/judge_failures"]
@@ -113,6 +113,8 @@ def test_a_dead_judge_leaves_the_run_incomplete_and_a_rerun_judges_only_those_it
         server.fail_first = 0
         again = run_main(args, run_dir, cache_dir)
         assert again.returncode == 0, again.stderr[-3000:]
+        # the weights the first attempt trained to the end are reused, not trained again
+        assert "reusing the weights this run trained before" in again.stderr + again.stdout
         record = json.loads((run_dir / "results.json").read_text())
         assert record["status"] == "finished", record.get("error")
         # Only the failed items were sent again, each once (retries are off).

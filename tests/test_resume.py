@@ -48,16 +48,18 @@ class RecordBatches(L.Callback):
 
 
 class KillAtStep(L.Callback):
-    """SIGKILL, a preemption without warning, once `step` optimiser steps are done (every rank)."""
+    """SIGKILL, a preemption without warning (or `signum`: SIGTERM, a scheduler's notice), once
+    `step` optimiser steps are done (every rank)."""
 
-    def __init__(self, step: int) -> None:
+    def __init__(self, step: int, signum: int = signal.SIGKILL) -> None:
         self.step = step
+        self.signum = signum
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         if trainer.global_step == self.step:
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), self.signum)
 
 
 # --- the order: (seed, epoch) alone, sharded over ranks -----------------------------------------
@@ -331,33 +333,67 @@ def _trained(run_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(run_dir / "trained" / "trainable.safetensors")
 
 
-def _kill_and_resume(tmp_path: Path, cache_dir: Path, extra: list[str], ranks: int = 1) -> None:
-    """The job uninterrupted, then killed after a mid-epoch step checkpoint and run again in
-    its run directory (as a requeued SLURM job is): same batches per step, same weights."""
+def _kill_and_resume(
+    tmp_path: Path,
+    cache_dir: Path,
+    extra: list[str],
+    ranks: int = 1,
+    signum: int = signal.SIGKILL,
+    whole_dir: Path | None = None,
+) -> None:
+    """The job uninterrupted (or `whole_dir`, where it ran), then killed after a mid-epoch step
+    checkpoint and run again in its run directory (as a requeued SLURM job is): same batches per
+    step, same weights."""
     job = [*RESUME_JOB, f"data.limit.train={8 * ranks}", *extra]
-    whole = run_main([*job, *_record(tmp_path / "whole")], tmp_path / "a", cache_dir)
-    assert whole.returncode == 0, whole.stderr[-3000:]
-    kill = [f"+callbacks.kill._target_={__name__}.KillAtStep", "+callbacks.kill.step=4"]
+    if whole_dir is None:
+        whole_dir = tmp_path
+        whole = run_main([*job, *_record(tmp_path / "whole")], tmp_path / "a", cache_dir)
+        assert whole.returncode == 0, whole.stderr[-3000:]
+    kill = [
+        f"+callbacks.kill._target_={__name__}.KillAtStep",
+        "+callbacks.kill.step=4",
+        f"+callbacks.kill.signum={int(signum)}",
+    ]
     killed = run_main([*job, *_record(tmp_path / "killed"), *kill], tmp_path / "b", cache_dir)
-    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    if signum == signal.SIGKILL:  # nothing can record it: the record still says running
+        assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    else:  # recorded, with where it stopped, and the shell's exit code for the signal
+        assert killed.returncode == 128 + signum, killed.stderr[-3000:]
+        record = json.loads((tmp_path / "b" / "results.json").read_text())
+        assert record["status"] == "interrupted" and record["signal"] == "SIGTERM"
+        assert record["stage"] == "fit" and record["global_step"] == 4
     resumed = run_main([*job, *_record(tmp_path / "resumed")], tmp_path / "b", cache_dir)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming epoch 1 at batch 1 of 2" in resumed.stderr + resumed.stdout
     for rank in range(ranks):
         first, rest = _batches(tmp_path / "killed", rank), _batches(tmp_path / "resumed", rank)
         assert rest[0][0] == 3 and len(first) == 5  # resumed at the checkpoint, mid-epoch
-        assert first[:3] + rest == _batches(tmp_path / "whole", rank)
-    a, b = _trained(tmp_path / "a"), _trained(tmp_path / "b")
+        assert first[:3] + rest == _batches(whole_dir / "whole", rank)
+    a, b = _trained(whole_dir / "a"), _trained(tmp_path / "b")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     record = json.loads((tmp_path / "b" / "results.json").read_text())
     assert record["status"] == "finished" and record["metrics"]["train/global_step"] == 6
 
 
+@pytest.fixture(scope="module")
+def whole_job(
+    tmp_path_factory: pytest.TempPathFactory, cache_dir: Path, tiny_model_dir: Path
+) -> Path:
+    """The resume job run once, uninterrupted: what every interrupted variant must equal."""
+    root = tmp_path_factory.mktemp("whole")
+    job = [*RESUME_JOB, "data.limit.train=8", *_record(root / "whole")]
+    whole = run_main(job, root / "a", cache_dir)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    return root
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
 def test_a_killed_job_resumes_exactly(
-    tmp_path: Path, cache_dir: Path, tiny_model_dir: Path
+    tmp_path: Path, cache_dir: Path, whole_job: Path, signum: int
 ) -> None:
-    """LoRA (dropout 0.05) with the study's gradient checkpointing, on one process."""
-    _kill_and_resume(tmp_path, cache_dir, [])
+    """LoRA (dropout 0.05) with the study's gradient checkpointing, on one process: killed
+    without warning, or told to stop (SIGTERM: recorded `interrupted`, exit 143)."""
+    _kill_and_resume(tmp_path, cache_dir, [], signum=signum, whole_dir=whole_job)
 
 
 @pytest.mark.slow

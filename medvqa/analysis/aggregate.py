@@ -105,6 +105,10 @@ ID_COLUMNS = (
 # What a run's numbers depend on besides its config (results.json `provenance`), one column
 # each; a table whose runs differ in one of them mixes code, versions, data or judges.
 PROVENANCE_COLUMNS = ("code", "versions", "data", "model_weights", "judge")
+# The status of a row standing for a record the tables cannot use (not a record, or one that
+# does not say which setting, model and method it ran): listed among the report's issues,
+# never a table or a cell of its own.
+SKIPPED = "unreadable"
 
 
 def find_records(dirs: Sequence[Path | str]) -> list[Path]:
@@ -274,6 +278,65 @@ def _headlines(metrics: Mapping[str, float], closed: str, open_: str) -> dict[st
     return out
 
 
+def unplaceable(record: Mapping[str, Any]) -> str | None:
+    """Why a record cannot be placed in a table (None if it can): without its config, or
+    with neither config nor choices naming the setting, model and method, it would become a
+    row labelled `?_? · ?` that no reader can attribute."""
+    if not record.get("config"):
+        return (
+            "the record has no 'config' (the resolved config every run records), so its "
+            "setting, method and config variants cannot be told"
+        )
+    ident = _identity(record)
+    unknown = [
+        name
+        for name, missing in (
+            ("dataset", not ident["experiment"] and ident["dataset"] == "?"),
+            ("shift", not ident["experiment"] and ident["shift"] == "?"),
+            ("model", ident["model"] == "?"),
+            ("method", ident["method_id"].startswith("?")),
+        )
+        if missing
+    ]
+    if unknown:
+        return (
+            f"neither the record's 'config' nor its 'choices' name its {', '.join(unknown)}, "
+            "so it cannot be placed in a table"
+        )
+    return None
+
+
+def skipped_row(source: str, error: str, seed: Any = None) -> dict[str, Any]:
+    """The row of a record the tables cannot use: the report lists it (with `error`) among
+    the runs that did not finish, so a bad file is named rather than dropped unseen."""
+    log.warning("%s; skipped (listed in the report's issues)", error)
+    return {
+        "source": source,
+        "status": SKIPPED,
+        "error": error,
+        "seed": seed,
+        "setting": "?",
+        "model": "?",
+        "method": "?",
+        "method_id": "?",
+        "label": "?",
+        "kind": "run",
+    }
+
+
+def placed_rows(record: Mapping[str, Any], source: str) -> list[dict[str, Any]]:
+    """`record_rows`, or one skipped row (with a warning naming `source`) when the record
+    cannot be placed in a table."""
+    why = unplaceable(record)
+    if why is None:
+        return record_rows(record, source)
+    error = (
+        f"{source}: {why}; run the job again with run.py (it records its config and Hydra's "
+        "choices), or delete the file"
+    )
+    return [skipped_row(source, error, record.get("seed"))]
+
+
 def record_rows(record: Mapping[str, Any], source: str) -> list[dict[str, Any]]:
     """The run's row, plus one row per reference or extra-image evaluation it scored."""
     ident = _identity(record)
@@ -430,7 +493,8 @@ def records_frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     if "_what" in frame:
         frame = _mark_variants(frame).drop(columns="_what")
     frame = _distinct_names(frame)
-    several_models = frame["model"].nunique() > 1
+    # Skipped records (model "?") are no model of the study.
+    several_models = frame.loc[frame["status"] != SKIPPED, "model"].nunique() > 1
     frame["table"] = (
         frame["setting"] + " · " + frame["model"].astype(str)
         if several_models
@@ -447,30 +511,18 @@ def records_frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
 def collect(dirs: Sequence[Path | str]) -> pd.DataFrame:
     """Tidy table of every results.json under the directories.
 
-    An unreadable record is not skipped silently: it becomes a `failed` row naming the file,
-    so it shows up in the report's list of problems.
+    A record that cannot be read (not JSON, not a JSON object, no status or metrics) or not
+    placed in a table (no config) is not skipped silently: a warning names the file, and it
+    becomes an `unreadable` row with the reason, which the report lists among its issues.
     """
     rows: list[dict[str, Any]] = []
     for path in find_records(dirs):
         try:
             record = read_record(path)
         except ValueError as err:
-            log.warning("%s", err)
-            rows.append(
-                {
-                    "source": str(path),
-                    "status": "unreadable",
-                    "error": str(err),
-                    "setting": "?",
-                    "model": "?",
-                    "method": "?",
-                    "method_id": "?",
-                    "label": "?",
-                    "kind": "run",
-                }
-            )
+            rows.append(skipped_row(str(path), str(err)))
             continue
-        rows.extend(record_rows(record, str(path)))
+        rows.extend(placed_rows(record, str(path)))
     return records_frame(rows)
 
 
@@ -536,7 +588,7 @@ def collect_wandb(path: str, api: Any = None) -> pd.DataFrame:
         ) from err
     rows: list[dict[str, Any]] = []
     for run in runs:
-        rows.extend(record_rows(wandb_run_record(run), f"wandb:{path}/{run.id}"))
+        rows.extend(placed_rows(wandb_run_record(run), f"wandb:{path}/{run.id}"))
     return records_frame(rows)
 
 

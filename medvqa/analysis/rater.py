@@ -42,6 +42,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from medvqa.analysis.summary import markdown_table
 from medvqa.data import records as R
 from medvqa.evaluation.families import traditional as M
 from medvqa.evaluation.families.judge import JUDGE_SCORE  # 1–5 open, 0/0.5/1 closed
@@ -225,12 +226,33 @@ def export(
 def rating_page(sheet: pd.DataFrame, title: str = "medvqa rater study") -> str:
     """A self-contained HTML page: 1–5 per item and a button that downloads the filled CSV.
 
-    The items travel as JSON inside the page and are put into the DOM with ``textContent``, so
-    model output containing markup is shown, never interpreted.
+    The items travel as JSON inside the page (`script_json`) and are put into the DOM with
+    ``textContent``, so model output containing markup is shown, never interpreted.
     """
-    data = json.dumps(sheet[list(SHEET_COLUMNS[:-1])].to_dict("records"))
-    data = data.replace("</", "<\\/")  # a prediction containing "</script>" must not end the tag
+    data = script_json(sheet[list(SHEET_COLUMNS[:-1])].to_dict("records"))
     return _PAGE.replace("__TITLE__", html.escape(title)).replace("__ITEMS__", data)
+
+
+# Inside <script>, the HTML parser knows nothing of JSON: "</script" ends the element, and
+# "<!--" followed by "<script" makes it skip the next "</script>" (the page's own script is
+# then swallowed). With no "<", ">" or "&" left in the text, no model output can do either;
+# the \u escapes read back as the same characters with JSON.parse and as a JS literal
+# (U+2028/2029 too, which older JS engines reject raw in string literals).
+_SCRIPT_ESCAPES = str.maketrans(
+    {
+        "<": "\\u003c",
+        ">": "\\u003e",
+        "&": "\\u0026",
+        "\u2028": "\\u2028",
+        "\u2029": "\\u2029",
+    }
+)
+
+
+def script_json(value: Any) -> str:
+    """`value` as JSON that is safe to place inside an HTML ``<script>`` element, whatever
+    text it holds."""
+    return json.dumps(value).translate(_SCRIPT_ESCAPES)
 
 
 _PAGE = """<!DOCTYPE html>
@@ -597,7 +619,7 @@ def analyze(directory: Path, ratings: Sequence[Path], out: Path) -> pd.DataFrame
     result.to_csv(out / "correlations.csv", index=False)
     (out / "correlations.md").write_text(
         f"# Rater study: {len(ids)} items, {len(names)} rater(s)\n\n"
-        + result.to_markdown(index=False, floatfmt=".3f")
+        + markdown_table(result, floatfmt=".3f")  # rater names are file names: data
         + "\n"
     )
     for path in _figures(study, result, out):

@@ -9,6 +9,8 @@ Runs are read from their records (results.json, or W&B config + summary), groupe
 another wording), over seeds; runs of one table and seed on the same questions are also paired
 (`paired_differences.csv`). A failed or diverged job is part of the report, counted in its cell
 and listed with its error: one bad job in a sweep never stops the rest from being aggregated.
+A record that cannot be read or placed in a table (`null`, no config) is skipped with a warning
+naming its file and listed with the reason among the issues, never shown as a table of its own.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 import pandas as pd
 
 from medvqa.analysis import figures as figs
-from medvqa.analysis.aggregate import collect, collect_wandb, merge
+from medvqa.analysis.aggregate import SKIPPED, collect, collect_wandb, merge
 from medvqa.analysis.paired import paired_differences
 from medvqa.analysis.tables import (
     FOOTNOTE,
@@ -60,18 +62,22 @@ class Report:
 
 
 def build_report(runs: pd.DataFrame, out_dir: Path | str) -> Report:
-    """Tables, figures and report.html under `out_dir` from the tidy run table."""
+    """Tables, figures and report.html under `out_dir` from the tidy run table.
+
+    Skipped records (status `unreadable`) are listed among the issues only: their rows say
+    nothing about a setting, so no table, cell or figure is made of them."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    long = long_table(runs)
+    placed = runs[runs["status"] != SKIPPED] if not runs.empty else runs
+    long = long_table(placed)
     issues = issues_table(runs)
     files = write_tables(long, issues, out_dir)
     runs.to_csv(out_dir / "runs.csv", index=False)
     files["runs_csv"] = out_dir / "runs.csv"
-    provenance = provenance_table(runs)
+    provenance = provenance_table(placed)
     provenance.to_csv(out_dir / "provenance.csv", index=False)
     files["provenance_csv"] = out_dir / "provenance.csv"
-    paired = paired_differences(runs)
+    paired = paired_differences(placed)
     paired.to_csv(out_dir / "paired_differences.csv", index=False)
     files["paired_csv"] = out_dir / "paired_differences.csv"
     report = Report(
@@ -82,20 +88,24 @@ def build_report(runs: pd.DataFrame, out_dir: Path | str) -> Report:
         issues=issues,
         provenance=provenance,
         paired=paired,
-        ranks=figs.ranks(long),
-        variance=figs.variance_split(long),
+        ranks=figs.ranks(long) if not long.empty else pd.DataFrame(),
+        variance=figs.variance_split(long) if not long.empty else pd.DataFrame(),
         files=files,
     )
     report.ranks.to_csv(out_dir / "ranks.csv", index=False)
     report.variance.to_csv(out_dir / "std_shifts_vs_methods.csv", index=False)
     fig_dir = out_dir / "figures"
-    made: dict[str, Path | str] = {
-        "rr_per_method_and_shift": figs.rr_bars(long, fig_dir),
-        "method_rank_by_rr": figs.rank_figure(report.ranks, fig_dir),
-        "std_shifts_vs_methods": figs.variance_figure(report.variance, fig_dir),
-        "corruption_vs_realistic": figs.corruption_vs_realistic(long, fig_dir),
-        **figs.breakdown_heatmaps(runs, fig_dir),
-    }
+    made: dict[str, Path | str] = (
+        {
+            "rr_per_method_and_shift": figs.rr_bars(long, fig_dir),
+            "method_rank_by_rr": figs.rank_figure(report.ranks, fig_dir),
+            "std_shifts_vs_methods": figs.variance_figure(report.variance, fig_dir),
+            "corruption_vs_realistic": figs.corruption_vs_realistic(long, fig_dir),
+            **figs.breakdown_heatmaps(placed, fig_dir),
+        }
+        if not long.empty
+        else {"all figures": "no record could be placed in a table (see the issues)"}
+    )
     for name, result in made.items():
         if isinstance(result, Path):
             report.figures[name] = result

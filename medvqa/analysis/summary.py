@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 COLUMNS = ("closed i.i.d.", "closed OoD", "closed RR", "open i.i.d.", "open OoD", "open RR")
@@ -15,6 +16,35 @@ _SPLITS = {"i.i.d.": "test_iid/", "OoD": "test_ood/"}
 # A run scored on the validation split only (a hyperparameter grid, task.eval_splits=[val]).
 VAL_COLUMNS = ("closed val", "open val")
 _VAL_SPLITS = {"val": "val/"}
+# Labels and metadata are data: in Markdown they must not become markup (HTML that a viewer
+# renders or runs) or break the table (a `|` adds a cell, a newline ends the row).
+_MARKDOWN_ESCAPES = str.maketrans(
+    {
+        "&": "&amp;",
+        "<": "&lt;",
+        ">": "&gt;",
+        "|": "&#124;",
+        "\\": "&#92;",
+        "\r": " ",
+        "\n": " ",
+        "\u2028": " ",
+        "\u2029": " ",
+    }
+)
+
+
+def markdown_text(text: object) -> str:
+    """`text` safe in a Markdown table cell or heading: HTML's `& < >` and the table
+    breakers `|`, `\\` and line breaks escaped (entities render as the characters)."""
+    return str(text).translate(_MARKDOWN_ESCAPES)
+
+
+def markdown_table(frame: pd.DataFrame, **options: object) -> str:
+    """`frame.to_markdown(index=False)` with every text cell and header escaped
+    (`markdown_text`); numbers are left to the table's own formatting."""
+    safe = frame.map(lambda v: markdown_text(v) if isinstance(v, str) else v)
+    safe.columns = [markdown_text(c) for c in frame.columns]
+    return safe.to_markdown(index=False, **options)
 
 
 def summary_table(
@@ -83,7 +113,7 @@ def write_summary(table: pd.DataFrame, out_dir: Path) -> tuple[Path, Path]:
     csv_path, md_path = out_dir / "summary.csv", out_dir / "summary.md"
     table.to_csv(csv_path, index=False)
     shown = table[["method"]].join(pd.DataFrame([_shown(r) for _, r in table.iterrows()]))
-    md_path.write_text(shown.to_markdown(index=False) + "\n")
+    md_path.write_text(markdown_table(shown) + "\n")
     return csv_path, md_path
 
 
@@ -94,5 +124,5 @@ def print_summary(table: pd.DataFrame, title: str, console: Console | None = Non
     for col in _columns(table.columns):
         view.add_column(col, justify="right")
     for _, row in table.iterrows():
-        view.add_row(row["method"], *_shown(row).values())
+        view.add_row(escape(str(row["method"])), *_shown(row).values())  # not rich markup
     (console or Console()).print(view)

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from medvqa.analysis.aggregate import BASELINE_NAMES, PROVENANCE_COLUMNS, method_sort_key
-from medvqa.analysis.summary import COLUMNS
+from medvqa.analysis.summary import COLUMNS, markdown_table, markdown_text
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ FOOTNOTE = (
     "zero i.i.d. score). “Δ sighted − blank”: the per-seed paired difference between the "
     "run's score with its images and with black images (the blind ablation)."
 )
-BAD = ("failed", "diverged", "running", "unreadable", "incomplete")
+BAD = ("failed", "diverged", "running", "unreadable", "incomplete", "interrupted")
 # Runs whose numbers a cell uses: an incomplete run's aggregates are complete where they are
 # numbers (its NaN ones are the aggregates over items that could not be scored).
 USABLE = ("finished", "incomplete")
@@ -341,14 +341,14 @@ def write_tables(long: pd.DataFrame, issues: pd.DataFrame, out_dir: Path) -> dic
     md = ["# Results per shift", ""]
     tex = [r"% needs \usepackage{booktabs}", ""]
     for name, table in tables.items():
-        part_md = f"## {name}\n\n{table.to_markdown(index=False)}\n\n{FOOTNOTE}\n"
+        part_md = f"## {markdown_text(name)}\n\n{markdown_table(table)}\n\n{FOOTNOTE}\n"
         part_tex = to_latex(table, f"{name}. {FOOTNOTE}")
         (out_dir / "tables" / f"{slug(name)}.md").write_text(part_md)
         (out_dir / "tables" / f"{slug(name)}.tex").write_text(part_tex)
         md.append(part_md)
         tex.append(part_tex)
     md += ["## Runs that did not finish", ""]
-    md.append(issues.to_markdown(index=False) if not issues.empty else "None: every run finished.")
+    md.append(markdown_table(issues) if not issues.empty else "None: every run finished.")
     paths["markdown"].write_text("\n".join(md) + "\n")
     paths["latex"].write_text("\n".join(tex))
     issues.to_csv(paths["issues_csv"], index=False)

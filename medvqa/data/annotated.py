@@ -8,6 +8,11 @@ the rest the same way for all of them:
 - bad rows (malformed, path escaping the root, ...) go through `BadRows`: with
   `on_bad_row=error` the first one raises a `DataError` naming the file and row; with `skip`
   they are dropped and counted in the report;
+- every native field a loader reads is declared with its type (`field_types`: TEXT,
+  TEXT_OR_NUMBER, IDENTIFIER) and checked on each row as it is read, so a value of the wrong
+  type (a modality 7, a location list) is a bad row of kind `wrong_type`, not a column of mixed
+  types that pyarrow rejects at the end; the final table is checked once more before it is
+  stored (`arrow_table`);
 - the normalised table is cached under `<cache_dir>/tables/<name>/<key>/`, where the key hashes
   the annotation files' *content*, the loader version and the loader's parameters, so an edited
   annotation file or a changed cleaning rule never reuses a stale table;
@@ -22,12 +27,15 @@ import logging
 import re
 from abc import abstractmethod
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from medvqa import plugins
 from medvqa.atomic import build_once, is_built
@@ -154,8 +162,100 @@ def read_json_rows(path: Path, source: str) -> list[dict[str, Any]]:
 
 
 def is_missing(value: Any) -> bool:
-    """None or NaN: a cell that pandas or parquet left empty."""
-    return value is None or (isinstance(value, float) and value != value)
+    """None, NA or NaN: a cell that pandas or parquet left empty."""
+    return value is None or value is pd.NA or (isinstance(value, float) and value != value)
+
+
+@dataclass(frozen=True)
+class FieldType:
+    """The type a native field must hold; `expected` is how error messages name it."""
+
+    expected: str
+    accepts: Callable[[Any], bool]
+
+    def __call__(self, value: Any) -> bool:
+        return self.accepts(value)
+
+
+def _is_number(value: Any) -> bool:
+    # A JSON true/false is an int to Python, but never a count, a label or an id.
+    return isinstance(value, int | float | np.integer | np.floating) and not isinstance(
+        value, bool | np.bool_
+    )
+
+
+# Labels and metadata (modality, organ, question type): text only, so a shift compares like
+# with like. Questions and answers: releases store counts as JSON numbers (kept as their text).
+# Ids: the releases use integers or strings.
+TEXT = FieldType("a string", lambda v: isinstance(v, str))
+TEXT_OR_NUMBER = FieldType(
+    "a string or a number (read as its text)", lambda v: isinstance(v, str) or _is_number(v)
+)
+IDENTIFIER = FieldType(
+    "a string or an integer",
+    lambda v: isinstance(v, str) or (_is_number(v) and float(v).is_integer()),
+)
+
+
+def describe(value: Any) -> str:
+    """What kind of value a cell holds, in the words of a JSON file."""
+    if isinstance(value, bool | np.bool_):
+        return "a boolean"
+    if _is_number(value):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list | tuple | np.ndarray):
+        return "a list"
+    if isinstance(value, Mapping):
+        return "an object"
+    return f"a {type(value).__name__}"
+
+
+def shown(value: Any, width: int = 60) -> str:
+    """A value's repr, cut short for a message."""
+    text = repr(value.tolist() if isinstance(value, np.ndarray) else value)
+    return text if len(text) <= width else f"{text[: width - 3]}..."
+
+
+def _unstorable_column(table: pd.DataFrame, source: str, err: Exception) -> str:
+    """Which column (and which record in it) keeps the table from being stored as Arrow."""
+    for column in table.columns:
+        try:
+            pa.array(table[column], from_pandas=True)
+        except pa.ArrowException:
+            break
+    else:
+        return (
+            f"{source}: the normalised table cannot be stored ({err}); this is a loader bug: "
+            "report it with the dataset's name."
+        )
+    kinds = [None if is_missing(v) else describe(v) for v in table[column]]
+    common = Counter(k for k in kinds if k).most_common(1)
+    odd = next((i for i, k in enumerate(kinds) if k and common and k != common[0][0]), None)
+    if odd is None:
+        where = f"its values cannot be stored together ({err})"
+    else:
+        value = table[column].iloc[odd]
+        where = (
+            f"record {table[R.ID].iloc[odd]!r} holds {shown(value)} ({kinds[odd]}) where the "
+            f"other rows hold {common[0][0]}"
+        )
+    return (
+        f"{source}: column {column!r} of the normalised table mixes kinds of value: {where}. "
+        "Fix that row in the annotation files; the loader should have reported it as a bad "
+        f"row: declare {column!r} in its `field_types`."
+    )
+
+
+def arrow_table(table: pd.DataFrame, source: str) -> pa.Table:
+    """The normalised table as Arrow (what the cache stores). A column that mixes kinds of
+    value is a DataError naming the dataset, the column and a record, never pyarrow's bare
+    ArrowInvalid; checked whether or not a cache is used, so a run fails the same either way."""
+    try:
+        return pa.Table.from_pandas(table, preserve_index=False)
+    except pa.ArrowException as err:
+        raise DataError(_unstorable_column(table, source, err)) from err
 
 
 def read_manifest(path: Path, source: str) -> list[dict[str, Any]]:
@@ -213,6 +313,11 @@ class AnnotatedSource(VQASource):
     """
 
     loader_version: int = 1
+    # The native fields `build` reads, with the type each must hold: every row `valid_rows`
+    # yields has them (where present and not null), the others are `wrong_type` bad rows
+    # naming the file, row and field. Part of the cache key, so a table cached before a
+    # field was declared is built again.
+    field_types: ClassVar[Mapping[str, FieldType]] = {}
 
     def __init__(
         self,
@@ -271,6 +376,7 @@ class AnnotatedSource(VQASource):
                     "version": self.loader_version,
                     "params": self.params(),
                     "on_bad_row": self.on_bad_row,
+                    "field_types": {k: t.expected for k, t in self.field_types.items()},
                 }
             )
             for path in self.annotation_files():
@@ -305,6 +411,7 @@ class AnnotatedSource(VQASource):
         cleaning = CleaningLog(self.name)
         table = self.build(bad, cleaning).reset_index(drop=True)
         R.validate_table(table, self.name)
+        arrow = arrow_table(table, self.name)
         self._report = {
             "cleaning": cleaning.report(),
             "skipped_rows": bad.report(),
@@ -313,7 +420,7 @@ class AnnotatedSource(VQASource):
         if entry is not None:
 
             def write(tmp: Path) -> None:  # the report last: it marks a complete entry
-                table.to_parquet(tmp / _TABLE_FILE, index=False)
+                pq.write_table(arrow, tmp / _TABLE_FILE)
                 (tmp / _REPORT_FILE).write_text(json.dumps(self._report, indent=2))
 
             build_once(entry, write, marker=_REPORT_FILE, what=f"{self.name} table cache")
@@ -343,6 +450,20 @@ class AnnotatedSource(VQASource):
             return None
         return value
 
+    def typed(self, row: Mapping[str, Any], where: str, bad: BadRows) -> bool:
+        """True if each field of `field_types` the row holds has its type; else a bad row."""
+        for key, kind in self.field_types.items():
+            value = row.get(key)
+            if is_missing(value) or kind(value):
+                continue
+            bad(
+                "wrong_type",
+                where,
+                f"field {key!r} is {shown(value)} ({describe(value)}); expected {kind.expected}",
+            )
+            return False
+        return True
+
     def valid_rows(
         self,
         rows: Iterable[Any],
@@ -351,7 +472,8 @@ class AnnotatedSource(VQASource):
         required: Sequence[str],
         may_be_empty: Sequence[str] = (),
     ) -> Iterator[tuple[int, str, dict[str, Any]]]:
-        """(index, where, row) for each row that is an object with every required field.
+        """(index, where, row) for each row that is an object with every required field, each
+        declared field (`field_types`) of its type.
 
         Other rows are reported once each as bad rows; `where` names the file and row number.
         Fields in `may_be_empty` may hold an empty string: the loader counts it as a kept
@@ -365,7 +487,7 @@ class AnnotatedSource(VQASource):
             if all(
                 self.field(row, key, where, bad, may_be_empty=key in may_be_empty) is not None
                 for key in required
-            ):
+            ) and self.typed(row, where, bad):
                 yield i, where, row
 
     def text_oddities(

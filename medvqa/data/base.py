@@ -35,6 +35,11 @@ class VQASource(Plugin, ABC):
     # Real clinical data (False: generated for running the pipeline): a toy model trained on it
     # would produce rows that look like results (medvqa.tasks.train_eval.check_model_for_data).
     real: ClassVar[bool] = True
+    # The metadata columns `table()` has beside the core ones (medvqa.data.records): what a
+    # shift's `field` or `evaluation.breakdown` may name, checked when a run starts
+    # (medvqa.config.check_config) instead of after the data is prepared. None: undeclared,
+    # so not checked until the table is loaded.
+    metadata_fields: ClassVar[tuple[str, ...] | None] = None
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root).expanduser()

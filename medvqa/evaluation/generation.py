@@ -6,7 +6,9 @@ takes every N-th of the rows still to answer (possibly none); each rank appends 
 its own shard file as batches finish (`predictions.jsonl.rank<k>`) and, once every rank is done,
 global rank 0 merges the shards into the predictions file. A
 killed run loses at most one batch per rank: on restart the ids already predicted by the same
-weights (in the file or in a shard left behind) are skipped.
+weights (in the file or in a shard left behind) are skipped. Answers of other weights (an
+attempt that trained differently) are moved out of the file into `<file>.stale` before
+generation starts, and a row answered twice is kept once: the file holds one answer per row.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from medvqa.data.datamodule import META_KEY, VQADataset, make_loader
 from medvqa.distributed import is_global_zero
 from medvqa.evaluation.families.traditional import PREDICTION
 from medvqa.hashing import Hasher
+from medvqa.interrupts import stage
 from medvqa.models.prompting import PLAIN, PromptTemplate
 from medvqa.training.strategies import prediction_strategy
 
@@ -115,9 +118,39 @@ def merge_shards(out_path: Path) -> int:
     return moved
 
 
-def done_ids(out_path: Path, split: str, model_id: str) -> set[str]:
-    """Ids of `split` already answered by the weights `model_id` (shards merged first)."""
+def set_aside_other_weights(out_path: Path, model_id: str) -> int:
+    """Leave in `out_path` only the answers of the weights `model_id`, one per (split, row):
+    other weights' answers are appended to `<file>.stale`, repeats dropped (the last kept).
+    Returns how many records left the file."""
     merge_shards(out_path)
+    preds = read_predictions(out_path)
+    if preds.empty:
+        return 0
+    ours = preds[MODEL] == model_id if MODEL in preds else pd.Series(False, index=preds.index)
+    kept = preds.loc[ours].drop_duplicates(subset=[SPLIT, R.ID], keep="last")
+    if len(kept) == len(preds):
+        return 0
+    stale = preds.loc[~ours]
+    if not stale.empty:
+        aside = out_path.with_name(f"{out_path.name}.stale")
+        with aside.open("a") as fh:
+            fh.write("".join(json.dumps(r) + "\n" for r in stale.to_dict("records")))
+        log.warning(
+            "%s: %d answers of other weights (an earlier attempt) moved to %s",
+            out_path,
+            len(stale),
+            aside,
+        )
+    records = [{k: _jsonable(v) for k, v in r.items()} for r in kept.to_dict("records")]
+    text = "".join(json.dumps(r) + "\n" for r in records)
+    write_file(out_path, lambda tmp: tmp.write_text(text))
+    return len(preds) - len(kept)
+
+
+def done_ids(out_path: Path, split: str, model_id: str) -> set[str]:
+    """Ids of `split` already answered by the weights `model_id` (shards merged and other
+    weights' answers set aside first)."""
+    set_aside_other_weights(out_path, model_id)
     return set(_ours(read_predictions(out_path), split, model_id)[R.ID])
 
 
@@ -311,7 +344,8 @@ def generate_predictions(
     )
     trainer = prediction_trainer(trainer_cfg)
     module = GenerationModule(model, processor.tokenizer, max_new_tokens)
-    trainer.predict(module, datamodule=data, return_predictions=False)
+    with stage(f"generate {split} -> {out_path.name}"):
+        trainer.predict(module, datamodule=data, return_predictions=False)
     log.info("%s: generated %d of %d answers", split, data.n_todo, len(frame))
     trainer.strategy.barrier("medvqa-predictions")  # every rank's shard is complete
     if not trainer.is_global_zero:
@@ -338,11 +372,14 @@ def generate_splits(
     there for the next job.
     """
     model_id = weights_fingerprint(model)  # once for every split (it reads every tensor)
+    if is_global_zero():
+        set_aside_other_weights(out_path, model_id)
     shared = None
     if shared_dir is not None:
         key = prediction_key(model_id, model, processor, frames, settings)
         shared = Path(shared_dir) / f"{key}.jsonl"
-        if shared.is_file() and not out_path.is_file() and is_global_zero():
+        empty = not out_path.is_file() or out_path.stat().st_size == 0
+        if shared.is_file() and empty and is_global_zero():
             out_path.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(shared, out_path)
             log.info("reusing the answers of the same weights and prompts from %s", shared)
@@ -398,10 +435,7 @@ def prediction_key(
 
 
 def _ours(preds: pd.DataFrame, split: str, model_id: str) -> pd.DataFrame:
-    """The records of `split` made by the weights `model_id` (others are kept but ignored)."""
+    """The records of `split` made by the weights `model_id`."""
     if preds.empty:
         return pd.DataFrame(columns=[R.ID, SPLIT, MODEL, PREDICTION])
-    mine = (preds[SPLIT] == split) & (preds.get(MODEL) == model_id)
-    if (preds[SPLIT] == split).any() and not mine.any():
-        log.warning("%s: predictions in the file come from other weights; regenerating", split)
-    return preds.loc[mine]
+    return preds.loc[(preds[SPLIT] == split) & (preds.get(MODEL) == model_id)]

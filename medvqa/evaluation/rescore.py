@@ -36,6 +36,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from medvqa import CONF_DIR
+from medvqa.config import ConfigError, check_config, check_judge_config
 from medvqa.data import records as R
 from medvqa.data.questions import closed_candidates, is_yes_no
 from medvqa.evaluation.evaluate import split_metrics
@@ -305,6 +306,10 @@ def score_file(
     """Score a predictions file; write results.json, scores.parquet and summary.md to out_dir."""
     out_dir = Path(out_dir)
     cfg = compose(overrides, out_dir)
+    check_judge_config(cfg)  # its settings are recorded even without the judge metric
+    # Sizes and levels as a run checks them; the file, not a dataset, has the columns, so a
+    # breakdown field it lacks is skipped below with a warning instead.
+    check_config(cfg, fields=False)
     frame, fmt = read(Path(predictions), fmt)
     metrics_ = build_metrics(cfg.metric)
     breakdown = [f for f in cfg.evaluation.breakdown if f in frame]
@@ -372,7 +377,8 @@ def _summary(metrics: dict[str, float], splits: list[str], cfg: DictConfig, out_
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `medvqa-score`; exit status 2 for a file that cannot be scored."""
+    """Entry point of `medvqa-score`; exit status 2 for a file that cannot be scored or an
+    override that cannot work."""
     from rich.logging import RichHandler
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[RichHandler()])
@@ -389,7 +395,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_intermixed_args(argv)
     try:
         score_file(args.predictions, args.out, args.format, args.overrides)
-    except ScoreInputError as err:
+    except (ScoreInputError, ConfigError) as err:
         log.error("%s", err)
         return 2
     return 0

@@ -15,14 +15,27 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from medvqa.atomic import write_file
+
 log = logging.getLogger(__name__)
 
 WEIGHTS_FILE = "trainable.safetensors"
 META_FILE = "trainable.json"
 
 
-def save_trainable(model: torch.nn.Module, out_dir: Path, method: str) -> Path:
-    """Write the trainable parameters (contiguous CPU copies) and a small manifest."""
+def save_trainable(
+    model: torch.nn.Module,
+    out_dir: Path,
+    method: str,
+    trained_for: str | None = None,
+    global_step: int | None = None,
+) -> Path:
+    """Write the trainable parameters (contiguous CPU copies) and a small manifest.
+
+    Both files are written under a temporary name and renamed, the manifest last: a manifest
+    means complete weights. `trained_for` (the run config's fingerprint) and `global_step` let
+    a re-run of the same job reuse them (`trained_before`) instead of training again.
+    """
     state = {
         name: param.detach().to("cpu").contiguous()
         for name, param in model.named_parameters()
@@ -30,17 +43,33 @@ def save_trainable(model: torch.nn.Module, out_dir: Path, method: str) -> Path:
     }
     if not state:
         raise ValueError(f"method {method!r} trained no parameters; nothing to save")
-    out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / WEIGHTS_FILE
-    save_file(state, str(path), metadata={"method": method})
+    (out_dir / META_FILE).unlink(missing_ok=True)  # no manifest beside half-replaced weights
+    write_file(path, lambda tmp: save_file(state, str(tmp), metadata={"method": method}))
     meta = {
         "method": method,
         "n_tensors": len(state),
         "n_params": sum(t.numel() for t in state.values()),
+        "trained_for": trained_for,
+        "global_step": global_step,
     }
-    (out_dir / META_FILE).write_text(json.dumps(meta, indent=2))
+    write_file(out_dir / META_FILE, lambda tmp: tmp.write_text(json.dumps(meta, indent=2)))
     log.info("saved %d trained tensors (%d parameters) to %s", len(state), meta["n_params"], path)
     return path
+
+
+def trained_before(weights_dir: Path, trained_for: str) -> dict[str, Any] | None:
+    """The manifest of complete weights saved for the config `trained_for`, else None."""
+    meta_path = Path(weights_dir) / META_FILE
+    if not meta_path.is_file() or not (Path(weights_dir) / WEIGHTS_FILE).is_file():
+        return None
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict) or meta.get("trained_for") != trained_for:
+        return None
+    return meta if isinstance(meta.get("global_step"), int) else None
 
 
 def load_trainable(model: torch.nn.Module, weights_dir: Path, method: Any = None) -> None:

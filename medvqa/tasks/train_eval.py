@@ -23,13 +23,16 @@ from medvqa.evaluation.evaluate import deltas, prefixed, score_splits, split_met
 from medvqa.evaluation.generation import generate_splits
 from medvqa.evaluation.lengths import generation_length
 from medvqa.evaluation.scoring import build_metrics, paired_delta_intervals
+from medvqa.interrupts import stage
 from medvqa.models.adapters import apply_method, build_adapter_config, enable_gradient_checkpointing
 from medvqa.models.loading import load_vlm, roles
-from medvqa.models.saving import load_trainable, save_trainable
+from medvqa.models.saving import load_trainable, save_trainable, trained_before
 from medvqa.provenance import add_metrics, add_model
+from medvqa.record import config_fingerprint
 from medvqa.tasks.common import prepare_splits, report_run
 from medvqa.tasks.plan import check_fits
 from medvqa.tracking import instantiate_group
+from medvqa.training.checkpoints import AtomicCheckpointIO, set_aside_stale
 from medvqa.training.hardware import check_precision, check_trainer
 from medvqa.training.module import VQAModule
 from medvqa.training.strategies import is_deepspeed
@@ -130,30 +133,27 @@ def train_eval(
         images=str(cfg.data.train_image) != "none",
         trainable_dtype=None if is_deepspeed(cfg.trainer.strategy) else torch.float32,
     )
-    if fit:
-        if cfg.model.gradient_checkpointing:
-            enable_gradient_checkpointing(model)
-        module = VQAModule.for_method(model, cfg.peft, roles_["projector"])
-        datamodule = VQADataModule(
-            splits.frames,
-            source,
-            processor,
-            batch_size=int(cfg.data.batch_size),
-            eval_batch_size=int(cfg.data.eval_batch_size),
-            num_workers=int(cfg.data.num_workers),
-            seed=int(cfg.seed),
-            image_mode=str(cfg.data.train_image),
-            prompt=prompt,
+    # This run directory's own weights from an attempt that trained to the end (the record is
+    # `incomplete`, or the job died while generating or scoring): reused, not trained again.
+    fingerprint = config_fingerprint(cfg)
+    previous = (
+        None if (not fit or cfg.force) else trained_before(out_dir / TRAINED_DIR, fingerprint)
+    )
+    global_step = None
+    if previous is not None:
+        log.info(
+            "reusing the weights this run trained before (%s, step %d); force=true trains again",
+            out_dir / TRAINED_DIR,
+            previous["global_step"],
         )
-        trainer: L.Trainer = instantiate(
-            cfg.trainer,
-            logger=list(loggers) or False,
-            callbacks=instantiate_group(cfg.callbacks),
-            default_root_dir=str(out_dir),
+        load_trainable(model, out_dir / TRAINED_DIR, cfg.peft.name)
+        global_step = int(previous["global_step"])
+    elif fit:
+        global_step = _fit(
+            cfg, model, roles_, processor, splits.frames, source, prompt, out_dir, loggers
         )
-        trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
         if is_global_zero():
-            save_trainable(model, out_dir / TRAINED_DIR, cfg.peft.name)
+            save_trainable(model, out_dir / TRAINED_DIR, cfg.peft.name, fingerprint, global_step)
     elif trained is not None:
         load_trainable(model, trained, cfg.peft.name)
 
@@ -167,7 +167,7 @@ def train_eval(
     if not is_global_zero():
         return {}  # rank 0 scores and reports
 
-    metrics: dict[str, float] = {"train/global_step": float(trainer.global_step)} if fit else {}
+    metrics: dict[str, float] = {} if global_step is None else {"train/global_step": global_step}
     results: dict[str, dict[str, float]] = {}
     scored: dict[str, pd.DataFrame] = {}
     for prefix, preds in generated.items():
@@ -193,3 +193,44 @@ def train_eval(
 
     report_run(cfg, out_dir, loggers, metrics, rows, scored[""])
     return metrics
+
+
+def _fit(
+    cfg: DictConfig,
+    model: torch.nn.Module,
+    roles_: Any,
+    processor: Any,
+    frames: Any,
+    source: Any,
+    prompt: Any,
+    out_dir: Path,
+    loggers: Sequence[Logger],
+) -> int:
+    """Fine-tune `model` in place (resuming from `cfg.ckpt_path`); returns the optimiser steps."""
+    if cfg.model.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    module = VQAModule.for_method(model, cfg.peft, roles_["projector"])
+    datamodule = VQADataModule(
+        frames,
+        source,
+        processor,
+        batch_size=int(cfg.data.batch_size),
+        eval_batch_size=int(cfg.data.eval_batch_size),
+        num_workers=int(cfg.data.num_workers),
+        seed=int(cfg.seed),
+        image_mode=str(cfg.data.train_image),
+        prompt=prompt,
+    )
+    callbacks = instantiate_group(cfg.callbacks)
+    if is_global_zero():
+        set_aside_stale(callbacks, cfg.ckpt_path)
+    trainer: L.Trainer = instantiate(
+        cfg.trainer,
+        logger=list(loggers) or False,
+        callbacks=callbacks,
+        default_root_dir=str(out_dir),
+        plugins=[AtomicCheckpointIO()],  # DeepSpeed writes its own (atomically: strategies.py)
+    )
+    with stage("fit", trainer):
+        trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+    return int(trainer.global_step)

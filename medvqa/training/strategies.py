@@ -10,12 +10,15 @@ tower then returns no hidden states and generation fails from the second call on
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from hydra.utils import get_class
 from lightning.pytorch.strategies import DeepSpeedStrategy as LightningDeepSpeed
 
+from medvqa.atomic import replace_dir
 from medvqa.cluster import device_count
 
 # Floating dtype names DeepSpeed's config accepts for communication and gradient accumulation.
@@ -31,6 +34,10 @@ class DeepSpeedStrategy(LightningDeepSpeed):
     4 micro-batches keeps 8 bits of mantissa; the fp32 master weights then step on a rounded
     gradient, and the run trains other numbers than the same job under DDP (fp32 gradients).
     `communication_data_type` and `grad_accum_dtype` go into the generated DeepSpeed config.
+
+    Its checkpoint (a directory: each rank writes its optimizer shard) is written under a
+    temporary name and renamed by rank 0 once every rank has written, so a kill or a full disk
+    mid-save leaves the previous `last.ckpt` whole (`medvqa.training.checkpoints`).
     """
 
     cuda_only = True  # Lightning's DeepSpeed refuses other accelerators (see needs_cuda)
@@ -59,6 +66,20 @@ class DeepSpeedStrategy(LightningDeepSpeed):
             self.config.setdefault("data_types", {}).setdefault(
                 "grad_accum_dtype", grad_accum_dtype
             )
+
+    def save_checkpoint(
+        self, checkpoint: dict, filepath: Any, storage_options: Any | None = None
+    ) -> None:
+        final = Path(self.broadcast(str(filepath)))
+        tmp = final.with_name(f".{final.name}.tmp")
+        if self.is_global_zero and tmp.exists():  # an attempt killed mid-save
+            shutil.rmtree(tmp)
+        self.barrier("medvqa-checkpoint-start")
+        super().save_checkpoint(checkpoint, tmp, storage_options)
+        self.barrier("medvqa-checkpoint-written")  # every rank's shard is complete
+        if self.is_global_zero:
+            replace_dir(tmp, final)
+        self.barrier("medvqa-checkpoint-renamed")
 
 
 def _strategy_class(strategy: Any) -> type | None:

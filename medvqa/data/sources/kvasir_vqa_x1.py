@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 from medvqa.data import records as R
-from medvqa.data.annotated import AnnotatedSource, BadRows
+from medvqa.data.annotated import IDENTIFIER, TEXT, AnnotatedSource, BadRows
 from medvqa.data.base import DataError
 from medvqa.data.cleaning import CleaningLog
 from medvqa.data.questions import YES_NO
@@ -46,6 +46,9 @@ REQUIRED = ("img_id", "complexity", "question", "answer", "question_class")
 SPLIT_NAMES = {"train": "train", "test": "test", "validate": "validate", "validation": "validate"}
 DISK_MARKER = "dataset_dict.json"
 METADATA = ("complexity", "question_class", "original")
+# What each field read must hold (checked per row; a wrong type is a bad row). `complexity`
+# and `question_class` are parsed (and checked) by `_complexity` and `class_list`.
+FIELD_TYPES = {"img_id": IDENTIFIER, "question": TEXT, "answer": TEXT}
 EVAL_SUBSETS = ("medico_val",)
 
 
@@ -102,6 +105,8 @@ class KvasirVqaX1(AnnotatedSource):
 
     name = "kvasir_vqa_x1"
     loader_version = 1
+    metadata_fields = METADATA
+    field_types = FIELD_TYPES
 
     def __init__(
         self,
@@ -230,12 +235,14 @@ class KvasirVqaX1(AnnotatedSource):
             position = 0
             split_rows: dict[int, dict[str, Any]] = {}  # native position -> kept row
             for path, frame in self._read(native_split, paths):
-                for i, record in enumerate(frame.to_dict("records")):
-                    where = f"{path} row {i}"
-                    row = {k: _missing_as_none(v) for k, v in record.items()}
-                    index, position = position, position + 1
-                    if any(self.field(row, k, where, bad) is None for k in REQUIRED):
-                        continue
+                native = [
+                    {k: _missing_as_none(v) for k, v in record.items()}
+                    for record in frame.to_dict("records")
+                ]
+                # Ids count rows over the split's shards, bad rows included.
+                offset, position = position, position + len(native)
+                for i, where, row in self.valid_rows(native, Path(path), bad, REQUIRED):
+                    index = offset + i
                     complexity = _complexity(row["complexity"])
                     if complexity is None:
                         bad(

@@ -29,7 +29,14 @@ from typing import Any
 import pandas as pd
 
 from medvqa.data import records as R
-from medvqa.data.annotated import AnnotatedSource, BadRows, read_json_rows, safe_relative
+from medvqa.data.annotated import (
+    IDENTIFIER,
+    TEXT,
+    AnnotatedSource,
+    BadRows,
+    read_json_rows,
+    safe_relative,
+)
 from medvqa.data.base import DataError
 from medvqa.data.cleaning import CleaningLog, Step
 from medvqa.data.questions import YES_NO
@@ -45,6 +52,12 @@ REQUIRED = (
     "semantic_type",
     "content_type",
 )
+# What each field read must hold (checked per row; a wrong type is a bad row). `answer` is a
+# list, checked by `interpret`.
+FIELD_TYPES = {
+    **dict.fromkeys(("idx", "image_id", "subject_id", "study_id"), IDENTIFIER),
+    **dict.fromkeys(("image_path", "question", "semantic_type", "content_type", "template"), TEXT),
+}
 SEMANTIC_TYPES = ("verify", "choose", "query")
 GENDER_ANSWERS = {"f": "female", "m": "male", "female": "female", "male": "male"}
 VIEW_ANSWERS = {"ap": "AP", "pa": "PA"}
@@ -211,6 +224,17 @@ class MimicCxrVqa(AnnotatedSource):
 
     name = "mimic_cxr_vqa"
     loader_version = 2  # 2: unknown gender is the value UNKNOWN (i.i.d. in mimic_gender)
+    metadata_fields = (
+        "gender",
+        "age",
+        "ethnicity",
+        "semantic_type",
+        "content_type",
+        "closed_kind",
+        "study_id",
+        "template",
+    )
+    field_types = FIELD_TYPES
     # Query answers are comma-joined finding lists; the reference code generated up to 100 new
     # tokens, and the models' 12-16 would cut the lists short.
     answer_tokens = 100

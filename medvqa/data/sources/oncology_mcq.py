@@ -45,7 +45,15 @@ import pandas as pd
 from PIL import Image
 
 from medvqa.data import records as R
-from medvqa.data.annotated import MANIFEST_SPLITS, AnnotatedSource, BadRows, read_manifest
+from medvqa.data.annotated import (
+    IDENTIFIER,
+    MANIFEST_SPLITS,
+    TEXT,
+    TEXT_OR_NUMBER,
+    AnnotatedSource,
+    BadRows,
+    read_manifest,
+)
 from medvqa.data.base import DataError
 from medvqa.data.cleaning import CleaningLog
 
@@ -54,6 +62,14 @@ SLICE_MODES = ("middle", "max_area")
 MIN_OPTIONS, MAX_OPTIONS = 2, 5
 LETTERS = "ABCDE"
 REQUIRED = ("case_id", "image", "question", "options", "answer", "source", "subcategory", "split")
+# What each field read must hold (checked per row; a wrong type is a bad row): a category
+# or cohort may be a number ("3" of a RADS scale) and is read as its text; `options` is a
+# list, checked by the loader.
+FIELD_TYPES = {
+    **dict.fromkeys(("case_id", "id"), IDENTIFIER),
+    **dict.fromkeys(("image", "question", "source", "split"), TEXT),
+    **dict.fromkeys(("answer", "subcategory", "cohort"), TEXT_OR_NUMBER),
+}
 NO_COHORT = "unknown"
 NIFTI_SUFFIXES = (".nii", ".nii.gz")
 ARRAY_SUFFIXES = (".npy", ".npz")
@@ -153,6 +169,8 @@ class OncologyMcq(AnnotatedSource):
 
     name = "oncology_mcq"
     loader_version = 2  # 2: the question carries its lettered options
+    metadata_fields = ("stem", "source", "subcategory", "cohort", "n_options")
+    field_types = FIELD_TYPES
 
     def __init__(
         self,

@@ -27,7 +27,15 @@ from typing import Any
 import pandas as pd
 
 from medvqa.data import records as R
-from medvqa.data.annotated import AnnotatedSource, BadRows, answer_text, read_json_rows
+from medvqa.data.annotated import (
+    IDENTIFIER,
+    TEXT,
+    TEXT_OR_NUMBER,
+    AnnotatedSource,
+    BadRows,
+    answer_text,
+    read_json_rows,
+)
 from medvqa.data.cleaning import CleaningLog, Step
 from medvqa.data.questions import YES_NO
 
@@ -41,6 +49,12 @@ SPLIT_FILES = {
 LABELS = ("answer_type", "question_type", "image_organ")
 REQUIRED = ("qid", "image_name", "question", "answer", "answer_type", "question_type")
 METADATA = ("image_organ",)
+# What each field read must hold (checked per row; a wrong type is a bad row).
+FIELD_TYPES = {
+    "qid": IDENTIFIER,
+    **dict.fromkeys(("question", "answer"), TEXT_OR_NUMBER),
+    **dict.fromkeys(("image_name", *LABELS), TEXT),
+}
 # Imaging modalities a binary modality question may name (lower-case, as compared).
 MODALITIES = frozenset({"ct", "mri", "x-ray", "xray", "ultrasound"})
 # "... a CT or an X-Ray (scan)?": the option words either side of the question's single " or ".
@@ -112,6 +126,8 @@ class Ovqa(AnnotatedSource):
 
     name = "ovqa"
     loader_version = 2  # 2: the release's file names, labels stripped, oddities counted
+    metadata_fields = METADATA
+    field_types = FIELD_TYPES
 
     def __init__(
         self,

@@ -48,7 +48,14 @@ import pandas as pd
 from PIL import Image
 
 from medvqa.data import records as R
-from medvqa.data.annotated import AnnotatedSource, BadRows, read_manifest
+from medvqa.data.annotated import (
+    IDENTIFIER,
+    TEXT,
+    TEXT_OR_NUMBER,
+    AnnotatedSource,
+    BadRows,
+    read_manifest,
+)
 from medvqa.data.base import DataError
 from medvqa.data.cleaning import CleaningLog, Step
 
@@ -67,6 +74,25 @@ QUESTION_ID = "question_id"
 SEQUENCE = "source_sequence_id"
 MANIFEST_KEYS = ("record_id", "site", "split", "video_key", "image_path")
 RECORD_KEYS = ("qa_id", "record_id", "task", "answer", "valid_answers", SEQUENCE, "validation_role")
+# What each field read from either file must hold (checked per row; a wrong type is a bad
+# row). `valid_answers` is a list, checked by the loader.
+FIELD_TYPES = {
+    **dict.fromkeys(("record_id", "qa_id"), IDENTIFIER),
+    "answer": TEXT_OR_NUMBER,
+    **dict.fromkeys(
+        (
+            "site",
+            "split",
+            "video_key",
+            "image_path",
+            "mask_path",
+            "task",
+            SEQUENCE,
+            "validation_role",
+        ),
+        TEXT,
+    ),
+}
 
 
 def sequence_key(split: str, video_key: str) -> str:
@@ -94,6 +120,8 @@ class RoboSurgVqa(AnnotatedSource):
 
     name = "robosurg_vqa"
     loader_version = 2
+    metadata_fields = (QUESTION_ID, WORDING, "site", "video_key", "mask")
+    field_types = FIELD_TYPES
 
     def __init__(
         self,

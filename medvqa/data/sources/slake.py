@@ -22,7 +22,15 @@ from pathlib import Path
 import pandas as pd
 
 from medvqa.data import records as R
-from medvqa.data.annotated import AnnotatedSource, BadRows, answer_text, read_json_rows
+from medvqa.data.annotated import (
+    IDENTIFIER,
+    TEXT,
+    TEXT_OR_NUMBER,
+    AnnotatedSource,
+    BadRows,
+    answer_text,
+    read_json_rows,
+)
 from medvqa.data.cleaning import CleaningLog, Step
 from medvqa.data.questions import closed_candidates, is_yes_no, question_options
 
@@ -34,6 +42,12 @@ SPLIT_FILES = {
 }
 REQUIRED = ("qid", "img_id", "img_name", "question", "answer", "q_lang", "answer_type")
 METADATA = ("modality", "location", "content_type", "base_type")
+# What each field read must hold (checked per row; a wrong type is a bad row).
+FIELD_TYPES = {
+    **dict.fromkeys(("qid", "img_id"), IDENTIFIER),
+    **dict.fromkeys(("question", "answer"), TEXT_OR_NUMBER),
+    **dict.fromkeys(("img_name", "q_lang", "answer_type", *METADATA), TEXT),
+}
 
 
 def keep_closed(row: pd.Series) -> bool:
@@ -64,6 +78,8 @@ class Slake(AnnotatedSource):
 
     name = "slake"
     loader_version = 3  # 2: empty and numeric answers kept; 3: validation.json, per-split oddities
+    metadata_fields = (*METADATA, "q_lang")
+    field_types = FIELD_TYPES
 
     def __init__(
         self,

@@ -41,7 +41,15 @@ from urllib.parse import parse_qs, urlparse
 import pandas as pd
 
 from medvqa.data import records as R
-from medvqa.data.annotated import AnnotatedSource, BadRows, answer_text, read_json_rows
+from medvqa.data.annotated import (
+    IDENTIFIER,
+    TEXT,
+    TEXT_OR_NUMBER,
+    AnnotatedSource,
+    BadRows,
+    answer_text,
+    read_json_rows,
+)
 from medvqa.data.base import DataError
 from medvqa.data.cleaning import CleaningLog, Step
 from medvqa.data.questions import YES_NO, is_yes_no, listed_options, or_options
@@ -78,6 +86,23 @@ REQUIRED = (
     "answer",
     "answer_type",
 )
+# What each field read must hold (checked per row; a wrong type is a bad row).
+FIELD_TYPES = {
+    **dict.fromkeys(("qid", "qid_linked_id"), IDENTIFIER),
+    **dict.fromkeys(("question", "answer"), TEXT_OR_NUMBER),
+    **dict.fromkeys(
+        (
+            "phrase_type",
+            "image_name",
+            "image_organ",
+            "question_type",
+            "answer_type",
+            "image_case_url",
+            "evaluation",
+        ),
+        TEXT,
+    ),
+}
 PARAPHRASE_GROUP = "paraphrase_group"
 NATIVE_COLUMNS = (
     "qid",
@@ -174,6 +199,17 @@ class VqaRad(AnnotatedSource):
 
     name = "vqa_rad"
     loader_version = 2  # 2: question types canonicalised, oddities counted, blank questions bad
+    metadata_fields = (
+        "image_organ",
+        "phrase_type",
+        "phrasing",
+        PARAPHRASE_GROUP,
+        "question_type_raw",
+        "answer_type_native",
+        "evaluation",
+        "qid",
+    )
+    field_types = FIELD_TYPES
 
     def __init__(
         self,

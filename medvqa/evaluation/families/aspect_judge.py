@@ -144,7 +144,8 @@ class AspectJudgeMetric(SelfChecked, MetricFamily):
 
     def counters(self) -> dict[str, float]:
         """The engine's counters under `aspect_judge/` (one count per (row, aspect)), and the
-        self-check's `aspect_judge/selfcheck_*` once it ran."""
+        self-check's `aspect_judge/selfcheck_*` once it ran, with `selfcheck/aspect_failures`
+        (its items that could not be judged: the run is then incomplete)."""
         out: dict[str, float] = {f"{self.name}/{k}": v for k, v in self.engine.counters.items()}
         return {**out, **self.selfcheck_counters(self.name)}
 

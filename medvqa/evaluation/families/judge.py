@@ -110,10 +110,12 @@ class JudgeMetric(SelfChecked, MetricFamily):
             "selfcheck": SELFCHECK_ID if self.selfcheck_floors is not None else None,
         }
 
-    def counters(self) -> dict[str, int]:
+    def counters(self) -> dict[str, float]:
         """`judge/calls` (requests sent to the judge, retries included), `judge/retries`,
         `judge/cache_hits`, `judge/shortcut_hits`, `judge/failures`, since construction (the
-        prefix is the family's `name`), and the self-check's `judge/selfcheck_*` once it ran."""
+        prefix is the family's `name`), and the self-check's `judge/selfcheck_*` once it ran,
+        with `selfcheck/judge_failures` (its items that could not be judged: the run is then
+        incomplete)."""
         out: dict[str, float] = {f"{self.name}/{k}": v for k, v in self.engine.counters.items()}
         return {**out, **self.selfcheck_counters(self.name)}
 

@@ -4,6 +4,7 @@
 * `rubrics`: what the judge model reads, versioned by content hash;
 * `replies`: reading its replies into scores (`Judgment`);
 * `backends`: where replies come from (`hf` local model, `openai`-compatible server);
+* `keys`: which API key goes to which server, and keeping keys out of configs and records;
 * `cache`: the SQLite store of judgments;
 * `engine`: the one engine that joins them (shortcut, cache, batching, counters);
 * `selfcheck`: items with known verdicts every judge answers before its scores are trusted.

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -28,7 +27,17 @@ from dataclasses import dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+from medvqa.evaluation.judge.errors import JudgeConfigError
+from medvqa.evaluation.judge.keys import (
+    DEFAULT_KEY_ENV,
+    LOCAL_KEY,
+    OPENAI_HOST,
+    OPENAI_URL,
+    api_key_for,
+    check_api_key_env,
+)
 from medvqa.models.builders.smollm2_causal import SmolLM2CausalBuilder
 
 log = logging.getLogger(__name__)
@@ -54,11 +63,6 @@ MODES = ("generate", "logits")
 LOGITS_PREFIXES = ('{"score": ', '{"score":')
 # The default `hf` judge's model name in judge ids (and so in cache keys).
 SMOLLM2_DEFAULT = "SmolLM2-135M-Instruct"
-
-
-class JudgeConfigError(ValueError):
-    """The judge cannot work as configured (wrong mode for a server, bad model or key): every
-    item would fail the same way, so the run stops instead of recording thousands of failures."""
 
 
 @dataclass(frozen=True)
@@ -176,10 +180,7 @@ def _renormalise(probs: Mapping[str, float]) -> dict[str, float]:
 # OpenAI-compatible servers
 # --------------------------------------------------------------------------------------------
 
-OPENAI_HOST = "api.openai.com"
-# A placeholder key for local servers (vLLM, llama.cpp, TGI) that ignore it; the client
-# refuses an empty one.
-LOCAL_KEY = "EMPTY"
+# OPENAI_HOST, LOCAL_KEY and which key goes to which server: medvqa.evaluation.judge.keys.
 
 
 class _FeatureRejected(Exception):
@@ -208,6 +209,7 @@ def reply_schema(labels: Sequence[str]) -> dict[str, Any]:
 
 
 _STRUCTURED_WORDS = ("response_format", "json_schema", "structured", "guided")
+_LOOPBACK = ("localhost", "127.0.0.1", "::1")
 
 
 @dataclass
@@ -218,11 +220,15 @@ class OpenAIBackend(JudgeBackend):
     connection errors, HTTP 408/429 and 5xx itself, with exponential backoff
     (`backoff * 2**attempt` seconds), so every request is counted. Other HTTP errors (401,
     404, 400) raise `JudgeConfigError` at once: retrying a wrong model name cannot help.
+
+    The key sent is the one `medvqa.evaluation.judge.keys.api_key_for` allows for `base_url`:
+    `$OPENAI_API_KEY` only to api.openai.com, another server only the variable named in
+    `api_key_env` (else a placeholder).
     """
 
     model: str = ""
     base_url: str | None = None
-    api_key_env: str | None = "OPENAI_API_KEY"
+    api_key_env: str | None = DEFAULT_KEY_ENV
     timeout: float = 60.0
     retries: int = 3
     backoff: float = 1.0
@@ -241,6 +247,7 @@ class OpenAIBackend(JudgeBackend):
             )
         if self.retries < 0 or self.timeout <= 0:
             raise JudgeConfigError("judge.retries must be >= 0 and judge.timeout > 0")
+        check_api_key_env(self.api_key_env)
 
     @property
     def model_name(self) -> str:
@@ -250,21 +257,19 @@ class OpenAIBackend(JudgeBackend):
     def client(self) -> Any:
         from openai import OpenAI
 
-        key = os.environ.get(self.api_key_env) if self.api_key_env else None
-        if not key:
-            if self.base_url is None or OPENAI_HOST in self.base_url:
-                raise JudgeConfigError(
-                    f"judge.backend=openai against {self.base_url or OPENAI_HOST} needs an API "
-                    f"key in the environment variable {self.api_key_env!r} "
-                    "(judge.api_key_env names it); export it before the run."
-                )
-            log.info(
-                "no API key in $%s; using a placeholder for the local server %s",
+        # Explicit, so that $OPENAI_BASE_URL cannot send OpenAI's key to another server.
+        url = self.base_url or OPENAI_URL
+        key, source = api_key_for(url, self.api_key_env)
+        parts = urlsplit(url)
+        log.info("judge %s at %s: sending %s", self.judge_id, parts.hostname, source)
+        if key and parts.scheme == "http" and parts.hostname not in _LOOPBACK:
+            log.warning(
+                "judge.base_url=%s is plain http: the key in $%s crosses the network "
+                "unencrypted; use https",
+                url,
                 self.api_key_env,
-                self.base_url,
             )
-            key = LOCAL_KEY
-        return OpenAI(base_url=self.base_url, api_key=key, max_retries=0, timeout=self.timeout)
+        return OpenAI(base_url=url, api_key=key or LOCAL_KEY, max_retries=0, timeout=self.timeout)
 
     def complete(self, requests: Sequence[JudgeRequest]) -> list[Reply]:
         return [self._one(r) for r in requests]
@@ -666,9 +671,10 @@ class JudgeConfig:
     # hf: a local dir or hub id (null: SmolLM2 from the GGUF); openai: the served model name.
     model: str | None = None
     base_url: str | None = None  # openai; null: api.openai.com
-    # The env var holding the API key, never the key; a local server without it gets a
-    # placeholder.
-    api_key_env: str | None = "OPENAI_API_KEY"
+    # The env var holding the API key, never the key (a key here is refused: keys.py).
+    # $OPENAI_API_KEY goes to api.openai.com only; another server gets the variable named
+    # here, or a placeholder.
+    api_key_env: str | None = DEFAULT_KEY_ENV
     mode: str = "logits"  # generate (parse {"score", "reason"} JSON) | logits (label probs)
     concurrency: int = 8  # openai: requests in flight; hf runs one batch at a time
     timeout: float = 60.0  # openai: seconds per request
@@ -687,6 +693,11 @@ class JudgeConfig:
     selfcheck: bool = True
     selfcheck_min_closed_acc: float = 0.8
     selfcheck_min_open_tau: float = 0.5
+
+    def __post_init__(self) -> None:
+        # Every way to build a judge goes through here: a key pasted as api_key_env stops it
+        # before a request is sent (runs refuse it earlier: medvqa.config.check_judge_config).
+        check_api_key_env(self.api_key_env)
 
 
 CONFIG_KEYS = tuple(f.name for f in fields(JudgeConfig))

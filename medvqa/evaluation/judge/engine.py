@@ -156,12 +156,13 @@ class JudgeEngine:
     # -- internals ----------------------------------------------------------------------------
 
     def _lookup(self, distinct: Mapping[str, _Pending]) -> dict[str, Judgment]:
-        """Cached ok judgments; cached failures are not returned, so they are retried."""
+        """Cached ok judgments; cached failures (and an `ok` row without a score, which only
+        a damaged cache holds) are not returned: a failure is never an answer, it is retried."""
         if self.cache is None or not distinct:
             return {}
         found = {}
         for key, hit in self.cache.get_many(distinct).items():
-            if hit.status == "ok":
+            if hit.status == "ok" and hit.score is not None and math.isfinite(hit.score):
                 found[key] = Judgment(hit.score, hit.reason, hit.raw, "ok")
         self._counters.add("cache_hits", len(found))
         return found

@@ -18,6 +18,13 @@ open scores and the expected grades), `false_correct` (share of known-wrong clos
 judge called correct), `failures`, and `reliable` (1/0: closed_acc and open_tau at or above
 their floors). The judgments go through the judge's cache like any other, so the check costs
 calls only once per judge. `SELFCHECK_ID` changes whenever an item does.
+
+An item the judge could not answer (a server error, an unreadable reply) is unknown, not
+wrong, as in any other judge metric: every number it enters is NaN, and so is `reliable`
+(neither trusted nor flagged). It is also counted like a split's unscored items, as
+`selfcheck/<failures_key>` (`selfcheck/judge_failures`), so the run is recorded `incomplete`
+(`medvqa.evaluation.scoring.failed_items`) and a re-run judges only those items (the cache
+keeps failures for inspection but never answers with one).
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, ClassVar
 
 from scipy import stats
 
@@ -112,17 +119,21 @@ CLASS_ITEMS: tuple[tuple[str, str, str, str, float], ...] = (
     ),
 )
 SELFCHECK_ID = f"selfcheck-{content_hash([ITEMS, CLASS_ITEMS], length=12)}"
+# The self-check's items count as a split of their own when items that could not be scored are
+# counted: `selfcheck/judge_failures` beside `test_iid/judge_failures`.
+SELFCHECK_SPLIT = "selfcheck"
 
 
 @dataclass(frozen=True)
 class SelfCheck:
-    """How the judge did on the known verdicts, and whether that meets the floors."""
+    """How the judge did on the known verdicts, and whether that meets the floors. With
+    failed items the numbers they enter are NaN and `reliable` is None (not known)."""
 
     closed_acc: float
     open_tau: float
     false_correct: float
     failures: int
-    reliable: bool
+    reliable: bool | None
 
     def counters(self, prefix: str) -> dict[str, float]:
         return {
@@ -130,7 +141,9 @@ class SelfCheck:
             f"{prefix}/selfcheck_open_tau": self.open_tau,
             f"{prefix}/selfcheck_false_correct": self.false_correct,
             f"{prefix}/selfcheck_failures": float(self.failures),
-            f"{prefix}/selfcheck_reliable": float(self.reliable),
+            f"{prefix}/selfcheck_reliable": math.nan
+            if self.reliable is None
+            else float(self.reliable),
         }
 
 
@@ -165,6 +178,7 @@ class SelfChecked:
     engine: JudgeEngine
     selfcheck_floors: tuple[float, float] | None = None
     selfcheck: SelfCheck | None = None
+    failures_key: ClassVar[str | None]  # the family's (MetricFamily.failures_key)
 
     def selfcheck_pairs(self) -> list[tuple[JudgeItem, float]]:
         raise NotImplementedError
@@ -176,7 +190,15 @@ class SelfChecked:
         return self.selfcheck
 
     def selfcheck_counters(self, prefix: str) -> dict[str, float]:
-        return {} if self.selfcheck is None else self.selfcheck.counters(prefix)
+        """`<prefix>/selfcheck_*`, and the items the check could not judge as the family's
+        failures of the `selfcheck` split, which leave the run incomplete."""
+        if self.selfcheck is None:
+            return {}
+        out = self.selfcheck.counters(prefix)
+        failures_key = getattr(self, "failures_key", None)
+        if failures_key:
+            out[f"{SELFCHECK_SPLIT}/{failures_key}"] = float(self.selfcheck.failures)
+        return out
 
 
 def run_selfcheck(
@@ -186,38 +208,56 @@ def run_selfcheck(
     min_open_tau: float,
 ) -> SelfCheck:
     """Judge the known items with `engine` and compare with the expected scores. A failed
-    judgment counts as wrong (and in `failures`): a judge that does not answer is not
-    reliable either. Without open items there is no tau to meet."""
+    judgment is unknown, not wrong: every number it enters is NaN and `reliable` is None, so a
+    server hiccup neither condemns nor clears a judge. Without open items there is no tau to
+    meet."""
     judgments = engine.judge([item for item, _ in pairs])
-    closed_hits: list[bool] = []
-    false_correct: list[bool] = []
+    closed_hits: list[float] = []
+    false_correct: list[float] = []
     open_scores: list[float] = []
     open_expected: list[float] = []
     for (item, expected), judgment in zip(pairs, judgments, strict=True):
-        score = judgment.score if judgment.status == "ok" else math.nan
+        score = float(judgment.score) if judgment.status == "ok" else math.nan
         if item.rubric.name == "open":
             open_scores.append(score)
             open_expected.append(expected)
             continue
-        closed_hits.append(not math.isnan(score) and math.isclose(score, expected))
+        closed_hits.append(math.nan if math.isnan(score) else float(math.isclose(score, expected)))
         if expected == item.rubric.min_value:
-            false_correct.append(not math.isnan(score) and score == item.rubric.max_value)
-    failures = sum(j.status != "ok" for j in judgments)
+            false_correct.append(
+                math.nan if math.isnan(score) else float(score == item.rubric.max_value)
+            )
+    failed = [j for j in judgments if j.status != "ok"]
     tau = _tau(open_scores, open_expected) if open_scores else math.nan
-    tau_ok = not open_scores or (not math.isnan(tau) and tau >= min_open_tau)
-    closed_acc = sum(closed_hits) / len(closed_hits)
+    closed_acc = _mean(closed_hits)
+    reliable = None
+    if not failed:
+        tau_ok = not open_scores or (not math.isnan(tau) and tau >= min_open_tau)
+        reliable = closed_acc >= min_closed_acc and tau_ok
     result = SelfCheck(
         closed_acc=closed_acc,
         open_tau=tau,
-        false_correct=sum(false_correct) / len(false_correct),
-        failures=failures,
-        reliable=closed_acc >= min_closed_acc and tau_ok,
+        false_correct=_mean(false_correct),
+        failures=len(failed),
+        reliable=reliable,
     )
+    if failed:
+        log.warning(
+            "judge self-check (%s, %s): %d of %d item(s) could not be judged, so its accuracy "
+            "and verdict are unknown (NaN) and the run is recorded incomplete; a re-run judges "
+            "only those items. First error: %s",
+            engine.backend.judge_id,
+            SELFCHECK_ID,
+            len(failed),
+            len(judgments),
+            failed[0].error,
+        )
+        return result
     level = logging.INFO if result.reliable else logging.WARNING
     log.log(
         level,
         "judge self-check (%s, %s): closed %.2f (floor %.2f), open tau %.2f (floor %.2f), "
-        "'correct' on %.0f%% of wrong closed answers, %d failed: %s",
+        "'correct' on %.0f%% of wrong closed answers: %s",
         engine.backend.judge_id,
         SELFCHECK_ID,
         result.closed_acc,
@@ -225,10 +265,16 @@ def run_selfcheck(
         result.open_tau,
         min_open_tau,
         100 * result.false_correct,
-        failures,
         "reliable" if result.reliable else "UNRELIABLE: its scores are marked in the results",
     )
     return result
+
+
+def _mean(values: Sequence[float]) -> float:
+    """The mean, NaN if any value is (an unknown item) or there are none."""
+    if not values or any(math.isnan(v) for v in values):
+        return math.nan
+    return sum(values) / len(values)
 
 
 def _tau(scores: Sequence[float], expected: Sequence[float]) -> float:

@@ -78,6 +78,7 @@ class SyntheticVQA(VQASource):
 
     name = "synthetic"
     real = False
+    metadata_fields = METADATA_COLUMNS
 
     def __init__(
         self,

@@ -1,0 +1,316 @@
+"""Config values are checked when a run starts, before any data, model or record work.
+
+A negative batch size or a breakdown by a field the dataset does not have used to fail only
+after data preparation, generation and (for the breakdown) training (issue #20, defect 7).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hydra.utils import instantiate
+
+from medvqa import plugins
+from medvqa.config import ConfigError, check_config
+from medvqa.data import records as R
+from tests.conftest import CONF, DISTRIBUTED_ENV, ROOT, SMALL_MODEL, compose
+from tests.native import fixture_writer
+
+EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+BASELINES = sorted(p.stem for p in (CONF / "baseline").glob("*.yaml"))
+SWEEPS = sorted(p.stem for p in (CONF / "sweep").glob("*.yaml"))
+DATASETS = sorted(p.stem for p in (CONF / "dataset").glob("*.yaml"))
+COMPOSE_CACHE = Path("/tmp/medvqa-config-checks")
+
+
+def _error(overrides: list[str]) -> str:
+    """The message check_config raises for the composed overrides."""
+    cfg = compose(overrides, COMPOSE_CACHE)
+    with pytest.raises(ConfigError) as err:
+        check_config(cfg)
+    assert isinstance(err.value, ValueError)  # callers that catch ValueError still do
+    return str(err.value)
+
+
+# -- what ships passes ---------------------------------------------------------------------------
+
+
+def test_the_defaults_pass() -> None:
+    check_config(compose([], COMPOSE_CACHE))
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_passes(experiment: str) -> None:
+    check_config(compose([f"+experiment={experiment}"], COMPOSE_CACHE))
+
+
+# Baselines that set a dataset's own option, with an experiment on that dataset.
+BASELINE_EXPERIMENT = {"image_only": ["+experiment=robosurg_site"]}
+
+
+@pytest.mark.parametrize("baseline", BASELINES)
+def test_every_baseline_passes(baseline: str) -> None:
+    extra = BASELINE_EXPERIMENT.get(baseline, [])
+    check_config(compose([*extra, f"baseline={baseline}", "debug=smoke"], COMPOSE_CACHE))
+
+
+def _grid_points(sweep: str) -> list[list[str]]:
+    """Every job of the sweep's grid as overrides (seeds aside: they change no checked key)."""
+    cfg = compose([f"sweep={sweep}"], COMPOSE_CACHE)
+    grid = {k: str(v).split(",") for k, v in cfg.hydra.sweeper.params.items() if k != "seed"}
+    return [
+        [f"sweep={sweep}", *(f"{k}={v}" for k, v in zip(grid, values, strict=True))]
+        for values in itertools.product(*grid.values())
+    ]
+
+
+@pytest.mark.parametrize("sweep", SWEEPS)
+def test_every_sweep_job_passes(sweep: str) -> None:
+    for overrides in _grid_points(sweep):
+        check_config(compose(overrides, COMPOSE_CACHE))
+
+
+def test_an_eval_task_is_checked_without_its_run() -> None:
+    """task=eval: the checked keys are the composed ones; eval.from_run is adopt_run's to read."""
+    check_config(compose(["task=eval"], COMPOSE_CACHE))
+    assert "data.eval_batch_size" in _error(["task=eval", "data.eval_batch_size=0"])
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["evaluation.breakdown=[question_type]"],
+        ["evaluation.breakdown=[answer_type]"],
+        ["evaluation.breakdown=[modality,question_type,answer_type]"],
+        ["evaluation.breakdown=[]"],
+        ["+experiment=synthetic_corruption", "evaluation.breakdown=[image_transform]"],
+        ["+experiment=kvasir_transformed", "evaluation.breakdown=[complexity,question_class]"],
+        ["+experiment=mimic_age", "evaluation.breakdown=[gender,ethnicity]"],
+        ["+experiment=vqarad_organ", "evaluation.breakdown=[phrasing]"],
+        ["shift=values", "shift.field=lesion_side", "shift.ood_values=[left]"],
+        ["trainer.devices=auto"],
+        ["trainer.devices=-1"],
+        ["trainer.devices=[0,1]"],
+        ["trainer.max_epochs=-1", "trainer.max_steps=10"],
+        ["trainer.limit_val_batches=0.0"],
+        ["trainer.val_check_interval=00:01:00:00"],
+        ["evaluation.bootstrap.samples=0"],
+    ],
+)
+def test_valid_values_pass(overrides: list[str]) -> None:
+    check_config(compose(overrides, COMPOSE_CACHE))
+
+
+# -- bad values fail at once, naming the key, the value and the fix ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("data.batch_size=-1", "data.batch_size"),
+        ("data.eval_batch_size=0", "data.eval_batch_size"),
+        ("data.num_workers=-2", "data.num_workers"),
+        ("data.limit.train=0", "data.limit.train"),
+        ("+data.limit.tain=5", "data.limit.tain"),
+        ("data.eval_image=blurry", "data.eval_image"),
+        ("data.extra_eval_images=[blak]", "data.extra_eval_images"),
+        ("trainer.max_epochs=0", "trainer.max_epochs"),
+        ("trainer.max_steps=0", "trainer.max_steps"),
+        ("trainer.min_epochs=-1", "trainer.min_epochs"),
+        ("trainer.accumulate_grad_batches=0", "trainer.accumulate_grad_batches"),
+        ("trainer.devices=0", "trainer.devices"),
+        ("trainer.devices=-2", "trainer.devices"),
+        ("trainer.num_nodes=0", "trainer.num_nodes"),
+        ("trainer.log_every_n_steps=0", "trainer.log_every_n_steps"),
+        ("trainer.check_val_every_n_epoch=0", "trainer.check_val_every_n_epoch"),
+        ("trainer.gradient_clip_val=-1.0", "trainer.gradient_clip_val"),
+        ("trainer.limit_val_batches=1.5", "trainer.limit_val_batches"),
+        ("trainer.val_check_interval=0", "trainer.val_check_interval"),
+        ("trainer.num_sanity_val_steps=-2", "trainer.num_sanity_val_steps"),
+        ("model.max_new_tokens=0", "model.max_new_tokens"),
+        ("peft.lr=0", "peft.lr"),
+        ("peft.warmup_ratio=1.0", "peft.warmup_ratio"),
+        ("peft.adapter.r=0", "peft.adapter.r"),
+        ("evaluation.bootstrap.samples=-1", "evaluation.bootstrap.samples"),
+        ("evaluation.bootstrap.level=1.5", "evaluation.bootstrap.level"),
+        ("judge.batch_size=0", "judge.batch_size"),
+        ("judge.concurrency=0", "judge.concurrency"),
+        ("judge.retries=-1", "judge.retries"),
+        ("seed=-1", "seed"),
+    ],
+)
+def test_a_bad_value_names_its_key_and_value(override: str, key: str) -> None:
+    message = _error([override])
+    value = override.split("=", 1)[1]
+    assert f"{key}={value}" in message, message
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    message = _error(["data.batch_size=-1", "data.eval_batch_size=0"])
+    assert "data.batch_size=-1" in message and "data.eval_batch_size=0" in message
+
+
+def test_an_unknown_breakdown_field_lists_the_datasets_fields() -> None:
+    message = _error(["evaluation.breakdown=[question_type,unknown_field]"])
+    assert "evaluation.breakdown" in message and "'unknown_field'" in message
+    assert "synthetic" in message  # the dataset it is not a field of
+    assert "modality" in message and "answer_type" in message  # what it could be
+    assert "evaluation.breakdown=[" in message  # the fix
+
+
+def test_a_breakdown_field_of_another_dataset_is_refused() -> None:
+    message = _error(["+experiment=slake_modality", "evaluation.breakdown=[complexity]"])
+    assert "'complexity'" in message and "slake" in message and "content_type" in message
+
+
+def test_image_transform_is_a_field_only_under_a_transform_shift() -> None:
+    assert "'image_transform'" in _error(["evaluation.breakdown=[image_transform]"])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["shift=values", "shift.field=scanner", "shift.ood_values=[B]"], "shift.field"),
+        (["shift.val_group=patient"], "shift.val_group"),
+        (["shift.val_stratify=[complexity]"], "shift.val_stratify"),
+        (
+            ["+experiment=ovqa_multimodal", "shift.any_of.1.field=organ"],
+            "shift.any_of[1].field",
+        ),
+    ],
+)
+def test_an_unknown_shift_field_is_refused(overrides: list[str], key: str) -> None:
+    message = _error(overrides)
+    assert key in message, message
+    assert "body_part" in message or "image_organ" in message  # the fields there are
+
+
+def test_a_bad_shift_definition_fails_before_the_data() -> None:
+    message = _error(["shift=age", "shift.ood_max=70"])  # the gap would be negative
+    assert "shift" in message and "ood_max" in message
+
+
+def test_an_incomplete_shift_fails_before_the_data() -> None:
+    message = _error(["shift=range", "shift.field=age"])  # no thresholds
+    assert "shift" in message and "iid_min" in message and "ood_max" in message
+    assert "set field" in _error(["shift=values"])
+
+
+def test_a_dataset_without_declared_fields_is_not_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plug-in that declares no metadata_fields: its table is the truth, found later."""
+    cls = plugins.get("dataset", "synthetic")
+    monkeypatch.setattr(cls, "metadata_fields", None)
+    check_config(compose(["evaluation.breakdown=[scanner]"], COMPOSE_CACHE))
+
+
+# -- the declared fields are the loaders' own ----------------------------------------------------
+
+
+@pytest.mark.parametrize("dataset", DATASETS)
+def test_declared_metadata_fields_are_the_tables_columns(dataset: str, tmp_path: Path) -> None:
+    if dataset == "synthetic":
+        overrides = ["dataset=synthetic", "dataset.n_cases=12"]
+    else:
+        writer = fixture_writer(dataset)
+        assert writer is not None, dataset
+        overrides = [f"dataset={dataset}", f"dataset.root={writer(tmp_path / 'data').root}"]
+    source = instantiate(compose(overrides, tmp_path / "cache").dataset)
+    declared = type(source).metadata_fields
+    assert declared is not None, f"{type(source).__name__} declares no metadata_fields"
+    assert len(set(declared)) == len(declared)
+    assert sorted(R.metadata_columns(source.table())) == sorted(declared)
+
+
+# -- wired in: a run and medvqa-score fail fast --------------------------------------------------
+
+
+def test_the_runner_refuses_before_any_work(tmp_path: Path) -> None:
+    """In process, as run.py calls it: the check comes first, so it takes no time at all."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    from medvqa.runner import run
+
+    run_dir, cache = tmp_path / "run", tmp_path / "cache"
+    cfg = compose(["data.batch_size=-1", "logger=csv"], cache)
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = str(run_dir)
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    start = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"data\.batch_size=-1"):
+        run(cfg)
+    assert time.perf_counter() - start < 10
+    assert not run_dir.exists() and not cache.exists()  # no record, no data, no model
+
+
+def test_run_py_with_a_bad_batch_size_fails_before_any_work(tmp_path: Path) -> None:
+    run_dir, cache = tmp_path / "run", tmp_path / "cache"
+    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_ENV}
+    env.update({"MEDVQA_CACHE": str(cache), "WANDB_MODE": "offline", "WANDB_SILENT": "true"})
+    cmd = [
+        sys.executable,
+        str(ROOT / "run.py"),
+        "data.batch_size=-1",
+        "logger=csv",
+        "dataset.n_cases=60",
+        *SMALL_MODEL,
+        f"hydra.run.dir={run_dir}",
+    ]
+    # Without the check, this run generates the data and builds the tiny model for minutes.
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "data.batch_size=-1" in proc.stderr, proc.stderr[-2000:]
+    # No data generated or cached, no model built, nothing generated or scored.
+    assert not cache.exists() or not any(cache.iterdir()), sorted(cache.rglob("*"))
+    assert not list(run_dir.glob("predictions*")) and not (run_dir / "splits.json").exists()
+    record = run_dir / "results.json"
+    if record.exists():  # a record, if any, says it failed and why
+        data = json.loads(record.read_text())
+        assert data["status"] == "failed" and "data.batch_size" in data["error"]
+
+
+def _predictions(tmp_path: Path) -> Path:
+    path = tmp_path / "preds.csv"
+    pd.DataFrame(
+        {
+            "question": ["Is it normal?", "What is enlarged?"],
+            "gt": ["no", "spleen"],
+            "pred": ["no", "the spleen"],
+        }
+    ).to_csv(path, index=False)
+    return path
+
+
+def test_medvqa_score_refuses_a_negative_size(tmp_path: Path) -> None:
+    from medvqa.evaluation.rescore import main
+
+    out = tmp_path / "scored"
+    args = [str(_predictions(tmp_path)), "--out", str(out), "evaluation.bootstrap.samples=-1"]
+    assert main(args) == 2
+    assert not (out / "results.json").exists()
+
+
+def test_medvqa_score_still_skips_a_breakdown_column_the_file_lacks(tmp_path: Path) -> None:
+    """The file, not a dataset, is the truth about columns there: a warning, as before."""
+    from medvqa.evaluation.rescore import main
+
+    out = tmp_path / "scored"
+    args = [
+        str(_predictions(tmp_path)),
+        "--out",
+        str(out),
+        "evaluation.breakdown=[scanner]",
+        "evaluation.bootstrap.samples=0",
+    ]
+    assert main(args) == 0
+    assert json.loads((out / "results.json").read_text())["status"] == "finished"

@@ -1,0 +1,212 @@
+"""Faults a cluster deals a job, recorded and survived: signals, a second launch into the same
+run directory, concurrent cache builds, a full disk under the checkpoints, stale checkpoints and
+answers of an earlier attempt; and the same seed giving the same weights whatever the cache held.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+
+from medvqa.atomic import LockHeld, build_once, hold_lock
+from medvqa.runner import RUN_LOCK
+from tests.conftest import ROOT, run_main
+
+
+class SignalAtStep(L.Callback):
+    """Send `signum` to this process once `step` optimiser steps are done, the first time only
+    (the `marker` file remembers), as a scheduler's SIGTERM or a user's Ctrl-C would."""
+
+    def __init__(self, step: int, marker: str, signum: int = signal.SIGTERM) -> None:
+        self.step, self.marker, self.signum = step, Path(marker), signum
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        if trainer.global_step == self.step and not self.marker.exists():
+            self.marker.write_text(str(os.getpid()))
+            os.kill(os.getpid(), self.signum)
+
+
+def _signal_at(step: int, marker: Path, signum: int = signal.SIGTERM) -> list[str]:
+    return [
+        f"+callbacks.signal._target_={__name__}.SignalAtStep",
+        f"+callbacks.signal.step={step}",
+        f"+callbacks.signal.marker={marker}",
+        f"+callbacks.signal.signum={int(signum)}",
+    ]
+
+
+FAST = ["debug=smoke", "logger=csv", "task.references=[]", "task.eval_splits=[val]"]
+
+
+def _record(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / "results.json").read_text())
+
+
+def test_a_signalled_sweep_job_is_recorded_and_the_others_still_run(
+    tmp_path: Path, cache_dir: Path, tiny_model_dir: Path
+) -> None:
+    """(A single run: tests/test_resume.py::test_a_killed_job_resumes_exactly[SIGTERM].)"""
+    proc = run_main(
+        ["-m", *FAST, "seed=0,1", *_signal_at(1, tmp_path / "sent"), f"hydra.sweep.dir={tmp_path}"],
+        tmp_path / "unused",
+        cache_dir,
+    )
+    assert proc.returncode == 1, proc.stderr[-3000:]  # not every job finished
+    assert "the job is interrupted: SIGTERM" in proc.stderr
+    records = {
+        r["seed"]: r for r in map(json.loads, map(Path.read_text, tmp_path.rglob("results.json")))
+    }
+    assert records[0]["status"] == "interrupted" and records[0]["global_step"] == 1
+    assert records[1]["status"] == "finished"
+
+
+def test_a_second_launch_into_a_busy_run_dir_refuses_and_names_the_first(
+    tmp_path: Path, cache_dir: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    with hold_lock(run_dir / RUN_LOCK):
+        proc = run_main(["task=splits", "logger=csv"], run_dir, cache_dir)
+    assert proc.returncode != 0
+    assert f"pid {os.getpid()} on {os.uname().nodename}" in proc.stderr, proc.stderr[-2000:]
+    assert not (run_dir / "results.json").exists()  # the running job's record is untouched
+    again = run_main(["task=splits", "logger=csv"], run_dir, cache_dir)  # released: it runs
+    assert again.returncode == 0, again.stderr[-2000:]
+
+
+def test_the_run_lock_dies_with_its_process(tmp_path: Path) -> None:
+    """kill -9 leaves no lock behind: the OS releases it."""
+    code = f"from medvqa.atomic import hold_lock; import time\nwith hold_lock({str(tmp_path / 'l')!r}):\n    print('held', flush=True); time.sleep(60)"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    with pytest.raises(LockHeld, match=f"pid {holder.pid}"), hold_lock(tmp_path / "l", wait=False):
+        pass
+    holder.kill()
+    holder.wait()
+    with hold_lock(tmp_path / "l", wait=False):
+        pass
+
+
+def _build(target: str, log: str) -> bool:
+    def write(tmp: Path) -> None:
+        with open(log, "a") as fh:
+            fh.write(f"{os.getpid()}\n")
+        time.sleep(1.0)  # a slow build: the other process arrives meanwhile
+        (tmp / "done").write_text("x")
+
+    return build_once(Path(target), write, marker="done")
+
+
+def test_concurrent_builds_of_one_cache_entry_build_it_once(tmp_path: Path) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(2) as pool:
+        built = pool.starmap(_build, [(str(tmp_path / "entry"), str(tmp_path / "log"))] * 2)
+    assert sorted(built) == [False, True]  # one built it, the other waited and reused it
+    assert len((tmp_path / "log").read_text().splitlines()) == 1
+    assert (tmp_path / "entry" / "done").is_file()
+
+
+# --- a full disk under the checkpoints --------------------------------------------------------
+
+_FULL_DISK = """
+import json, os, sys, torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from medvqa.training.checkpoints import AtomicCheckpointIO
+io = {"lightning": TorchCheckpointIO, "medvqa": AtomicCheckpointIO}[sys.argv[2]]()
+path = os.path.join(sys.argv[1], "last.ckpt")
+io.save_checkpoint({"step": 1, "w": torch.zeros(100_000)}, path)  # 400 kB: fits
+out = {"first_size": os.path.getsize(path), "error": None, "step": None}
+try:  # 1.6 MB on a 1 MB file system: the disk fills mid-write
+    io.save_checkpoint({"step": 2, "w": torch.zeros(400_000)}, path)
+except Exception as err:
+    out["error"] = type(err).__name__
+try:
+    out["step"] = torch.load(path, weights_only=True)["step"]
+except Exception as err:
+    out["step"] = "unreadable: " + type(err).__name__
+out["size"] = os.path.getsize(path)
+out["leftovers"] = sorted(f for f in os.listdir(sys.argv[1]) if f != "last.ckpt")
+print(json.dumps(out))
+"""
+
+
+def _on_a_full_disk(io: str, tmp_path: Path) -> dict[str, Any]:
+    """Run `_FULL_DISK` with the checkpoint directory on a 1 MB tmpfs of its own (a mount
+    namespace: no root needed where user namespaces are allowed) and $TMPDIR elsewhere, as
+    a node's /tmp and a cluster's run directory are."""
+    if shutil.which("unshare") is None:
+        pytest.skip("needs unshare (util-linux) to mount a small file system")
+    disk = tmp_path / "disk"
+    disk.mkdir(exist_ok=True)
+    script = tmp_path / "full_disk.py"
+    script.write_text(_FULL_DISK)
+    mount = f"mount -t tmpfs -o size=1m tmpfs {disk} && {sys.executable} {script} {disk} {io}"
+    proc = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", mount], cwd=ROOT, capture_output=True, text=True
+    )
+    if "mount" in proc.stderr and proc.returncode != 0 and "Traceback" not in proc.stderr:
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()[:200]}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def test_lightning_tears_a_checkpoint_on_a_full_disk(tmp_path: Path) -> None:
+    """What the fix is for: Lightning's commit copies from $TMPDIR into the full disk, over the
+    previous checkpoint."""
+    out = _on_a_full_disk("lightning", tmp_path)
+    assert out["error"] is not None
+    assert str(out["step"]).startswith("unreadable") and out["size"] != out["first_size"]
+
+
+def test_a_full_disk_leaves_the_previous_checkpoint_whole(tmp_path: Path) -> None:
+    out = _on_a_full_disk("medvqa", tmp_path)
+    assert out["error"] is not None, out  # torch.save: "RuntimeError: ... failed writing"
+    assert out["step"] == 1 and out["size"] == out["first_size"]  # the previous one, whole
+    assert out["leftovers"] == []  # the temporary file is gone too
+
+
+# --- an earlier attempt in the same run directory, and the caches' state ---------------------
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_same_seed_same_weights_cold_or_warm_and_a_forced_rerun_leaves_nothing_stale(
+    tmp_path: Path, cache_dir: Path, tiny_model_dir: Path
+) -> None:
+    """Run A generates the untuned base's answers (cold shared cache), run B reuses them: the
+    same trained weights and numbers. A re-run of A with force=true trains again: the same
+    weights, and its checkpoints beside nothing stale. (A re-run of an `incomplete` job reuses
+    its weights: tests/test_judge_run.py.)"""
+    shared = tmp_path / "cache"
+    shutil.copytree(cache_dir, shared, ignore=shutil.ignore_patterns("predictions"))
+    args = ["debug=smoke", "logger=csv"]
+    a = run_main(args, tmp_path / "a", shared)
+    assert a.returncode == 0, a.stderr[-3000:]
+    b = run_main(args, tmp_path / "b", shared)
+    assert b.returncode == 0, b.stderr[-3000:]
+    assert "reusing the answers of the same weights" in b.stderr + b.stdout
+    weights = {run: _sha(tmp_path / run / "trained" / "trainable.safetensors") for run in "ab"}
+    assert weights["a"] == weights["b"]
+    assert _record(tmp_path / "a")["metrics"] == _record(tmp_path / "b")["metrics"]
+
+    forced = run_main([*args, "force=true"], tmp_path / "a", shared)
+    assert forced.returncode == 0, forced.stderr[-3000:]
+    checkpoints = sorted(p.name for p in (tmp_path / "a" / "checkpoints").iterdir())
+    assert "last.ckpt" in checkpoints and not any("-v1" in name for name in checkpoints)
+    assert len(list((tmp_path / "a").glob("checkpoints.stale-*"))) == 1
+    assert _sha(tmp_path / "a" / "trained" / "trainable.safetensors") == weights["a"]
