@@ -19,10 +19,11 @@ from typing import Any
 
 import lightning as L
 import pytest
+import torch
 
 from medvqa.atomic import LockHeld, build_once, hold_lock
 from medvqa.runner import RUN_LOCK
-from tests.conftest import ROOT, run_main
+from tests.conftest import ROOT, SMALL, run_main
 
 
 class SignalAtStep(L.Callback):
@@ -143,22 +144,34 @@ print(json.dumps(out))
 """
 
 
-def _on_a_full_disk(io: str, tmp_path: Path) -> dict[str, Any]:
-    """Run `_FULL_DISK` with the checkpoint directory on a 1 MB tmpfs of its own (a mount
-    namespace: no root needed where user namespaces are allowed) and $TMPDIR elsewhere, as
-    a node's /tmp and a cluster's run directory are."""
+def _on_a_small_disk(
+    command: str, disk: Path, size: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """Run `command` with `disk` a tmpfs of `size` of its own (a mount namespace: no root
+    needed where user namespaces are allowed), $TMPDIR elsewhere, as a node's /tmp and a
+    cluster's run directory are."""
     if shutil.which("unshare") is None:
         pytest.skip("needs unshare (util-linux) to mount a small file system")
-    disk = tmp_path / "disk"
-    disk.mkdir(exist_ok=True)
+    disk.mkdir(parents=True, exist_ok=True)
+    mount = f"mount -t tmpfs -o size={size} tmpfs {disk} || exit 99; {command}"
+    proc = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", mount],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=600,
+    )
+    if proc.returncode == 99:
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()[:200]}")
+    return proc
+
+
+def _on_a_full_disk(io: str, tmp_path: Path) -> dict[str, Any]:
     script = tmp_path / "full_disk.py"
     script.write_text(_FULL_DISK)
-    mount = f"mount -t tmpfs -o size=1m tmpfs {disk} && {sys.executable} {script} {disk} {io}"
-    proc = subprocess.run(
-        ["unshare", "-rm", "sh", "-c", mount], cwd=ROOT, capture_output=True, text=True
-    )
-    if "mount" in proc.stderr and proc.returncode != 0 and "Traceback" not in proc.stderr:
-        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()[:200]}")
+    disk = tmp_path / "disk"
+    proc = _on_a_small_disk(f"{sys.executable} {script} {disk} {io}", disk, "1m")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.splitlines()[-1])
 
@@ -173,9 +186,29 @@ def test_lightning_tears_a_checkpoint_on_a_full_disk(tmp_path: Path) -> None:
 
 def test_a_full_disk_leaves_the_previous_checkpoint_whole(tmp_path: Path) -> None:
     out = _on_a_full_disk("medvqa", tmp_path)
-    assert out["error"] is not None, out  # torch.save: "RuntimeError: ... failed writing"
+    assert out["error"] == "CheckpointWriteError", out
     assert out["step"] == 1 and out["size"] == out["first_size"]  # the previous one, whole
     assert out["leftovers"] == []  # the temporary file is gone too
+
+
+def test_a_full_disk_fails_the_run_with_its_record_and_no_torn_checkpoint(
+    tmp_path: Path, cache_dir: Path, tiny_model_dir: Path
+) -> None:
+    """The smoke job with its run directory on a 2 MB disk: the epoch checkpoint (1.2 MB) fits,
+    `last.ckpt` does not. The record says `failed` with the reason (before: a torn last.ckpt
+    filled the disk and the record could not leave `running`), every checkpoint loads."""
+    disk = tmp_path / "disk"
+    run = [sys.executable, "run.py", *FAST, *SMALL, f"hydra.run.dir={disk}/run"]
+    copy = f"cp -r {disk}/run {tmp_path}/run"  # the tmpfs goes with the namespace
+    env = {"MEDVQA_CACHE": str(cache_dir), "WANDB_MODE": "offline"}
+    proc = _on_a_small_disk(f"{' '.join(run)}; rc=$?; {copy}; exit $rc", disk, "2m", env)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    record = _record(tmp_path / "run")
+    assert record["status"] == "failed", record["status"]
+    assert record["error"].startswith("CheckpointWriteError: could not write the checkpoint")
+    checkpoints = list((tmp_path / "run" / "checkpoints").iterdir())
+    assert [p.name for p in checkpoints] == ["epoch=0-step=3.ckpt"]  # no torn last.ckpt
+    torch.load(checkpoints[0], weights_only=False)  # whole
 
 
 # --- an earlier attempt in the same run directory, and the caches' state ---------------------

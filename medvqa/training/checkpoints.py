@@ -32,6 +32,10 @@ log = logging.getLogger(__name__)
 STALE_SUFFIX = ".stale-"
 
 
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (a full disk, a quota); the previous one is intact."""
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """`torch.save` into a sibling temporary file, flushed to disk, then renamed into place."""
 
@@ -48,7 +52,15 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 fh.flush()
                 os.fsync(fh.fileno())
 
-        write_file(Path(path), save)
+        try:
+            write_file(Path(path), save)
+        except (OSError, RuntimeError) as err:  # torch.save reports a failed write as Runtime
+            free = shutil.disk_usage(Path(path).parent).free / 2**20
+            raise CheckpointWriteError(
+                f"could not write the checkpoint {path} ({free:.0f} MiB free on its file "
+                f"system): {err}. The previous checkpoint there is kept whole. Free space, or "
+                "write checkpoints elsewhere (callbacks.model_checkpoint.dirpath=...)."
+            ) from err
 
 
 def set_aside_stale(callbacks: Iterable[Any], ckpt_path: str | None) -> list[Path]:
