@@ -105,7 +105,7 @@ def test_relaunching_a_sweep_skips_finished_jobs_and_redoes_failed_ones(
         "shift.ood_values=[pet],[x-ray]",  # the first job fails (no such modality)
         f"hydra.sweep.dir={tmp_path}",
     ]
-    assert run_main(args, tmp_path / "unused", cache_dir).returncode == 0
+    assert run_main(args, tmp_path / "unused", cache_dir).returncode == 1  # a job failed
 
     def records() -> dict[str, dict]:
         out = {}
@@ -120,7 +120,7 @@ def test_relaunching_a_sweep_skips_finished_jobs_and_redoes_failed_ones(
         "['x-ray']": "finished",
     }
     again = run_main(args, tmp_path / "unused", cache_dir)
-    assert again.returncode == 0
+    assert again.returncode == 1  # the failed job failed again
     second = records()
     # The finished job was skipped (its record untouched); the failed one ran again.
     assert second["['x-ray']"]["started_at"] == first["['x-ray']"]["started_at"]

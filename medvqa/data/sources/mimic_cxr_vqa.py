@@ -385,15 +385,5 @@ class MimicCxrVqa(AnnotatedSource):
         )
         return native.loc[
             :,
-            [
-                *R.CORE_COLUMNS,
-                "gender",
-                "age",
-                "ethnicity",
-                "semantic_type",
-                "content_type",
-                "closed_kind",
-                "study_id",
-                "template",
-            ],
+            [*R.CORE_COLUMNS, *self.metadata_fields],
         ]

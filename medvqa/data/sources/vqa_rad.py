@@ -336,18 +336,6 @@ class VqaRad(AnnotatedSource):
                 R.CASE_ID: native[R.CASE_ID],
                 R.IMAGE_ID: native[R.IMAGE_ID],
                 R.SOURCE_SPLIT: native[R.SOURCE_SPLIT],
-                **{
-                    k: native[k]
-                    for k in (
-                        "image_organ",
-                        "phrase_type",
-                        "phrasing",
-                        PARAPHRASE_GROUP,
-                        "question_type_raw",
-                        "answer_type_native",
-                        "evaluation",
-                        "qid",
-                    )
-                },
+                **{k: native[k] for k in self.metadata_fields},
             }
         )
