@@ -145,10 +145,15 @@ def build_once(
     except OSError as err:
         raise _unwritable(what, target, err) from err
     with hold_lock(lock):  # another process building it: wait, then reuse its copy
-        if is_built(target, marker):
-            log.info("%s was built by another process meanwhile; reusing it", target)
-            return False
-        return _build(target, build_into, marker, what)
+        try:
+            if is_built(target, marker):
+                log.info("%s was built by another process meanwhile; reusing it", target)
+                return False
+            return _build(target, build_into, marker, what)
+        finally:
+            # Removed while held: a process still waiting on it then finds the entry built (or
+            # builds it, racing at most one newcomer to an equally valid copy: see `_build`).
+            lock.unlink(missing_ok=True)
 
 
 def _unwritable(what: str, target: Path, err: OSError) -> CacheWriteError:

@@ -127,7 +127,12 @@ def _what(config: Any) -> Any:
 def config_fingerprint(cfg: DictConfig) -> str:
     """A hash of what a run computes (its resolved config, less how to run it): the weights a
     run trained are reused by a re-run of the same job only (`medvqa.models.saving`)."""
-    return Hasher().update(_what(OmegaConf.to_container(cfg, resolve=True))).hexdigest()
+    plain = {  # a config composed with Hydra's own node (tests, scripts): not what it computes
+        k: OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
+        for k, v in cfg.items()
+        if k != "hydra"
+    }
+    return Hasher().update(_what(plain)).hexdigest()
 
 
 def read_record(path: Path) -> dict[str, Any]:

@@ -126,7 +126,7 @@ def test_a_nan_on_one_rank_stops_every_rank_and_the_run_is_diverged(
     gradient all-reduce (gloo: an error at once, recorded `failed`; NCCL: a 30-minute hang)."""
     poison = "{_target_: tests.rank_faults.NaNImagesOnRank, rank: 1, step: 1}"
     proc = run_main([*SMOKE, *TWO_RANKS, f"+callbacks.nan_on_rank={poison}"], tmp_path, cache_dir)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 4, proc.stderr[-3000:]  # diverged's exit code
     record = read_record(tmp_path / "results.json")
     assert record["status"] == "diverged", record.get("error")
     assert record["diverged_step"] == 1
