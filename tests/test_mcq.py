@@ -3,13 +3,17 @@ mixed option counts, and the case-clustered interval."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from medvqa.evaluation.families.mcq import MCQ_CHOICE, McqMetric, resolve_prediction
+from medvqa.data.questions import closed_candidates, or_options
+from medvqa.evaluation.families.mcq import MCQ_CHOICE, McqMetric, key_option, resolve_prediction
+from medvqa.evaluation.families.traditional import closed_choice
 from medvqa.evaluation.statistics import cluster_bootstrap
 
 # (case, options, answer, prediction, resolved option or None)
@@ -179,3 +183,117 @@ def test_real_records_through_the_configured_family(tmp_path) -> None:
     _, scores = score_frame(table.assign(prediction=letters), [metric], ["source"])
     assert scores["mcq_acc"] == 1.0 and scores["mcq_invalid_rate"] == 0.0
     assert scores["mcq_random_baseline"] == pytest.approx((1 / table["n_options"]).mean())
+
+
+# -- Replies as real models write them (issue #21, defect 4) ---------------------------------
+
+REPLIES = [
+    json.loads(line)
+    for line in (Path(__file__).parent / "fixtures" / "mcq_replies.jsonl").read_text().splitlines()
+    if line.strip()
+]
+
+
+def test_the_reply_fixture_covers_the_forms() -> None:
+    """At least 50 forms, the ones models write and the ones that must stay invalid."""
+    assert len(REPLIES) >= 50
+    replies = {r["reply"] for r in REPLIES}
+    for form in ("[B]", "**B**", "'B'", "<answer>B</answer>", "\\boxed{B}", "My answer: B"):
+        assert form in replies
+    invalid = {r["reply"] for r in REPLIES if r["expected"] == "invalid"}
+    assert {"A or B", "none", "Answer: A\nAnswer: B"} <= invalid
+
+
+@pytest.mark.parametrize("row", REPLIES, ids=[repr(r["reply"])[:40] for r in REPLIES])
+def test_reply_forms_resolve_to_the_intended_option(row) -> None:
+    options = row["options"]
+    expected = None if row["expected"] == "invalid" else options["ABCDE".index(row["expected"])]
+    assert resolve_prediction(row["reply"], options) == expected
+
+
+def test_the_committed_answer_beats_options_mentioned_before_it() -> None:
+    options = ["Edema", "Pneumonia", "Pleural effusion"]
+    assert resolve_prediction("Although Edema was considered, the answer is B.", options) == (
+        "Pneumonia"
+    )
+    assert resolve_prediction("Edema is unlikely.\nB", options) == "Pneumonia"
+    # Two commitments that disagree are not a choice.
+    assert resolve_prediction("The answer is A. Final answer: B", options) is None
+
+
+def test_a_letter_key_maps_to_its_option_and_scores() -> None:
+    options = ["liver", "lung", "bone"]
+    assert key_option("B", options) == "lung"
+    assert key_option("(b)", options) == "lung"
+    assert key_option("Lung", options) == "lung"
+    assert key_option("D", options) is None  # only three options
+    assert key_option("kidney", options) is None
+    table = _table(
+        [
+            ("c1", options, "B", "B", "lung"),
+            ("c1", options, "B", "The answer is lung.", "lung"),
+            ("c2", options, "B", "A", "liver"),
+            ("c2", options, "lung", "B", "lung"),
+        ]
+    )
+    per = McqMetric().per_sample(table)
+    assert per["mcq_correct"].tolist() == [1.0, 1.0, 0.0, 1.0]
+    assert McqMetric().aggregate(table.join(per))["mcq_acc"] == pytest.approx(3 / 4)
+
+
+def test_a_key_naming_no_option_is_an_error_not_a_zero() -> None:
+    table = _table([("c1", ["liver", "lung", "bone"], "kidney", "A", None)])
+    with pytest.raises(ValueError, match=r"row 10 has answer key 'kidney'.*fix the key"):
+        McqMetric().per_sample(table)
+
+
+# -- "A or B" questions (issue #21, defect 5) ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("question", "answer", "expected"),
+    [
+        (
+            "Is this a T1 weighted or T2 weighted MRI?",
+            "T2 weighted",
+            ["T2 weighted", "T1 weighted"],
+        ),
+        (
+            "Is this a T1 weighted or T2 weighted MRI?",
+            "T1 weighted",
+            ["T1 weighted", "T2 weighted"],
+        ),
+        ("Is this a T1 weighted or T2 weighted MRI?", "T2", ["T2", "T1"]),
+        ("Is this a T1 weighted or T2 weighted MRI?", "T1", ["T1", "T2"]),
+        ("Is this an MRI or a CT scan?", "CT", ["CT", "MRI"]),
+        ("Is this an MRI or a CT scan?", "MRI", ["MRI", "CT"]),
+        ("Is this an MRI or a CT scan?", "CT scan", ["CT scan", "MRI"]),
+        ("Is the lesion on the left or the right side?", "right", ["right", "left"]),
+        # behaviours kept
+        ("Is this a CT or MRI?", "MRI", ["MRI", "CT"]),
+        ("Is this a CT or MRI?", "ct", ["ct", "MRI"]),
+        ("Which is bigger, liver or spleen?", "Liver", ["Liver", "spleen"]),
+        ("Is the mass solid or cystic?", "cystic", ["cystic", "solid"]),
+        (
+            "Is it in the left upper lobe or right lower lobe?",
+            "left upper lobe",
+            ["left upper lobe", "right lower lobe"],
+        ),
+        ("Is this a CT or MRI?", "PET", None),  # the answer is on neither side
+        ("Is there a mass?", "mass", None),  # no " or "
+        ("Is this a CT or CT?", "CT", None),  # one option twice
+    ],
+)
+def test_or_options(question, answer, expected) -> None:
+    assert or_options(question, answer) == expected
+
+
+def test_a_full_reply_selects_one_or_candidate() -> None:
+    """The candidates are what a closed reply is matched against: naming the option in full
+    ("T2 weighted") must select the answer, not two candidates."""
+    cands = closed_candidates("Is this a T1 weighted or T2 weighted MRI?", "T2")
+    assert closed_choice("T2 weighted", cands) == "T2"
+    assert closed_choice("It is a T1 weighted image", cands) == "T1"
+    cands = closed_candidates("Is this an MRI or a CT scan?", "CT")
+    assert closed_choice("a CT scan", cands) == "CT"
+    assert closed_choice("MRI", cands) == "MRI"

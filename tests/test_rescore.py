@@ -180,3 +180,152 @@ def test_the_judge_scores_a_file_and_a_dead_one_leaves_it_incomplete(tmp_path: P
         assert record["metrics"]["judge/calls"] == 1  # only the failed item
     finally:
         server.stop()
+
+
+def _slake_raw(rows: list[tuple[int, str, str, str]]) -> pd.DataFrame:
+    """SLAKE's raw test.json rows (qid, answer type, question, answer as released)."""
+    return pd.DataFrame(
+        [
+            {
+                "qid": qid,
+                "img_name": f"xmlab{qid}/source.jpg",
+                "img_id": qid,
+                "question": question,
+                "answer": answer,
+                "q_lang": "en",
+                "location": "Abdomen",
+                "modality": "CT",
+                "answer_type": kind,
+                "base_type": "vqa",
+                "content_type": "Organ",
+            }
+            for qid, kind, question, answer in rows
+        ]
+    )
+
+
+def test_sure_written_file_scores_closed_accuracy_as_sure_does(tmp_path: Path) -> None:
+    """A test_results.json written by SURE-VQA's own code (raw "Yes"/"No" answers) gets the
+    closed accuracy SURE-VQA's get_accuracy reports on the same rows."""
+    from tests.peers.sure_vqa import get_accuracy, write_test_results
+
+    raw = _slake_raw(
+        [
+            (11, "CLOSED", "Does the picture contain liver?", "Yes"),
+            (12, "CLOSED", "Is the lung healthy?", "No"),
+            (13, "CLOSED", "Is this a CT?", "Yes"),
+            (14, "CLOSED", "Is there a mass?", "No"),
+            (15, "CLOSED", "Which is bigger, liver or spleen?", "Liver"),
+            (16, "CLOSED", "Is the heart enlarged?", "Yes"),
+            (17, "OPEN", "How many lungs are shown?", "2"),
+            (18, "OPEN", "What is the lesion's diameter code?", "05"),
+            (19, "OPEN", "Where is the abnormality?", ""),
+        ]
+    )
+    preds = {11: "Yes", 12: "no", 13: "Yes, it is.", 14: "Yes", 15: "The liver"}
+    preds |= {16: "yes or no", 17: "2", 18: "05", 19: ""}
+    path = write_test_results(raw, preds, tmp_path)
+    written = json.loads(path.read_text())
+    assert written[0]["gt"] == "Yes" and written[0]["qid"] == 11
+    assert written[0]["question"].endswith("two options: [yes, no].")
+
+    sure = pd.read_json(path)  # as SURE-VQA's run_eval.py reads it
+    categories = pd.DataFrame(
+        {
+            "qid": [11, 12, 13, 14, 15, 16],
+            "list_categories": [["yes", "no"]] * 4 + [["liver", "spleen"], ["yes", "no"]],
+        }
+    )
+    theirs = get_accuracy(sure[sure["answer_type"] == "CLOSED"], categories)[0]["avg_accuracy"]
+    assert theirs == pytest.approx(4 / 6)
+
+    metrics = score(tmp_path, path, "--format", "sure")["metrics"]
+    assert metrics["all/closed_acc"] == pytest.approx(theirs)
+    assert metrics["all/n_closed"] == 6
+    assert metrics["all/open_exact_match"] == 1.0  # "2", "05" and the empty answer, as text
+    assert metrics["all/open_empty_ref_n"] == 1
+
+
+def test_csv_answers_stay_text(tmp_path: Path) -> None:
+    """Answers, predictions and ids that look numeric, "NA", "None" and "" are read as text."""
+    numeric = tmp_path / "numeric.csv"
+    numeric.write_text(
+        "id,question,answer,prediction,answer_type\n"
+        "001,How many?,05,05,open\n"
+        "002,Which code?,007,007,open\n"
+        "003,What dose?,3.0,3.0,open\n"
+        "004,What value?,NA,4,open\n"
+        "005,What else?,,0,open\n"
+    )
+    frame, _ = read(numeric)
+    assert frame["id"].tolist() == ["001", "002", "003", "004", "005"]
+    assert frame["answer"].tolist() == ["05", "007", "3.0", "NA", ""]
+    assert frame["prediction"].tolist() == ["05", "007", "3.0", "4", "0"]
+    metrics = score(tmp_path, numeric)["metrics"]
+    assert metrics["all/open_exact_match"] == pytest.approx(3 / 5)
+    assert metrics["all/open_empty_ref_n"] == 1
+
+    closed = tmp_path / "closed.csv"
+    closed.write_text(
+        "question,answer,prediction,answer_type\n"
+        "Is there a mass?,Yes,yes,CLOSED\n"
+        "Is it normal?,No,,CLOSED\n"  # an empty prediction: scored, and invalid
+        "Is it enlarged?,No,NO.,CLOSED\n"
+        "What value?,NA,NA,OPEN\n"
+        "Which finding?,None,none,OPEN\n"
+    )
+    frame, _ = read(closed)
+    assert frame["prediction"].tolist() == ["yes", "", "NO.", "NA", "none"]
+    metrics = score(tmp_path, closed)["metrics"]
+    assert metrics["all/closed_acc"] == pytest.approx(2 / 3)
+    assert metrics["all/closed_invalid_rate"] == pytest.approx(1 / 3)
+    assert metrics["all/open_exact_match"] == 1.0
+
+
+def test_closed_answers_compare_normalised_on_both_sides() -> None:
+    """A "Yes" reference, the lower-case yes/no space and a "YES." prediction agree."""
+    from medvqa.data.questions import closed_candidates
+    from medvqa.evaluation.families.traditional import closed_correct, per_sample_scores
+
+    cands = closed_candidates("Is there a mass?", "Yes")
+    assert closed_correct("YES.", "Yes", cands) == 1.0
+    assert closed_correct("no", "Yes", cands) == 0.0
+    rows = pd.DataFrame(
+        {
+            "answer": ["Yes", "No", "Liver"],
+            "prediction": ["YES.", "yes or no", "the liver"],
+            "answer_type": ["closed"] * 3,
+            "candidates": [cands, cands, ["Liver", "spleen"]],
+        }
+    )
+    scored = per_sample_scores(rows)
+    assert scored["closed_correct"].tolist() == [1.0, 0.0, 1.0]
+    assert scored["closed_invalid"].tolist() == [0.0, 1.0, 0.0]
+
+
+def test_a_letter_answer_key_scores_against_its_option(tmp_path: Path) -> None:
+    """An MCQ file whose key is the letter ("B"): scored as the option it names, not as 0."""
+    options = ["Edema", "Pneumothorax", "Effusion"]
+    rows = [
+        {"id": "1", "question": "Finding?", "answer": "B", "prediction": "The answer is B."},
+        {"id": "2", "question": "Finding?", "answer": "C", "prediction": "**C**"},
+        {"id": "3", "question": "Finding?", "answer": "A", "prediction": "B"},
+        {"id": "4", "question": "Finding?", "answer": "Edema", "prediction": "A"},
+    ]
+    path = tmp_path / "mcq.jsonl"
+    path.write_text(
+        "".join(
+            json.dumps({**r, "answer_type": "closed", "candidates": options}) + "\n" for r in rows
+        )
+    )
+    metrics = score(tmp_path, path, "metric=[traditional,mcq]")["metrics"]
+    assert metrics["all/mcq_acc"] == pytest.approx(3 / 4)
+    assert metrics["all/mcq_invalid_rate"] == 0.0
+    # the closed-question accuracy reads option text: "Pneumothorax" is right for key "B"
+    texts = [{**r, "prediction": options[ord(r["answer"][0]) - ord("A")]} for r in rows[:3]]
+    path.write_text(
+        "".join(
+            json.dumps({**r, "answer_type": "closed", "candidates": options}) + "\n" for r in texts
+        )
+    )
+    assert score(tmp_path, path)["metrics"]["all/closed_acc"] == 1.0

@@ -38,26 +38,55 @@ def listed_options(question: str, answer: str, min_options: int = 2) -> list[str
     return None
 
 
+_ARTICLES = frozenset({"a", "an", "the"})
+
+
+def _lower(words: list[str]) -> list[str]:
+    return [w.lower() for w in words]
+
+
+def _after_article(words: list[str]) -> list[str]:
+    """The words after the last article: "an MRI" names the option "MRI"."""
+    cut = max((i + 1 for i, w in enumerate(words) if w.lower() in _ARTICLES), default=0)
+    return words[cut:]
+
+
 def or_options(question: str, answer: str) -> list[str] | None:
     """[answer, other] when the answer is one side of " or " ("Is this a CT or MRI?").
 
-    The other option is as many words from the other side as the answer has; None if the
-    answer is on neither side.
+    The other option is as many words from the other side as the answer has, without articles
+    ("an MRI or a CT scan", answer "CT" -> MRI) and without a modifier both options share ("a
+    T1 weighted or T2 weighted MRI", answer "T2" -> T1, not "weighted"), so a reply naming
+    the option in full still selects one candidate. Only the clause around " or " counts
+    (commas bound it); None if the answer is on neither side.
     """
     sides = re.split(r"\bor\b", question.rstrip("?. "), maxsplit=1, flags=re.IGNORECASE)
     if len(sides) != 2:
         return None
-    n = len(answer.split())
-    left = " ".join(sides[0].split()[-n:]).strip(", ")
-    right = " ".join(sides[1].split()[:n]).strip(", ")
-    low = answer.lower()
-    if left.lower() == low:
-        other = right
-    elif right.lower() == low:
-        other = left
-    else:
-        return None
-    return [answer, other] if other and other.lower() != low else None
+    left = sides[0].rstrip(" ,").rsplit(",", 1)[-1].split()
+    right = sides[1].split(",", 1)[0].split()
+    if right and right[0].lower() in _ARTICLES:
+        right = right[1:]
+    low = _lower(answer.split())
+    n = len(low)
+    other: list[str] = []
+    if n and _lower(right[:n]) == low:
+        rest = _lower(right[n:])
+        shared = next((j for j in (2, 1) if len(left) > j and _lower(left[-j:]) == rest[:j]), 0)
+        other = _after_article(left[: len(left) - shared][-n:])
+    elif n and _lower(left[-n:]) == low:
+        other = right[:n]
+    elif n:
+        # The answer sits before the shared modifier: "T1" in "a T1 weighted or T2 weighted".
+        for j in (2, 1):
+            if len(left) > n + j and _lower(left[-n - j : -j]) == low:
+                tail = _lower(left[-j:])
+                k = next((k for k in range(1, n + 2) if _lower(right[k : k + j]) == tail), 0)
+                other = right[:k]
+                if other:
+                    break
+    text = " ".join(other)
+    return [answer, text] if text and text.lower() != answer.lower() else None
 
 
 def closed_candidates(question: str, answer: str) -> list[str]:
@@ -65,6 +94,8 @@ def closed_candidates(question: str, answer: str) -> list[str]:
 
     A kept closed row whose text names no parsable options (the answer is in the question but
     not as an "A or B" side) gets [answer, "not <answer>"]: binary, as the paper scores it.
+    The yes/no space is lower case whatever the answer's case ("Yes" in raw SLAKE): scoring
+    compares candidate and answer after `normalize_answer`, never as raw strings.
     """
     if is_yes_no(answer):
         return list(YES_NO)

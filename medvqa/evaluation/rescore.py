@@ -40,7 +40,8 @@ from medvqa.config import ConfigError, check_config, check_judge_config
 from medvqa.data import records as R
 from medvqa.data.questions import closed_candidates, is_yes_no
 from medvqa.evaluation.evaluate import split_metrics
-from medvqa.evaluation.families.traditional import PREDICTION
+from medvqa.evaluation.families.mcq import key_option
+from medvqa.evaluation.families.traditional import PREDICTION, same_answer
 from medvqa.evaluation.generation import SPLIT, read_predictions
 from medvqa.evaluation.scoring import (
     SCORES_FILE,
@@ -160,9 +161,21 @@ def read_lmms_eval(path: Path) -> pd.DataFrame:
 
 
 def read_table(path: Path) -> pd.DataFrame:
-    """CSV/TSV or JSON(L) with the canonical columns (or their ALIASES)."""
+    """CSV/TSV or JSON(L) with the canonical columns (or their ALIASES).
+
+    A CSV cell is read as the text it holds: type inference would turn an all-numeric column's
+    "007" into 7 and, next to "3.0", "05" into 5.0 (so "007" no longer equals another column's
+    "007"), and NA parsing would turn the answers "NA" and "None" into missing values. An empty cell is therefore the empty string, which as a
+    prediction is a valid empty answer, as "" is in the JSON formats.
+    """
     if path.suffix in (".csv", ".tsv"):
-        frame = pd.read_csv(path, sep="\t" if path.suffix == ".tsv" else ",", keep_default_na=False)
+        frame = pd.read_csv(
+            path,
+            sep="\t" if path.suffix == ".tsv" else ",",
+            dtype=str,
+            keep_default_na=False,
+            na_filter=False,
+        )
     else:
         frame = pd.DataFrame(_json_rows(path))
     renamed = {a: c for a, c in ALIASES.items() if a in frame and c not in frame}
@@ -255,6 +268,9 @@ def normalise(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
             candidates, frame[R.QUESTION], frame[R.ANSWER], frame[R.ANSWER_TYPE], strict=True
         )
     ]
+    frame[R.ANSWER] = [
+        _option_of_key(a, c) for a, c in zip(frame[R.ANSWER], frame[R.CANDIDATES], strict=True)
+    ]
     repeated = frame.duplicated([SPLIT, R.ID])
     if repeated.any():
         i = int(repeated.to_numpy().argmax())
@@ -298,6 +314,16 @@ def compose(overrides: Sequence[str], out_dir: Path) -> DictConfig:
     with open_dict(cfg):
         del cfg["hydra"]
     return cfg
+
+
+def _option_of_key(answer: Any, candidates: list[str] | None) -> Any:
+    """A letter key ("B") as the text of the option it names, as the mcq family resolves a
+    reply; a key that is an option's text already, or a yes/no question's, is kept."""
+    if not candidates or all(map(is_yes_no, candidates)) or not isinstance(answer, str):
+        return answer
+    if any(same_answer(answer, c) for c in candidates):
+        return answer
+    return key_option(answer, candidates) or answer
 
 
 def score_file(

@@ -77,7 +77,9 @@ class Slake(AnnotatedSource):
     """SLAKE from `root`; `languages` and `clean_closed` exist to reproduce other protocols."""
 
     name = "slake"
-    loader_version = 3  # 2: empty and numeric answers kept; 3: validation.json, per-split oddities
+    # 2: empty and numeric answers kept; 3: validation.json, per-split oddities; 4: "A or B"
+    # candidates keep multi-word sides and drop articles
+    loader_version = 4
     metadata_fields = (*METADATA, "q_lang")
     field_types = FIELD_TYPES
 

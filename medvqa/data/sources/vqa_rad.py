@@ -198,7 +198,9 @@ class VqaRad(AnnotatedSource):
     """VQA-RAD from `root` (see the module docstring for layout and decisions)."""
 
     name = "vqa_rad"
-    loader_version = 2  # 2: question types canonicalised, oddities counted, blank questions bad
+    # 2: question types canonicalised, oddities counted, blank questions bad; 3: "A or B"
+    # options keep multi-word sides and drop articles (more rows closed, other candidates)
+    loader_version = 3
     metadata_fields = (
         "image_organ",
         "phrase_type",

@@ -13,14 +13,24 @@ reported as ``mcq_acc ± mcq_acc_ci_half`` with the exact bounds in ``_ci_lo`` /
 
 Resolution rules (:func:`resolve_prediction`), first match wins:
 
-1. the option text (exactly, or ignoring case) or a bare letter ``B``, ``b``, ``B)``, ``(B)``,
-   ``B.`` naming one of the row's options (a letter past the last option is invalid);
-2. the same after a lead-in such as "Answer:", "The answer is", "Option" and without trailing
-   periods ("The answer is (C)." -> C);
-3. a letter followed by text, "B) liver": the letter's option, unless the text selects a
-   *different* option (a contradiction, invalid);
+1. the whole reply is an option: its text (exactly, or ignoring case) or a bare letter ``B``,
+   ``b``, ``B)``, ``(B)``, ``B.``, also after a lead-in ("Answer:", "The answer is", "Option"),
+   and also inside a wrapper real models write: ``**B**``, ``[B]``, ``'B'``,
+   ``<answer>B</answer>``, ``\boxed{B}`` (a letter past the last option is invalid);
+2. the **committed** answers anywhere in the reply: the span after "the answer is", "Answer:",
+   "My answer:", "I choose", a ``<answer>`` tag or ``\boxed{}``, "B is correct", and a letter
+   (or an option's text) alone on the first or last line. A model that reasons through the
+   options before committing names them all; only its commitment counts, so "Although Edema was
+   considered, the answer is B." is B. Commitments that disagree ("Answer: A ... Answer: B"),
+   name two options ("the answer is A or B") or contradict their letter ("B) liver" where B is
+   not liver) are invalid;
+3. with no commitment, a letter followed by text, "B) liver": the letter's option, unless the
+   text selects a *different* option (a contradiction, invalid);
 4. the option text inside prose, by :func:`medvqa.evaluation.families.traditional.closed_choice`
    (normalised exact match or a unique whole-word containment; two options -> invalid).
+
+The answer key may be the option's text or its letter (:func:`key_option`); a key that is
+neither is an error rather than a silent zero.
 """
 
 from __future__ import annotations
@@ -48,6 +58,7 @@ __all__ = [
     "MCQ_CORRECT",
     "MCQ_INVALID",
     "McqMetric",
+    "key_option",
     "resolve_prediction",
 ]
 
@@ -62,10 +73,122 @@ _LEAD_IN = re.compile(
     re.IGNORECASE,
 )
 _LETTER_TEXT = re.compile(r"^\(?([A-Ea-e])\s*[).:]\s*(.+)$", re.DOTALL)
+# Any letter alone, in range or not ("E" with three options is an invalid pick, not prose).
+_BARE_LETTER = re.compile(r"^\(?([A-Ea-e])[).:]?$")
+# An upper-case letter opening a committed span: "B because ...", "B (lung)", "B - lung".
+_LEAD_LETTER = re.compile(r"^\(?([A-E])\)?(?=$|[\s.,;:!?)\]\-])\s*[).:\-]?\s*(.*)$", re.DOTALL)
+_TWO_LETTERS = re.compile(
+    r"^\(?([A-Ea-e])\)?\s*(?:or|and|/|,|&)\s*\(?([A-Ea-e])\)?(?![A-Za-z])", re.IGNORECASE
+)
+_MARKDOWN = re.compile(r"\*\*|__")
+_WRAPPERS = (
+    re.compile(r"^<answer>\s*(.*?)\s*</answer>$", re.DOTALL | re.IGNORECASE),
+    re.compile(r"^\\boxed\{(.*)\}$", re.DOTALL),
+    re.compile(r"^\\text(?:bf)?\{(.*)\}$", re.DOTALL),
+    re.compile(r"^\[(.*)\]$", re.DOTALL),
+    re.compile(r"^'(.*)'$", re.DOTALL),
+    re.compile(r'^"(.*)"$', re.DOTALL),
+    re.compile(r"^`(.*)`$", re.DOTALL),
+    re.compile(r"^\*(.*)\*$", re.DOTALL),
+)
+_SPAN_END = r"(.*?)(?=[.!?;](?:\s|$)|\n|$)"
+# Where a reply commits to an answer; group 1 is the span that names it.
+_COMMITS = (
+    re.compile(r"<answer>\s*(.*?)\s*</answer>", re.DOTALL | re.IGNORECASE),
+    re.compile(r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}"),
+    re.compile(
+        r"\b(?:answer|choice|option)s?\s*(?:is|would\s+be|should\s+be|will\s+be|:|=|\s[-–])\s*"
+        r"(?:(?:option|choice|letter)\s+)?" + _SPAN_END,
+        re.IGNORECASE,
+    ),
+    re.compile(
+        r"\bI\s*(?:would\s+|will\s+|'d\s+|'ll\s+)?(?:choose|select|pick|go\s+with)\s+"
+        r"(?:(?:option|choice|letter)\s+)?" + _SPAN_END,
+        re.IGNORECASE,
+    ),
+    re.compile(
+        r"(?:^|(?<=[\s(]))(?:[Oo]ption\s+|[Cc]hoice\s+)?(\(?[A-E]\)?)\s+is\s+(?:the\s+)?"
+        r"(?:correct|right|best)\b"
+    ),
+)
 
 
 def _strip(text: str) -> str:
     return text.strip().rstrip(".").strip()
+
+
+def _unwrap(text: str) -> str:
+    """The text inside the wrappers models put around an answer (``**B**``, ``[B]``, tags)."""
+    text = _strip(_MARKDOWN.sub("", text))
+    while True:
+        for wrapper in _WRAPPERS:
+            inner = wrapper.match(text)
+            if inner is not None:
+                text = _strip(inner.group(1))
+                break
+        else:
+            return text
+
+
+def _letter_pick(letter: str, rest: str, options: Sequence[str]) -> str | None:
+    """The letter's option unless it is out of range or the text beside it names another."""
+    index = LETTERS.index(letter.upper())
+    if index >= len(options):
+        return None
+    named = closed_choice(rest, options) if rest.strip() else None
+    return options[index] if named in (None, options[index]) else None
+
+
+def _names_several(text: str, options: Sequence[str]) -> bool:
+    return sum(closed_choice(text, [option]) is not None for option in options) > 1
+
+
+def _span_picks(span: str, options: Sequence[str]) -> list[str | None]:
+    """What a committed span names: [] nothing, [option], or [None] an invalid pick."""
+    text = _unwrap(span)
+    if not text or re.match(r"not\b", text, re.IGNORECASE):
+        return []
+    if _TWO_LETTERS.match(text) is not None:
+        return [None]
+    hit = resolve_answer(text, options)
+    if hit is not None:
+        return [hit]
+    if _BARE_LETTER.match(text) is not None:
+        return [None]  # a letter past the last option
+    lettered = _LEAD_LETTER.match(text) or _LETTER_TEXT.match(text)
+    if lettered is not None:
+        return [_letter_pick(lettered.group(1), lettered.group(2), options)]
+    named = closed_choice(text, options)
+    if named is not None:
+        return [named]
+    return [None] if _names_several(text, options) else []
+
+
+def _line_picks(line: str, options: Sequence[str]) -> list[str | None]:
+    """A first or last line that is only a letter or an option ("B", "B) lung", "**lung**")."""
+    text = _unwrap(line)
+    hit = resolve_answer(text, options)
+    if hit is not None:
+        return [hit]
+    if _BARE_LETTER.match(text) is not None:
+        return [None]
+    lettered = _LETTER_TEXT.match(text)
+    if lettered is not None and lettered.group(1).isupper():
+        return [_letter_pick(lettered.group(1), lettered.group(2), options)]
+    return []
+
+
+def _committed(text: str, options: Sequence[str]) -> list[str | None]:
+    """Every answer the reply commits to, in no particular order (see the module docstring)."""
+    text = _MARKDOWN.sub("", text)
+    picks: list[str | None] = []
+    for pattern in _COMMITS:
+        for found in pattern.finditer(text):
+            picks += _span_picks(found.group(1), options)
+    lines = [line for line in text.splitlines() if line.strip()]
+    if len(lines) > 1:
+        picks += _line_picks(lines[0], options) + _line_picks(lines[-1], options)
+    return picks
 
 
 def resolve_prediction(prediction: Any, options: Sequence[str]) -> str | None:
@@ -76,20 +199,36 @@ def resolve_prediction(prediction: Any, options: Sequence[str]) -> str | None:
     text = str(prediction).strip()
     if not text:
         return None
-    for candidate in (text, _strip(text), _strip(_LEAD_IN.sub("", text, count=1))):
+    body = _strip(_LEAD_IN.sub("", text, count=1))
+    for candidate in (
+        text,
+        _strip(text),
+        body,
+        _unwrap(text),
+        _unwrap(_LEAD_IN.sub("", _unwrap(text), count=1)),
+    ):
         if candidate:
             hit = resolve_answer(candidate, options)
             if hit is not None:
                 return hit
-    body = _strip(_LEAD_IN.sub("", text, count=1))
+    picks = set(_committed(text, options))
+    if picks:
+        return picks.pop() if len(picks) == 1 else None
+    if _TWO_LETTERS.match(_unwrap(body)) is not None:
+        return None
     lettered = _LETTER_TEXT.match(body)
     if lettered is not None:
-        index = LETTERS.index(lettered.group(1).upper())
-        if index >= len(options):
-            return None
-        named = closed_choice(lettered.group(2), options)
-        return options[index] if named in (None, options[index]) else None
+        return _letter_pick(lettered.group(1), lettered.group(2), options)
     return closed_choice(text, options)
+
+
+def key_option(answer: Any, options: Sequence[str]) -> str | None:
+    """The option an answer key names: its text (exactly or ignoring case) or its letter.
+
+    Keys written as letters ("B") would otherwise never equal a resolved option's text and
+    every row would score 0. None if the key names no option.
+    """
+    return resolve_answer(answer, [str(o) for o in options])
 
 
 def _no_options(options: Any) -> bool:
@@ -135,10 +274,17 @@ class McqMetric(MetricFamily):
             if kind != "closed" or _no_options(options):
                 continue
             options = [str(o) for o in options]
+            key = key_option(answer, options)
+            if key is None:
+                raise ValueError(
+                    f"{self.name}: row {preds.index[i]!r} has answer key {answer!r}, which is "
+                    f"neither one of its options {options} nor the letter of one; fix the key "
+                    f"or the row's `{CANDIDATES}`."
+                )
             hit = resolve_prediction(pred, options)
             choice[i] = hit
             invalid[i] = float(hit is None)
-            correct[i] = np.nan if hit is None else float(hit == str(answer))
+            correct[i] = np.nan if hit is None else float(hit == key)
             chance[i] = 1.0 / len(options)
         return pd.DataFrame(
             {

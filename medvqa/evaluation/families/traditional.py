@@ -42,6 +42,7 @@ __all__ = [
     "normalize_answer",
     "per_sample_scores",
     "ref_word_precision",
+    "same_answer",
     "score_predictions",
     "token_f1",
     "token_precision",
@@ -274,9 +275,19 @@ def closed_choice(pred: str, candidates: Sequence[str]) -> str | None:
     )
 
 
+def same_answer(choice: str | None, answer: Any) -> bool:
+    """Whether a selected candidate is the reference answer, both sides normalised alike.
+
+    Candidates, references and predictions come from different writers (medvqa's yes/no space
+    is lower case, SLAKE's raw answers are "Yes"/"No"), so a raw ``==`` would score a right
+    answer 0; :func:`normalize_answer` on both sides makes "Yes", "yes" and "YES." agree.
+    """
+    return choice is not None and normalize_answer(choice) == normalize_answer(answer)
+
+
 def closed_correct(pred: str, answer: str, candidates: Sequence[str]) -> float:
     """1.0 iff the prediction selects exactly the answer candidate (invalid counts as wrong)."""
-    return float(closed_choice(pred, candidates) == answer)
+    return float(same_answer(closed_choice(pred, candidates), answer))
 
 
 # --------------------------------------------------------------------------------------------
@@ -348,7 +359,7 @@ def per_sample_scores(
                 normalize_answer(pred_col[i]), cands, [normalize_answer(c) for c in cands]
             )
             choice[i] = ch
-            correct[i] = float(ch is not None and ch == str(ans_col[i]))
+            correct[i] = float(same_answer(ch, ans_col[i]))
             invalid[i] = float(ch is None)
         else:
             raise ValueError(f"row {i}: answer_type {kind!r} is neither 'open' nor 'closed'")

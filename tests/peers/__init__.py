@@ -1,0 +1,1 @@
+"""Fixture writers and scorers copied from peer projects, so tests compare with their real code."""
