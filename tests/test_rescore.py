@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from medvqa.evaluation.rescore import main, read
+from medvqa.evaluation.rescore import ScoreInputError, main, read
 from tests.conftest import run_main
 from tests.judge_server import JudgeServer, judge_overrides
 
@@ -329,3 +329,82 @@ def test_a_letter_answer_key_scores_against_its_option(tmp_path: Path) -> None:
         )
     )
     assert score(tmp_path, path)["metrics"]["all/closed_acc"] == 1.0
+
+
+# -- lmms-eval sample logs as each version's own writer leaves them ------------------------------
+
+LMMS_ROWS = [
+    (11, "CLOSED", "Does the picture contain liver?", "Yes"),
+    (12, "CLOSED", "Is the lung healthy?", "No"),
+    (15, "CLOSED", "Which is bigger, liver or spleen?", "Liver"),
+    (16, "CLOSED", "Is the heart enlarged?", "Yes"),
+    (17, "OPEN", "How many lungs are shown?", "2"),
+    (19, "OPEN", "Where is the abnormality?", ""),
+]
+LMMS_PREDS = {11: "Yes", 12: "yes", 15: "The liver", 16: "Yes", 17: "2", 19: "lung"}
+
+
+def _lmms_samples(version: str, tmp_path: Path) -> Path:
+    from tests.peers.lmms_eval import write_samples
+
+    docs = _slake_raw(LMMS_ROWS).to_dict("records")
+    return write_samples(version, docs, LMMS_PREDS, tmp_path)
+
+
+@pytest.mark.parametrize("version", ["v0.4", "head"])
+def test_lmms_eval_logs_without_doc_score_as_v035_logs_do(
+    version: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """lmms-eval >= 0.4 drops `doc`: the question comes from `input` less the task's post
+    prompt and the answer type from the task's per-sample metric dict, so the same rows score
+    the same as in a v0.3.5 log, and the warning says what the file lacks."""
+    old = _lmms_samples("v0.3.5", tmp_path)
+    new = _lmms_samples(version, tmp_path)
+    assert "doc" in json.loads(old.read_text().splitlines()[0])
+    first = json.loads(new.read_text().splitlines()[0])
+    assert "doc" not in first and first["input"].endswith("single word or phrase.")
+    assert isinstance(first["filtered_resps"], list if version == "v0.4" else str)
+
+    old_frame, _ = read(old, "lmms-eval")
+    caplog.clear()
+    new_frame, fmt = read(new, "lmms-eval")
+    assert fmt == "lmms-eval"
+    compared = ["id", "question", "answer", "prediction", "answer_type"]
+    assert new_frame[compared].values.tolist() == old_frame[compared].values.tolist()
+    assert new_frame["question"].iloc[2] == "Which is bigger, liver or spleen?"
+    assert new_frame["candidates"].iloc[2] == old_frame["candidates"].iloc[2]
+    assert "no `doc` in 6 of 6 row(s)" in caplog.text
+    assert "question taken from `input`" in caplog.text
+    assert "answer type from the per-sample metric dict `slake_accuracy`" in caplog.text
+
+    theirs = score(tmp_path / "old", old)["metrics"]
+    ours = score(tmp_path / "new", new, "evaluation.breakdown=[modality]")["metrics"]
+    for key in ("closed_acc", "n_closed", "open_exact_match", "open_empty_ref_n", "n"):
+        assert ours[f"all/{key}"] == pytest.approx(theirs[f"all/{key}"]), key
+    assert ours["all/n_closed"] == 4 and ours["all/closed_acc"] == pytest.approx(3 / 4)
+    assert ours["all/modality=ct/n"] == 6  # from the metric dict, lower-cased by the task
+
+
+def test_lmms_eval_log_without_doc_or_metric_dict_infers_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A task whose per-sample metrics are plain numbers leaves no answer type: yes/no targets
+    are closed, and the warning says the type was inferred."""
+    path = _lmms_samples("head", tmp_path)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    for row in rows:
+        for key in ("slake_accuracy", "slake_open_accuracy", "slake_closed_accuracy"):
+            row[key] = 1.0
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    frame, _ = read(path, "lmms-eval")
+    assert frame["answer_type"].tolist() == ["closed", "closed", "open", "closed", "open", "open"]
+    assert "answer type inferred for 6 row(s) (yes/no target -> closed)" in caplog.text
+
+
+def test_lmms_eval_row_without_doc_or_input_is_named(tmp_path: Path) -> None:
+    path = _lmms_samples("head", tmp_path)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    del rows[3]["input"]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ScoreInputError, match=rf"{path}: line 4 .*neither `doc` nor `input`"):
+        read(path, "lmms-eval")

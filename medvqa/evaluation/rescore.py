@@ -12,8 +12,8 @@ Formats (docs/metrics.md#scoring-existing-predictions):
 - `medvqa`: a run's `predictions.jsonl` (split, case, candidates and metadata included);
 - `sure`: the SURE-VQA reference code's `test_results.json`, a JSON list of
   `{qid, question, gt, pred, answer_type: OPEN|CLOSED, img_name}`;
-- `lmms-eval`: the per-sample JSONL of `--log_samples` (`doc_id`, `doc`, `target`,
-  `filtered_resps`/`resps`);
+- `lmms-eval`: the per-sample JSONL of `--log_samples` (`doc_id`, `target`,
+  `filtered_resps`/`resps`, and `doc` up to v0.3 or `input` and the task's metric dicts since);
 - `table`: CSV or JSON(L) with `question`, `answer` (or `gt`), `prediction` (or `pred`) and
   optionally `answer_type`, `id`, `split`, `case_id`, `candidates` and any metadata column.
 
@@ -136,27 +136,127 @@ def _response(row: dict[str, Any]) -> Any:
     return value
 
 
+# Keys lmms-eval's own writer puts in a sample (evaluator.py, loggers/evaluation_tracker.py, v0.3
+# to HEAD); any other dict-valued key is a per-sample record from the task's process_results.
+LMMS_WRITER_KEYS = frozenset(
+    {"doc_id", "doc", "target", "arguments", "resps", "filtered_resps", "input"}
+    | {"doc_hash", "prompt_hash", "target_hash", "token_counts", "input_media"}
+)
+# Fields of such a record that are results or the canonical columns, not question metadata.
+LMMS_RESULT_FIELDS = frozenset(
+    {"id", "question", "answer", "prediction", "pred", "target", "gt", "answer_type"}
+)
+# Post prompts of lmms-eval's medical VQA tasks, stripped from a one-row file's `input` (with
+# more rows, whatever whole lines every prompt shares is stripped instead).
+LMMS_POST_PROMPTS = ("\nAnswer the question using a single word or phrase.",)
+
+
+def _metric_record(row: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
+    """The sample's per-sample metric dict (its key and value), preferring one with an answer
+    type: since v0.4 it is the only place the question's metadata survives."""
+    records = [(k, v) for k, v in row.items() if k not in LMMS_WRITER_KEYS and isinstance(v, dict)]
+    for key, record in records:
+        if str(record.get(R.ANSWER_TYPE) or "").strip():
+            return key, record
+    return records[0] if records else (None, {})
+
+
+def _prompt_frame(prompts: list[str]) -> tuple[str, str]:
+    """The pre and post prompt a task wraps every question in: the whole lines all prompts
+    share at the start and end (a shared first word of two questions is not a prompt)."""
+    if len(prompts) < 2:
+        post = next((p for p in LMMS_POST_PROMPTS if prompts and prompts[0].endswith(p)), "")
+        return "", post
+    prefix = os.path.commonprefix(prompts)  # noqa: RUF071 (text, not paths)
+    suffix = os.path.commonprefix([p[::-1] for p in prompts])[::-1]  # noqa: RUF071
+    pre = prefix[: prefix.rfind("\n") + 1]
+    post = suffix[suffix.find("\n") :] if "\n" in suffix else ""
+    if any(len(pre) + len(post) >= len(p) for p in prompts):
+        return "", ""  # the prompts are all the same text: nothing is recognisably a question
+    return pre, post
+
+
 def read_lmms_eval(path: Path) -> pd.DataFrame:
-    """lmms-eval's `--log_samples` JSONL: the question and answer type from `doc`, the answer
-    from `target`, the prediction from `filtered_resps`."""
+    """lmms-eval's `--log_samples` JSONL: the answer from `target`, the prediction from
+    `filtered_resps` (a list up to v0.6.1, a string from v0.7), the question and answer type from
+    `doc` (v0.3.x) or, as v0.4+ drops `doc`, from the task's per-sample metric dict and `input`
+    (the prompt, less the pre/post prompt every row shares); the warning says which."""
     rows = _json_rows(path)
-    out = []
+    docs: list[dict[str, Any] | None] = []
     for i, row in enumerate(rows):
         if "doc_id" not in row or ("filtered_resps" not in row and "resps" not in row):
             raise ScoreInputError(
                 f"{path}: line {i + 1} is not an lmms-eval sample (needs doc_id and "
                 "filtered_resps or resps); pass --format table for other JSONL files"
             )
-        doc = row.get("doc") if isinstance(row.get("doc"), dict) else {}
+        docs.append(row["doc"] if isinstance(row.get("doc"), dict) else None)
+    prompts = [
+        row["input"]
+        for row, doc in zip(rows, docs, strict=True)
+        if "question" not in (doc or {})
+        and "question" not in _metric_record(row)[1]
+        and isinstance(row.get("input"), str)
+    ]
+    pre, post = _prompt_frame(prompts)
+    from_input, typed_by, inferred = 0, set(), 0
+    out = []
+    for i, (row, doc) in enumerate(zip(rows, docs, strict=True)):
+        doc = doc or {}
+        key, record = _metric_record(row)
+        question = doc.get("question", record.get("question"))
+        if question is None:
+            prompt = row.get("input")
+            if not isinstance(prompt, str):
+                raise ScoreInputError(
+                    f"{path}: line {i + 1} (doc_id {row['doc_id']!r}) has neither `doc` nor "
+                    "`input`, so no question; keep the file lmms-eval's --log_samples wrote, "
+                    "or pass --format table with a question column"
+                )
+            body = prompt[len(pre) : len(prompt) - len(post)]
+            question = body if prompt.startswith(pre) and prompt.endswith(post) else prompt
+            from_input += 1
+        target = row.get("target", doc.get("answer", record.get("target")))
+        answer_type = doc.get(R.ANSWER_TYPE) or str(record.get(R.ANSWER_TYPE) or "").strip()
+        if not doc.get(R.ANSWER_TYPE) and answer_type:
+            typed_by.add(key)
+        elif not answer_type:
+            answer_type = "closed" if is_yes_no(_text(target) or "") else "open"
+            inferred += 1
+        metadata = {
+            k: v
+            for k, v in record.items()
+            if isinstance(v, str) and k not in LMMS_RESULT_FIELDS and not k.endswith("_normalized")
+        }
         out.append(
             {
+                **metadata,
                 **{k: v for k, v in doc.items() if isinstance(v, str | int | float | bool)},
                 R.ID: str(row["doc_id"]),
-                R.QUESTION: doc.get("question", ""),
-                R.ANSWER: row.get("target", doc.get("answer")),
+                R.QUESTION: str(question).strip(),
+                R.ANSWER: target,
                 PREDICTION: _response(row),
+                R.ANSWER_TYPE: answer_type,
             }
         )
+    lacking = []
+    if missing := sum(doc is None for doc in docs):
+        lacking.append(f"no `doc` in {missing} of {len(rows)} row(s) (lmms-eval >= 0.4 drops it)")
+    if from_input:
+        stripped = f", less the prompt lines {pre!r} ... {post!r}" if pre or post else ""
+        lacking.append(
+            f"question taken from `input` for {from_input} row(s) (the full prompt{stripped})"
+        )
+    if typed_by:
+        lacking.append(
+            f"answer type from the per-sample metric dict `{'`, `'.join(sorted(typed_by))}`"
+        )
+    if inferred:
+        lacking.append(
+            f"answer type inferred for {inferred} row(s) (yes/no target -> closed): neither "
+            "`doc` nor a per-sample metric dict names it"
+        )
+    if lacking:
+        log.warning("%s: %s", path, "; ".join(lacking))
     return pd.DataFrame(out)
 
 

@@ -167,7 +167,9 @@ def train_eval(
     if not is_global_zero():
         return {}  # rank 0 scores and reports
 
-    metrics: dict[str, float] = {} if global_step is None else {"train/global_step": global_step}
+    metrics: dict[str, float] = {}
+    if global_step is not None:
+        metrics["train/global_step"] = float(global_step)
     results: dict[str, dict[str, float]] = {}
     scored: dict[str, pd.DataFrame] = {}
     for prefix, preds in generated.items():
