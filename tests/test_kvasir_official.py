@@ -92,7 +92,9 @@ def test_rouge_aggregate_is_rouge_scores_bootstrap_median_seeded(metric: KvasirO
     pairs = [(" ".join(rng.choice(words, 4)), " ".join(rng.choice(words, 5))) for _ in range(40)]
     preds = frame(pairs)
     got = metric.aggregate(preds.join(metric.per_sample(preds)))
-    # What the challenge's `evaluate.load("rouge").compute(...)` does, under np.random.seed(42).
+    # What `evaluate.load("rouge", seed=42).compute(...)` does: the aggregation inside
+    # `temp_seed(42)` (evaluate's EvaluationModule.compute). A seed set before `compute` does not
+    # count: the one fixed at `load` does.
     scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=False)
     aggregator = scoring.BootstrapAggregator()
     for pred, ref in pairs:

@@ -16,10 +16,11 @@ scripts at run time):
   ``rouge_score`` with its default tokenizer (lower-cases, keeps only [a-z0-9] runs) and no
   stemmer, aggregated as ``evaluate`` does with ``use_aggregator=True``: ``rouge_score``'s
   BootstrapAggregator, i.e. ``n_samples`` resamples of the rows with replacement and the median
-  ("mid") of the resampled means. The challenge leaves numpy's global generator unseeded, so
-  its value moves from run to run in the 4th decimal on small sets; here the draws come from
-  ``np.random.RandomState(seed)`` in the order ``rouge_score`` makes them, so the value equals
-  the challenge's under ``np.random.seed(seed)``. The plain mean over rows is reported beside it
+  ("mid") of the resampled means. ``evaluate`` fixes the seed when the metric is loaded (the
+  ``seed`` argument, else one value read from numpy's global state then) and reseeds with it at
+  every ``compute``; the challenge loads it unseeded, so its value moves from load to load in the
+  4th decimal on small sets. Here the draws come from ``np.random.RandomState(seed)`` in the
+  order ``rouge_score`` makes them, so the value equals ``evaluate.load("rouge", seed=seed)``'s. The plain mean over rows is reported beside it
   (``kvasir_rouge1_mean``, ...), which is what the median estimates.
 * **METEOR** (``kvasir_meteor``): mean over rows of NLTK's ``meteor_score`` (alpha 0.9, beta 3,
   gamma 0.5, Porter stemmer, tokens lower-cased) on ``nltk.word_tokenize`` tokens. Its synonym
