@@ -408,3 +408,119 @@ def test_lmms_eval_row_without_doc_or_input_is_named(tmp_path: Path) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(ScoreInputError, match=rf"{path}: line 4 .*neither `doc` nor `input`"):
         read(path, "lmms-eval")
+
+
+def refused(path: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> str:
+    """The message of a file medvqa-score refuses with exit status 2."""
+    caplog.clear()
+    assert main([str(path), "--out", str(tmp_path / "refused")]) == 2
+    return caplog.text
+
+
+def test_unmapped_columns_list_the_columns_found_and_the_names_accepted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "preds.csv"
+    path.write_text("question,truth,output\nIs it normal?,yes,no\n")
+    text = refused(path, tmp_path, caplog)
+    assert f"{path}: no column for ['answer', 'prediction']" in text
+    assert "columns are ['output', 'question', 'truth']" in text
+    assert "answer: answer or gt or ground_truth or target" in text
+    assert "prediction: prediction or pred or response" in text
+
+
+def test_an_unknown_split_is_named_and_split_case_is_ignored(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "preds.csv"
+    path.write_text(
+        "id,question,answer,prediction,answer_type,split\n"
+        "a,Is it normal?,yes,yes,CLOSED,TEST_IID\n"
+        "b,Which organ?,liver,liver,Open,dev\n"
+    )
+    text = refused(path, tmp_path, caplog)
+    assert f"{path}: row 1 (id 'b') has split 'dev'" in text
+    assert "use one of train, val, test_iid, test_ood (any case)" in text
+    path.write_text(path.read_text().replace(",dev", ",Test_OOD"))
+    frame, _ = read(path)
+    assert frame["split"].tolist() == ["test_iid", "test_ood"]
+    assert frame["answer_type"].tolist() == ["closed", "open"]
+
+
+def test_a_repeated_id_names_both_rows(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "preds.csv"
+    path.write_text(
+        "id,question,answer,prediction,split\n"
+        "a,Is it normal?,yes,yes,test_iid\n"
+        "a,Is it normal?,yes,yes,test_ood\n"  # another split: not a repeat
+        "b,Which organ?,liver,liver,test_iid\n"
+        "a,Is it big?,no,no,test_iid\n"
+    )
+    text = refused(path, tmp_path, caplog)
+    assert f"{path}: id 'a' occurs in rows 0 and 3 of split 'test_iid'" in text
+    assert "drop the repeated row, or give each question its own id" in text
+
+
+def test_bytes_that_are_not_utf8_are_placed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    table = "question,answer,prediction\nIs it normal?,yes,yes\nWhich organ?,fémur,femur\n"
+    for suffix in (".csv", ".jsonl"):
+        path = tmp_path / f"latin1{suffix}"
+        if suffix == ".jsonl":
+            row = {"question": "Which organ?", "answer": "fémur", "prediction": "femur"}
+            path.write_bytes(b"\n" + json.dumps(row, ensure_ascii=False).encode("latin-1"))
+        else:
+            path.write_bytes(table.encode("latin-1"))
+        offset = path.read_bytes().index("é".encode("latin-1"))
+        text = refused(path, tmp_path, caplog)
+        assert f"{path}: byte {offset} (line {2 if suffix == '.jsonl' else 3})" in text
+        assert "re-save the file as UTF-8" in text
+        assert "Traceback" not in text
+    bom = tmp_path / "excel.csv"  # Excel's "CSV UTF-8": a byte-order mark, then UTF-8
+    bom.write_bytes(table.encode("utf-8-sig"))
+    assert read(bom)[0]["answer"].tolist() == ["yes", "fémur"]
+
+
+def test_empty_files_are_refused(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    for name in ("empty.csv", "empty.jsonl", "empty.json"):
+        (tmp_path / name).write_bytes(b"")
+        assert f"{tmp_path / name}: the file is empty (0 bytes)" in refused(
+            tmp_path / name, tmp_path, caplog
+        )
+    header = tmp_path / "header.csv"
+    header.write_text("question,answer,prediction\n")
+    text = refused(header, tmp_path, caplog)
+    assert f"{header}: no prediction rows (columns: ['question', 'answer', 'prediction'])" in text
+    (tmp_path / "none.json").write_text("[]")
+    assert "no prediction rows" in refused(tmp_path / "none.json", tmp_path, caplog)
+
+
+def test_kvasir_official_scores_a_csv_as_the_same_rows_in_jsonl(tmp_path: Path) -> None:
+    """Numeric-looking answers and an empty prediction survive CSV as they do JSONL."""
+    rows = [
+        {"id": "1", "question": "How many polyps?", "answer": "2", "prediction": "2"},
+        {"id": "2", "question": "What size?", "answer": "05", "prediction": "5"},
+        {"id": "3", "question": "Is there a polyp?", "answer": "yes", "prediction": ""},
+        {
+            "id": "4",
+            "question": "Where is the polyp?",
+            "answer": "in the upper-left of the image",
+            "prediction": "upper left",
+        },
+        {"id": "5", "question": "What code?", "answer": "007", "prediction": "007"},
+    ]
+    jsonl, csv = tmp_path / "preds.jsonl", tmp_path / "preds.csv"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pd.DataFrame(rows).to_csv(csv, index=False)
+    scored = {}
+    for path in (jsonl, csv):
+        out = tmp_path / path.suffix.lstrip(".")
+        assert main([str(path), "--out", str(out), "metric=[kvasir_official]"]) == 0
+        scored[path.suffix] = json.loads((out / "results.json").read_text())["metrics"]
+    keys = {k for k in scored[".jsonl"] if "/kvasir_" in k}
+    assert keys and keys == {k for k in scored[".csv"] if "/kvasir_" in k}
+    assert "all/kvasir_bleu" in keys
+    for key in sorted(keys):
+        assert scored[".csv"][key] == pytest.approx(scored[".jsonl"][key], nan_ok=True), key
+    assert scored[".csv"]["all/kvasir_failures"] == 0

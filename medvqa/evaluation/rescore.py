@@ -39,6 +39,7 @@ from medvqa import CONF_DIR
 from medvqa.config import ConfigError, check_config, check_judge_config
 from medvqa.data import records as R
 from medvqa.data.questions import closed_candidates, is_yes_no
+from medvqa.data.shifts import SPLITS
 from medvqa.evaluation.evaluate import split_metrics
 from medvqa.evaluation.families.mcq import key_option
 from medvqa.evaluation.families.traditional import PREDICTION, same_answer
@@ -78,9 +79,29 @@ class ScoreInputError(ValueError):
 # -- readers: each returns rows with the canonical column names ---------------------------------
 
 
+def _check_readable(path: Path) -> None:
+    """Refuse an empty file and one that is not UTF-8 (the encoding every reader assumes) with
+    the place of the first bad byte, instead of a reader's bare UnicodeDecodeError."""
+    data = path.read_bytes()
+    if not data.strip():
+        raise ScoreInputError(
+            f"{path}: the file is empty ({len(data)} bytes); write the predictions into it "
+            "(a header and one row per question for CSV/TSV, one record per line for JSONL)"
+        )
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise ScoreInputError(
+            f"{path}: byte {err.start} (line {line}) is {data[err.start : err.start + 1]!r}, "
+            "not UTF-8; re-save the file as UTF-8 (e.g. Excel's 'CSV UTF-8', or "
+            "`iconv -f latin1 -t utf-8`)"
+        ) from err
+
+
 def _json_rows(path: Path) -> list[dict[str, Any]]:
     """The records of a JSON list or a JSONL file, with an error naming the bad line."""
-    text = path.read_text()
+    text = path.read_text(encoding="utf-8-sig")
     if path.suffix == ".json":
         try:
             data = json.loads(text)
@@ -273,6 +294,7 @@ def read_table(path: Path) -> pd.DataFrame:
             path,
             sep="\t" if path.suffix == ".tsv" else ",",
             dtype=str,
+            encoding="utf-8-sig",  # Excel's "CSV UTF-8" starts with a byte-order mark
             keep_default_na=False,
             na_filter=False,
         )
@@ -314,15 +336,40 @@ def _text(value: Any) -> str | None:
     return str(value)
 
 
+def _accepted_names(column: str) -> list[str]:
+    return [column, *(alias for alias, canonical in ALIASES.items() if canonical == column)]
+
+
+def _lower_checked(frame: pd.DataFrame, column: str, accepted: Sequence[str], path: Path) -> None:
+    """Lower-case a column in place, naming the first row whose value is not accepted."""
+    values = [str(v).strip().lower() for v in frame[column]]
+    bad = [i for i, v in enumerate(values) if v not in accepted]
+    if bad:
+        i = bad[0]
+        raise ScoreInputError(
+            f"{path}: row {i} (id {frame[R.ID].iloc[i]!r}) has {column.replace('_', ' ')} "
+            f"{frame[column].iloc[i]!r} ({len(bad)} such row(s)); use one of "
+            f"{', '.join(accepted)} (any case)"
+        )
+    frame[column] = values
+
+
 def normalise(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
     """Canonical, validated rows: every row has question, answer, prediction, an answer type
     of open/closed, an id, a split, a case and (closed rows) candidates."""
+    if frame.empty:
+        raise ScoreInputError(
+            f"{path}: no prediction rows (columns: {list(frame.columns)}); add one row per "
+            "question below the header, or one record per question"
+        )
     required = [R.ANSWER, PREDICTION]
     missing = [c for c in required if c not in frame]
     if missing:
+        accepted = "; ".join(f"{c}: {' or '.join(_accepted_names(c))}" for c in missing)
         raise ScoreInputError(
-            f"{path}: no column(s) {missing}; columns are {sorted(frame.columns)}. A table needs "
-            f"question, answer (or gt) and prediction (or pred); see medvqa-score --help"
+            f"{path}: no column for {missing}; columns are {sorted(map(str, frame.columns))}. "
+            f"Rename a column to an accepted name ({accepted}), or pass the --format the file "
+            "was written in; see docs/metrics.md#scoring-existing-predictions"
         )
     frame = frame.copy()
     if R.QUESTION not in frame:
@@ -342,19 +389,13 @@ def normalise(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
     frame[R.QUESTION] = [_text(v) or "" for v in frame[R.QUESTION]]
     frame[R.ID] = frame[R.ID].astype(str)
     if R.ANSWER_TYPE in frame:
-        types = [str(t).strip().lower() for t in frame[R.ANSWER_TYPE]]
-        bad = [i for i, t in enumerate(types) if t not in ANSWER_TYPES]
-        if bad:
-            i = bad[0]
-            raise ScoreInputError(
-                f"{path}: row {i} (id {frame[R.ID].iloc[i]!r}) has answer type "
-                f"{frame[R.ANSWER_TYPE].iloc[i]!r}; use open or closed (any case)"
-            )
-        frame[R.ANSWER_TYPE] = types
+        _lower_checked(frame, R.ANSWER_TYPE, ANSWER_TYPES, path)
     else:
         log.warning("%s: no answer_type column; yes/no answers are scored as closed", path)
         frame[R.ANSWER_TYPE] = ["closed" if is_yes_no(a) else "open" for a in frame[R.ANSWER]]
-    if SPLIT not in frame:
+    if SPLIT in frame:
+        _lower_checked(frame, SPLIT, SPLITS, path)
+    else:
         frame[SPLIT] = ALL_SPLIT
     if R.CASE_ID not in frame:
         log.info("%s: no case_id column; CIs resample single questions", path)
@@ -374,9 +415,12 @@ def normalise(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
     repeated = frame.duplicated([SPLIT, R.ID])
     if repeated.any():
         i = int(repeated.to_numpy().argmax())
+        rid, split = frame[R.ID].iloc[i], frame[SPLIT].iloc[i]
+        first = int(((frame[R.ID] == rid) & (frame[SPLIT] == split)).to_numpy().argmax())
         raise ScoreInputError(
-            f"{path}: id {frame[R.ID].iloc[i]!r} occurs twice in split "
-            f"{frame[SPLIT].iloc[i]!r}; ids must be unique within a split"
+            f"{path}: id {rid!r} occurs in rows {first} and {i} of split {split!r} "
+            f"({int(repeated.sum())} repeated row(s)); ids must be unique within a split: drop "
+            "the repeated row, or give each question its own id"
         )
     return frame.reset_index(drop=True)
 
@@ -386,6 +430,7 @@ def read(path: Path, fmt: str = "auto") -> tuple[pd.DataFrame, str]:
     path = Path(path)
     if not path.is_file():
         raise ScoreInputError(f"{path}: no such file")
+    _check_readable(path)
     if fmt == "auto":
         fmt = detect_format(path)
     if fmt not in READERS:
