@@ -524,3 +524,25 @@ def test_kvasir_official_scores_a_csv_as_the_same_rows_in_jsonl(tmp_path: Path) 
     for key in sorted(keys):
         assert scored[".csv"][key] == pytest.approx(scored[".jsonl"][key], nan_ok=True), key
     assert scored[".csv"]["all/kvasir_failures"] == 0
+
+
+def test_csv_candidates_are_read_and_a_missing_question_is_said(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A CSV's candidates cell holds a JSON list (a cell is text): used, not silently dropped;
+    a file without questions is scored with a warning saying what that costs."""
+    path = tmp_path / "mcq.csv"
+    path.write_text(
+        "id,answer,prediction,answer_type,candidates\n"
+        '1,T2 weighted,T2 weighted,closed,"[""T1 weighted"", ""T2 weighted""]"\n'
+        '2,Effusion,mass,closed,"[""Edema"", ""Effusion"", ""Mass""]"\n'  # valid, wrong
+        "3,yes,no,closed,\n"
+    )
+    with caplog.at_level("WARNING"):
+        metrics = score(tmp_path, path)["metrics"]
+    assert metrics["all/closed_acc"] == pytest.approx(1 / 3)
+    assert metrics["all/closed_invalid_rate"] == 0.0  # "mass" is one of the file's options
+    assert "no question column" in caplog.text
+    path.write_text("id,answer,prediction,answer_type,candidates\n1,a,a,closed,a;b\n")
+    with pytest.raises(ScoreInputError, match=r"row 0: candidates 'a;b' is not a list"):
+        read(path)

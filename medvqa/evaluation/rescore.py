@@ -373,6 +373,12 @@ def normalise(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
         )
     frame = frame.copy()
     if R.QUESTION not in frame:
+        log.warning(
+            "%s: no question column: scored with empty questions, so a closed question's "
+            "options cannot be read from it ('A or B', a listed set: give a candidates column), "
+            "and a judge sees no question",
+            path,
+        )
         frame[R.QUESTION] = ""
     if R.ID not in frame:
         frame[R.ID] = [str(i) for i in range(len(frame))]
@@ -400,7 +406,11 @@ def normalise(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
     if R.CASE_ID not in frame:
         log.info("%s: no case_id column; CIs resample single questions", path)
         frame[R.CASE_ID] = frame[R.ID]
-    candidates = frame[R.CANDIDATES] if R.CANDIDATES in frame else [None] * len(frame)
+    candidates = (
+        [_candidate_list(c, i, path) for i, c in enumerate(frame[R.CANDIDATES])]
+        if R.CANDIDATES in frame
+        else [None] * len(frame)
+    )
     frame[R.CANDIDATES] = [
         (list(c) if isinstance(c, list | tuple) else closed_candidates(q, a))
         if t == "closed"
@@ -459,6 +469,30 @@ def compose(overrides: Sequence[str], out_dir: Path) -> DictConfig:
     with open_dict(cfg):
         del cfg["hydra"]
     return cfg
+
+
+def _candidate_list(value: Any, row: int, path: Path) -> list[str] | None:
+    """A row's candidates: a list, or a CSV cell holding a JSON list (`["CT", "MRI"]`); an
+    empty cell has none (the question's own options are used)."""
+    if hasattr(value, "tolist") and not isinstance(value, float):  # a numpy array
+        value = value.tolist()
+    if isinstance(value, list | tuple):
+        return [str(v) for v in value]
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None  # a JSON row without the key
+    if isinstance(value, str) and not value.strip():
+        return None
+    if isinstance(value, str):
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            parsed = None
+        if isinstance(parsed, list) and parsed:
+            return [str(v) for v in parsed]
+    raise ScoreInputError(
+        f"{path}: row {row}: candidates {value!r} is not a list; write a JSON list in the cell, "
+        'e.g. ["CT", "MRI"], or leave it empty to read the options from the question'
+    )
 
 
 def _option_of_key(answer: Any, candidates: list[str] | None) -> Any:
