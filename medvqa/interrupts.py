@@ -76,6 +76,11 @@ def _raise(signum: int, frame: FrameType | None) -> None:
 def interrupts_job() -> Iterator[None]:
     """Within: SIGTERM and SIGINT raise `Interrupted` (the previous handlers come back after).
 
+    Only a signal still at its default handler is taken: a launcher that installed its own
+    keeps it. submitit ignores SIGTERM because requeueing a job (its answer to SLURM's USR2
+    before a time limit or preemption) makes SLURM send one; it then leaves with
+    `sys.exit(-1)`, which the runner records as `interrupted` (`as_interrupted`).
+
     Lightning, when it runs, chains its own SIGTERM handler before this one (it forwards the
     signal to the ranks it started), so a signal mid-training still reaches every rank.
     """
@@ -84,8 +89,11 @@ def interrupts_job() -> Iterator[None]:
         return
     before = {s: signal.getsignal(s) for s in SIGNALS}
     _state.clear()
-    for s in SIGNALS:
-        signal.signal(s, _raise)
+    for s, handler in before.items():
+        if handler in (signal.SIG_DFL, signal.default_int_handler):
+            signal.signal(s, _raise)
+        else:  # e.g. submitit's: its requeue sends SIGTERM, which it ignores on purpose
+            log.info("%s keeps the handler installed before the job", signal.Signals(s).name)
     try:
         yield
     finally:
