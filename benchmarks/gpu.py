@@ -32,11 +32,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import medvqa.config  # noqa: E402,F401
-from medvqa.data.datamodule import VQADataModule  # noqa: E402
 from medvqa.data.shifts import Shift, make_splits  # noqa: E402
 from medvqa.evaluation import generation  # noqa: E402
 from medvqa.models.adapters import apply_method  # noqa: E402
 from medvqa.models.loading import load_vlm, roles  # noqa: E402
+from medvqa.training.datamodule import VQADataModule  # noqa: E402
 from medvqa.training.module import VQAModule  # noqa: E402
 
 CACHE = Path(os.environ.get("MEDVQA_CACHE", ROOT / ".cache"))

@@ -23,9 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import medvqa.config  # noqa: E402,F401
-from medvqa.data.datamodule import VQADataset, make_loader  # noqa: E402
 from medvqa.models.adapters import apply_method  # noqa: E402
 from medvqa.models.loading import load_vlm, roles  # noqa: E402
+from medvqa.training.datamodule import VQADataset, make_loader  # noqa: E402
 from medvqa.training.module import VQAModule  # noqa: E402
 
 STEPS = 40

@@ -22,48 +22,42 @@ from medvqa import plugins
 from medvqa.cluster import rank_log_name, slurm_gpus, slurm_mem_gb, slurm_tasks
 from medvqa.data import records as R
 from medvqa.data.shifts import IMAGE_TRANSFORM, SPLITS, Shift
+from medvqa.errors import ConfigError
 from medvqa.evaluation.judge.backends import JudgeConfig
 from medvqa.hashing import content_hash
+from medvqa.models.spec import ModelSchema
+from medvqa.training.spec import TrainerSchema
+
+
+class _Schemas:
+    """Where the schema classes generated from signatures live, under their names, so that
+    pickle finds them by reference. The SLURM launcher sends Hydra's config store to the job; a
+    copy of a generated dataclass would lose `dataclasses.MISSING`'s identity and break
+    composition there. A fresh process that asks before generating them gets them here."""
+
+    def __getattr__(self, name: str) -> type:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        register()
+        try:
+            return plugins.GENERATED[name]
+        except KeyError:
+            raise AttributeError(f"no generated schema {name!r}") from None
+
+
+schemas = _Schemas()
+
+
+def schema(cls: type, target: bool = True) -> type:
+    """`plugins.schema`, given its importable name `medvqa.config.schemas.<name>`."""
+    made = plugins.schema(cls, target)
+    made.__module__ = __name__
+    made.__qualname__ = f"schemas.{made.__name__}"
+    return made
+
 
 # The shift's fields are those of `medvqa.data.shifts.Shift` (declared there once).
-ShiftSchema = plugins.schema(Shift, target=False)
-
-
-@dataclass
-class ModuleRoles:
-    """Where the parts of a VLM live, as module-name fragments (they differ per family)."""
-
-    vision: str = "vision_tower"
-    projector: str = "multi_modal_projector"
-    language: str = "language_model"
-    lm_head: str = "lm_head"
-
-
-@dataclass
-class ModelSchema:
-    """A VLM: a local directory or hub id, or an offline `builder` that makes one."""
-
-    name: str = MISSING
-    family: str = "llava"
-    pretrained: str | None = None
-    builder: Any = None
-    modules: ModuleRoles = dataclasses.field(default_factory=ModuleRoles)
-    dtype: str = "float32"
-    trust_remote_code: bool = False
-    max_new_tokens: int = 16
-    # Passed to from_pretrained: "sdpa" (PyTorch's fused attention, CPU and GPU),
-    # "flash_attention_2" (needs the flash-attn package and a CUDA GPU) or "eager".
-    attn_implementation: str = "sdpa"
-    # Recompute activations in the backward pass: far less activation memory for a 7B model,
-    # for about one extra forward pass per step.
-    gradient_checkpointing: bool = False
-    # A named chat template (medvqa.models.prompting.CHAT_TEMPLATES, e.g. llava_med) replacing
-    # the processor's own, for checkpoints saved without the one the model was trained with.
-    chat_template: str | None = None
-    # Keyword arguments for AutoProcessor.from_pretrained, e.g. Qwen's image size cap
-    # `{min_pixels: 3136, max_pixels: 401408}`; part of what answers are keyed by (through the
-    # loaded image processor's settings), and what task=plan counts image tokens with.
-    processor_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+ShiftSchema = schema(Shift, target=False)
 
 
 @dataclass
@@ -90,7 +84,7 @@ class PeftSchema:
 
 
 # The judge node's keys and defaults are those of JudgeConfig (declared there once).
-JudgeSchema = plugins.schema(JudgeConfig, target=False)
+JudgeSchema = schema(JudgeConfig, target=False)
 
 
 def check_judge_config(cfg: Any) -> None:
@@ -121,36 +115,6 @@ class EvaluationSchema:
     primary_open: str = "open_f1"
     breakdown: list[str] = dataclasses.field(default_factory=lambda: ["question_type"])
     bootstrap: BootstrapSchema = dataclasses.field(default_factory=BootstrapSchema)
-
-
-@dataclass
-class TrainerSchema:
-    """The `lightning.Trainer` arguments this project uses (others would be typos)."""
-
-    _target_: str = "lightning.Trainer"
-    accelerator: str = "cpu"
-    devices: Any = 1
-    strategy: Any = "auto"
-    precision: Any = "32-true"
-    max_epochs: int | None = 1
-    max_steps: int = -1
-    min_epochs: int | None = None
-    accumulate_grad_batches: int = 1
-    gradient_clip_val: float | None = 1.0
-    log_every_n_steps: int = 10
-    val_check_interval: Any = None
-    check_val_every_n_epoch: int | None = 1
-    limit_train_batches: Any = None
-    limit_val_batches: Any = None
-    num_sanity_val_steps: int = 0
-    enable_progress_bar: bool = True
-    enable_model_summary: bool = True
-    enable_checkpointing: bool = True
-    # Machines, each with `devices` devices (world size = devices x num_nodes); under SLURM
-    # hydra.launcher.nodes follows it (launch/README.md, "More than one node").
-    num_nodes: int = 1
-    deterministic: Any = False
-    benchmark: bool | None = None
 
 
 @dataclass
@@ -215,10 +179,6 @@ class Config:
 
 
 # -- values checked when a run starts -------------------------------------------------------------
-
-
-class ConfigError(ValueError):
-    """Config values that cannot work; the message names each key, its value and the fix."""
 
 
 def _whole(value: Any) -> bool:
@@ -422,7 +382,7 @@ def _value_problems(cfg: DictConfig) -> list[str]:
                 f"data.limit.{split}={_show(cap)}: needs a whole number of rows >= 1, or null "
                 "(no cap)"
             )
-    from medvqa.data.datamodule import IMAGE_MODES  # torch and lightning: only when checking
+    from medvqa.training.datamodule import IMAGE_MODES  # torch and lightning: only when checking
 
     for key in ("data.train_image", "data.eval_image", "data.extra_eval_images"):
         value = _plain(OmegaConf.select(cfg, key))
@@ -566,7 +526,7 @@ def register() -> None:
     # Datasets and metric families: one schema per registered plug-in, made from its class.
     for kind in plugins.PACKAGES:
         for name, cls in plugins.registered(kind).items():
-            cs.store(group=kind, name=f"{name}_schema", node=plugins.schema(cls))
+            cs.store(group=kind, name=f"{name}_schema", node=schema(cls))
     cs.store(group="shift", name="shift_schema", node=ShiftSchema)
     cs.store(group="model", name="model_schema", node=ModelSchema)
     cs.store(group="peft", name="peft_schema", node=PeftSchema)

@@ -187,40 +187,25 @@ def parameters(cls: type) -> dict[str, inspect.Parameter]:
     }
 
 
-class _Schemas:
-    """Where the generated schema classes live, under their names, so that pickle finds them
-    by reference. The SLURM launcher sends Hydra's config store to the job; a copy of a
-    generated dataclass would lose `dataclasses.MISSING`'s identity and break composition
-    there. A fresh process that asks before generating them gets them from medvqa.config."""
-
-    def __getattr__(self, name: str) -> type:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        importlib.import_module("medvqa.config").register()
-        try:
-            return self.__dict__[name]
-        except KeyError:
-            raise AttributeError(f"no generated schema {name!r}") from None
-
-
-schemas = _Schemas()
+# Generated schema classes by name. They are pickled by reference (the SLURM launcher sends
+# Hydra's config store to the job), so a class is reachable only once its home module gives it
+# an importable name: `medvqa.config.schemas` (see `medvqa.config.schema`).
+GENERATED: dict[str, type] = {}
 
 
 def schema(cls: type, target: bool = True) -> type:
     """A dataclass whose fields are the constructor's parameters (plus `_target_`); one per
-    (class, target), kept in `schemas` under its name."""
+    (class, target), kept in `GENERATED` under its name."""
     key = f"{cls.__name__}Schema"
     if not target:  # e.g. the shift and judge schemas, which name no class to instantiate
         key = f"{cls.__name__}NoTargetSchema"
-    made = schemas.__dict__.get(key)
+    made = GENERATED.get(key)
     if made is not None and made.__doc__ == f"Config of {_path(cls)}.":
         return made
     if made is not None:  # the same class name elsewhere: keep both apart
         key = f"{key}_{content_hash(_path(cls), length=8)}"
     made = _make_schema(cls, target, key)
-    made.__module__ = __name__
-    made.__qualname__ = f"schemas.{key}"
-    schemas.__dict__[key] = made
+    GENERATED[key] = made
     return made
 
 
@@ -234,8 +219,8 @@ def _make_schema(cls: type, target: bool, name: str) -> type:
     fields: list[tuple[str, Any, Any]] = []
     if target:
         fields.append(("_target_", str, dataclasses.field(default=target_of(cls))))
-    for name, param in parameters(cls).items():
-        kind = _config_type(hints.get(name, Any))
+    for key, param in parameters(cls).items():
+        kind = _config_type(hints.get(key, Any))
         if param.default is inspect.Parameter.empty:
             default = dataclasses.field(default=MISSING)
         else:
@@ -244,7 +229,7 @@ def _make_schema(cls: type, target: bool, name: str) -> type:
                 default = dataclasses.field(default_factory=lambda v=value: _config_default(v))
             else:
                 default = dataclasses.field(default=value)
-        fields.append((name, kind, default))
+        fields.append((key, kind, default))
     return dataclasses.make_dataclass(
         name, fields, namespace={"__doc__": f"Config of {_path(cls)}."}
     )

@@ -95,7 +95,7 @@ def add_model(provenance: MutableMapping[str, Any] | None, model: Any) -> None:
     loaded from the hub), a hash of its config and a fingerprint of its weights as loaded."""
     if provenance is None:
         return
-    from medvqa.evaluation.generation import weights_fingerprint
+    from medvqa.models.saving import weights_fingerprint
 
     config = model.config.to_dict()
     provenance["model"] = {

@@ -21,11 +21,11 @@ from medvqa.analysis.aggregate import collect
 from medvqa.analysis.report import main as report_main
 from medvqa.data import records as R
 from medvqa.data.annotated import AnnotatedSource, BadRows
-from medvqa.data.base import DataError
 from medvqa.data.cleaning import CleaningLog
 from medvqa.data.sources.ovqa import Ovqa
 from medvqa.data.sources.slake import Slake
 from medvqa.data.sources.vqa_rad import VqaRad
+from medvqa.errors import DataError
 from medvqa.record import RunRecord, read_record
 from tests.native import edit_json_row
 from tests.native.ovqa import write as write_ovqa

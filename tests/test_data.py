@@ -7,8 +7,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from medvqa.data.base import DataError, VQASource
-from medvqa.models.builders.tiny import TinyLlavaBuilder
+from medvqa.data.base import VQASource
+from medvqa.errors import DataError
+from medvqa.zoo.tiny import TinyLlavaBuilder
 
 
 class _Folder(VQASource):

@@ -14,10 +14,10 @@ import pytest
 import torch
 import yaml
 
-from medvqa.data.datamodule import META_KEY, VQADataset, make_loader
 from medvqa.models.adapters import apply_method
 from medvqa.models.loading import load_vlm, roles
 from medvqa.models.saving import load_trainable, save_trainable
+from medvqa.training.datamodule import META_KEY, VQADataset, make_loader
 from medvqa.training.module import VQAModule
 from tests.conftest import CONF, compose
 
@@ -47,7 +47,7 @@ def model_cfg(name: str, cache: Path, family: str | None = None):
     """The real `model=<name>` config with the hub id swapped for the offline tiny builder."""
     fam = family or compose([f"model={name}"], cache).model.family
     builder = (
-        f"model.builder={{_target_: medvqa.models.builders.families.TinyFamilyBuilder, "
+        f"model.builder={{_target_: medvqa.zoo.families.TinyFamilyBuilder, "
         f"family: {fam}, cache_dir: '{cache}'}}"
     )
     return compose([f"model={name}", builder, "model.dtype=float32"], cache).model
@@ -71,7 +71,7 @@ def _base_name(name: str) -> str:
 
 @pytest.mark.parametrize("name", CONFIGS)
 def test_config_names_its_hub_checkpoint(name: str) -> None:
-    from medvqa.models.builders.families import FAMILIES
+    from medvqa.zoo.families import FAMILIES
 
     assert (CONF / "model" / f"{name}.yaml").is_file()
     cfg = compose([f"model={name}"]).model
@@ -210,7 +210,7 @@ def test_prompt_tuning_keeps_image_positions_and_attention(
 def paligemma(cache_dir: Path):
     from omegaconf import OmegaConf
 
-    from medvqa.models.builders.families import TinyFamilyBuilder
+    from medvqa.zoo.families import TinyFamilyBuilder
 
     path = TinyFamilyBuilder("paligemma", cache_dir).build()
     return load_vlm(

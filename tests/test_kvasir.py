@@ -11,7 +11,6 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from medvqa.data import records as R
-from medvqa.data.base import DataError
 from medvqa.data.shifts import IMAGE_TRANSFORM, Shift, make_splits, transform_spec
 from medvqa.data.sources.kvasir_vqa_x1 import (
     KvasirVqaX1,
@@ -20,6 +19,7 @@ from medvqa.data.sources.kvasir_vqa_x1 import (
     yes_no,
 )
 from medvqa.data.transforms import apply_transform, kvasir_variant
+from medvqa.errors import DataError
 from tests.conftest import compose
 from tests.native.kvasir_vqa_x1 import ANNOTATION_DIR
 from tests.native.kvasir_vqa_x1 import write as write_kvasir

@@ -10,7 +10,6 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from medvqa.data import records as R
-from medvqa.data.base import DataError
 from medvqa.data.shifts import Shift, make_splits
 from medvqa.data.sources.mimic_cxr_vqa import (
     MimicCxrVqa,
@@ -19,6 +18,7 @@ from medvqa.data.sources.mimic_cxr_vqa import (
     race_category,
     subject_ethnicity,
 )
+from medvqa.errors import DataError
 from tests.conftest import compose
 from tests.native import edit_json_row
 from tests.native.mimic_cxr_vqa import ANNOTATIONS, HOSP, IMAGES, KINDS, SUBJECTS

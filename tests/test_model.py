@@ -10,11 +10,11 @@ import torch
 from omegaconf import OmegaConf
 from PIL import Image
 
-from medvqa.config import ModuleRoles
-from medvqa.data.datamodule import META_KEY, VQADataset, make_loader
 from medvqa.models.adapters import apply_method
 from medvqa.models.loading import load_vlm, roles
 from medvqa.models.prompting import IGNORE_INDEX, encode, prompt_text
+from medvqa.models.spec import ModuleRoles
+from medvqa.training.datamodule import META_KEY, VQADataset, make_loader
 from medvqa.training.module import VQAModule
 from tests.conftest import CONF, compose
 

@@ -16,9 +16,9 @@ import yaml
 from omegaconf import OmegaConf
 
 from medvqa.config import PeftSchema
-from medvqa.data.datamodule import META_KEY, VQADataset, make_loader
 from medvqa.models.adapters import apply_method, cast_trainable, enable_gradient_checkpointing
 from medvqa.models.loading import load_vlm, roles
+from medvqa.training.datamodule import META_KEY, VQADataset, make_loader
 from medvqa.training.hardware import HardwareError, check_precision
 from medvqa.training.module import VQAModule
 from tests.conftest import CONF, SMALL, compose

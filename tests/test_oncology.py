@@ -13,9 +13,9 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from medvqa.data import records as R
-from medvqa.data.base import DataError
 from medvqa.data.shifts import Shift, make_splits
 from medvqa.data.sources.oncology_mcq import OncologyMcq, resolve_answer, slice_index, window
+from medvqa.errors import DataError
 from tests.conftest import compose
 from tests.native.oncology_mcq import write as write_oncology
 from tests.native.oncology_mcq import write_volume

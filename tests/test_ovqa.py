@@ -9,9 +9,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from medvqa.data import records as R
-from medvqa.data.base import DataError
 from medvqa.data.shifts import Shift, make_splits
 from medvqa.data.sources.ovqa import Ovqa, closed_candidates, keep_closed, modality_options
+from medvqa.errors import DataError
 from tests.conftest import compose
 from tests.native import edit_json_row
 from tests.native.ovqa import RENAMED, ROW_KINDS

@@ -14,7 +14,6 @@ from omegaconf import OmegaConf
 from PIL import Image
 
 from medvqa.data import records as R
-from medvqa.data.datamodule import VQADataset
 from medvqa.evaluation.generation import prediction_key
 from medvqa.models.loading import load_vlm
 from medvqa.models.prompting import (
@@ -24,6 +23,7 @@ from medvqa.models.prompting import (
     encode,
     prompt_text,
 )
+from medvqa.training.datamodule import VQADataset
 from tests.conftest import compose
 
 KVASIR_SYSTEM = (

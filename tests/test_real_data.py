@@ -120,7 +120,7 @@ def test_question_type_shift_reports_shared_images(tmp_path: Path) -> None:
 
 
 def test_image_check_errors_or_skips(tmp_path: Path) -> None:
-    from medvqa.data.base import DataError
+    from medvqa.errors import DataError
     from medvqa.tasks.common import prepare_splits
     from tests.native.slake import write as write_slake
 
@@ -141,7 +141,7 @@ def test_image_check_errors_or_skips(tmp_path: Path) -> None:
 
 
 def test_unknown_ood_value_lists_existing_values(tmp_path: Path) -> None:
-    from medvqa.data.base import DataError
+    from medvqa.errors import DataError
     from tests.native.slake import write as write_slake
 
     fixture = write_slake(tmp_path / "slake")
@@ -150,7 +150,7 @@ def test_unknown_ood_value_lists_existing_values(tmp_path: Path) -> None:
 
 
 def test_empty_split_is_a_clear_error(tmp_path: Path) -> None:
-    from medvqa.data.base import DataError
+    from medvqa.errors import DataError
     from tests.native.slake import write as write_slake
 
     fixture = write_slake(tmp_path / "slake", images={"train": 3, "validate": 3, "test": 1})

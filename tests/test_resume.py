@@ -1,6 +1,6 @@
 """Resuming a fit is exact: a run stopped at a checkpoint and resumed with `ckpt_path=last` trains
 the same batches in the same order, with the same dropout masks, as one never stopped, mid-epoch
-included, and ends with the same weights (medvqa/data/datamodule.py).
+included, and ends with the same weights (medvqa/training/datamodule.py).
 
 What Lightning 2.6.6 does alone with a plain shuffled DataLoader, measured: resumed at batch k of
 an epoch of n, it runs n - k more batches drawn from the *start* of a fresh iterator (rows trained
@@ -24,7 +24,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from medvqa.data.datamodule import EpochSampler, ResumableLoader, VQADataModule, epoch_order
+from medvqa.training.datamodule import EpochSampler, ResumableLoader, VQADataModule, epoch_order
 from tests.conftest import run_main
 
 

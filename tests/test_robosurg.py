@@ -13,9 +13,9 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from medvqa.data import records as R
-from medvqa.data.base import DataError
 from medvqa.data.shifts import Shift, make_splits
 from medvqa.data.sources.robosurg_vqa import NEUTRAL_QUESTION, RoboSurgVqa
+from medvqa.errors import DataError
 from tests.conftest import compose
 from tests.native.robosurg_vqa import LABELS, QUESTIONS, write_jsonl
 from tests.native.robosurg_vqa import write as write_robosurg

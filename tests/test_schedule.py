@@ -9,9 +9,9 @@ import lightning as L
 import pytest
 from omegaconf import OmegaConf
 
-from medvqa.data.datamodule import VQADataset, make_loader
 from medvqa.models.adapters import apply_method
 from medvqa.models.loading import load_vlm, roles
+from medvqa.training.datamodule import VQADataset, make_loader
 from medvqa.training.module import VQAModule
 from tests.conftest import SMALL, compose
 

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from medvqa.data import records as R
-from medvqa.data.base import DataError
 from medvqa.data.shifts import Shift, Splits, limit_splits, make_splits
+from medvqa.errors import DataError
 
 MODALITIES = ["ct", "mri", "x-ray"]
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from medvqa.data import records as R
-from medvqa.data.base import DataError
 from medvqa.data.questions import question_options
 from medvqa.data.sources.slake import Slake, closed_candidates, keep_closed
+from medvqa.errors import DataError
 from tests.native import edit_json_row
 from tests.native.slake import ROW_KINDS
 from tests.native.slake import write as write_slake

@@ -34,7 +34,7 @@ def cfg(cache_dir: Path):
 @pytest.fixture(scope="module")
 def original():
     """SmolLM2 as dequantised from the GGUF file (the reference for the logits)."""
-    from medvqa.models.builders.smollm2 import load_smollm2
+    from medvqa.models.builders.gguf import load_smollm2
 
     return load_smollm2()
 
@@ -44,8 +44,8 @@ def loaded(cfg, original):
     """Built through the real config and reloaded with load_vlm. The build reuses the reference
     model already in memory instead of dequantising the GGUF a second time (the build copies
     its weights and never modifies it); everything else is the builder's own path."""
-    from medvqa.models.builders import smollm2
     from medvqa.models.loading import load_vlm
+    from medvqa.zoo import smollm2
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(smollm2, "load_smollm2", lambda gguf=None: original)
@@ -112,7 +112,7 @@ def test_roles_match_parameters(loaded, cfg) -> None:
 
 
 def test_missing_package_names_the_install_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    from medvqa.data.base import DataError
+    from medvqa.errors import DataError
     from medvqa.models.builders import gguf
 
     monkeypatch.setattr(gguf.importlib.util, "find_spec", lambda name: None)

@@ -11,9 +11,9 @@ import pytest
 from PIL import Image
 
 from medvqa.data import records as R
-from medvqa.data.base import DataError
 from medvqa.data.sources import synthetic as S
 from medvqa.data.sources.synthetic import ImageSpec, SyntheticVQA, render_image
+from medvqa.errors import DataError
 
 N_CASES = 40
 

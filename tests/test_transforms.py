@@ -177,7 +177,7 @@ def test_any_of_combines_parts_and_merges_per_part() -> None:
 def test_dataset_applies_the_rows_transform(tmp_path: Path, monkeypatch) -> None:
     """VQADataset loads a transformed row's image through the transform, others untouched."""
     from medvqa.data.base import VQASource
-    from medvqa.data.datamodule import VQADataset
+    from medvqa.training.datamodule import VQADataset
 
     img = _image(4)
     img.save(tmp_path / "img0.png")
@@ -195,7 +195,7 @@ def test_dataset_applies_the_rows_transform(tmp_path: Path, monkeypatch) -> None
         return {}
 
     frame = _table(1).iloc[:1].assign(**{R.IMAGE: "img0.png", R.IMAGE_ID: "img0"})
-    monkeypatch.setattr("medvqa.data.datamodule.encode", fake_encode)
+    monkeypatch.setattr("medvqa.training.datamodule.encode", fake_encode)
     VQADataset(frame.assign(**{IMAGE_TRANSFORM: None}), One(tmp_path), None, False)[0]
     spec = "corruption:medium:0"
     VQADataset(frame.assign(**{IMAGE_TRANSFORM: spec}), One(tmp_path), None, False)[0]

@@ -11,9 +11,9 @@ from omegaconf import OmegaConf
 
 from medvqa.data import records as R
 from medvqa.data.annotated import answer_text
-from medvqa.data.base import DataError
 from medvqa.data.shifts import Shift, make_splits
 from medvqa.data.sources.vqa_rad import VqaRad, case_from_url, closed_options, question_types
+from medvqa.errors import DataError
 from tests.conftest import compose
 from tests.native import edit_json_row
 from tests.native.vqa_rad import ANNOTATION_FILE, ROW_KINDS, split_of

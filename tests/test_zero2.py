@@ -13,10 +13,10 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
-from medvqa.data.datamodule import VQADataset, make_loader
 from medvqa.models.adapters import apply_method
 from medvqa.models.loading import load_vlm, roles
 from medvqa.models.saving import WEIGHTS_FILE, load_trainable, save_trainable
+from medvqa.training.datamodule import VQADataset, make_loader
 from medvqa.training.module import VQAModule
 from tests.conftest import SMALL, compose
 

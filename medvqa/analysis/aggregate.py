@@ -432,9 +432,28 @@ def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: repr(node)}
 
 
+# Classes that moved (old -> new module prefix): a record written before the move names the
+# old `_target_` and is still the same run as one written after it.
+MOVED_TARGETS = {
+    "medvqa.models.builders.tiny.": "medvqa.zoo.tiny.",
+    "medvqa.models.builders.smollm2.": "medvqa.zoo.smollm2.",
+    "medvqa.models.builders.families.": "medvqa.zoo.families.",
+}
+
+
+def _current_target(key: str, value: str) -> str:
+    if key != "_target_" and not key.endswith("._target_"):
+        return value
+    for old, new in MOVED_TARGETS.items():
+        if value.startswith(repr(old)[:-1]):  # values are repr()s: "'medvqa.…'"
+            return value.replace(old, new, 1)
+    return value
+
+
 def run_identity(config: Mapping[str, Any]) -> dict[str, str]:
-    """The config keys that define what a run computed (paths, loggers, devices left out)."""
-    flat = _flatten(config)
+    """The config keys that define what a run computed (paths, loggers, devices left out;
+    moved classes under their current names)."""
+    flat = {k: _current_target(k, v) for k, v in _flatten(config).items()}
     return {
         k: v
         for k, v in flat.items()

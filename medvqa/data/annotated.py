@@ -40,8 +40,9 @@ import pyarrow.parquet as pq
 from medvqa import plugins
 from medvqa.atomic import build_once, is_built
 from medvqa.data import records as R
-from medvqa.data.base import DataError, VQASource
+from medvqa.data.base import VQASource
 from medvqa.data.cleaning import CleaningLog
+from medvqa.errors import DataError
 from medvqa.hashing import Hasher, file_hash
 
 log = logging.getLogger(__name__)

@@ -9,12 +9,9 @@ from typing import Any, ClassVar
 import pandas as pd
 from PIL import Image, UnidentifiedImageError
 
+from medvqa.errors import DataError
 from medvqa.hashing import content_hash
 from medvqa.plugins import Plugin
-
-
-class DataError(ValueError):
-    """Bad input data: the message names the file/row/key and what to do."""
 
 
 class VQASource(Plugin, ABC):

@@ -25,8 +25,8 @@ import numpy as np
 import pandas as pd
 
 from medvqa.data import records as R
-from medvqa.data.base import DataError
 from medvqa.data.transforms import CORRUPTION_LEVELS, TRANSFORMS
+from medvqa.errors import DataError
 
 SPLITS: tuple[str, ...] = ("train", "val", "test_iid", "test_ood")
 # Set by transform shifts: how a row's image is altered when loaded (None: as stored).

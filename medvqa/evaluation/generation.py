@@ -32,32 +32,19 @@ from torch.utils.data import DataLoader
 from medvqa.atomic import write_file
 from medvqa.data import records as R
 from medvqa.data.base import VQASource
-from medvqa.data.datamodule import META_KEY, VQADataset, make_loader
 from medvqa.distributed import is_global_zero
 from medvqa.evaluation.families.traditional import PREDICTION
 from medvqa.hashing import Hasher
 from medvqa.interrupts import stage
 from medvqa.models.prompting import PLAIN, PromptTemplate
+from medvqa.models.saving import weights_fingerprint
+from medvqa.training.datamodule import META_KEY, VQADataset, make_loader
 from medvqa.training.strategies import prediction_strategy
 
 log = logging.getLogger(__name__)
 
 SPLIT = R.SPLIT
 MODEL = "model"  # fingerprint of the weights that produced a prediction
-
-
-def weights_fingerprint(model: torch.nn.Module, probe: int = 4096) -> str:
-    """Identify the weights cheaply: shapes plus the first `probe` values of trainable tensors.
-
-    Resuming must only reuse predictions of the same weights: a restarted job whose training
-    re-ran (and may differ) must not mix its answers with the previous model's.
-    """
-    key = Hasher()
-    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    for name, param in params or list(model.named_parameters()):
-        flat = param.detach().reshape(-1)[:probe].float().cpu()
-        key.update(name).update(tuple(param.shape)).update(flat.numpy().tobytes())
-    return key.hexdigest()
 
 
 def read_predictions(path: Path) -> pd.DataFrame:

@@ -15,8 +15,8 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
 import medvqa.models.processors  # noqa: F401  (registers torchvision-free processors)
-from medvqa.config import ModelSchema
 from medvqa.models.prompting import chat_template
+from medvqa.models.spec import ModelSchema
 
 log = logging.getLogger(__name__)
 

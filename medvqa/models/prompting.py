@@ -7,7 +7,7 @@ rendered, so end-of-turn markers are learnt exactly as the template writes them.
 
 What a protocol adds to the question (a system turn, the closed question's options) is a
 :class:`PromptTemplate` from the `prompt` config group; the dataset rows go through it in one
-place (`medvqa.data.datamodule.VQADataset`), for training and generation alike.
+place (`medvqa.training.datamodule.VQADataset`), for training and generation alike.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from medvqa.atomic import write_file
+from medvqa.hashing import Hasher
 
 log = logging.getLogger(__name__)
 
@@ -87,3 +88,17 @@ def load_trainable(model: torch.nn.Module, weights_dir: Path, method: Any = None
             "and model before loading."
         )
     model.load_state_dict(state, strict=False)
+
+
+def weights_fingerprint(model: torch.nn.Module, probe: int = 4096) -> str:
+    """Identify the weights cheaply: shapes plus the first `probe` values of trainable tensors.
+
+    Resuming must only reuse predictions of the same weights: a restarted job whose training
+    re-ran (and may differ) must not mix its answers with the previous model's.
+    """
+    key = Hasher()
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    for name, param in params or list(model.named_parameters()):
+        flat = param.detach().reshape(-1)[:probe].float().cpu()
+        key.update(name).update(tuple(param.shape)).update(flat.numpy().tobytes())
+    return key.hexdigest()

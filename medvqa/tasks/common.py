@@ -16,9 +16,10 @@ from omegaconf import DictConfig, OmegaConf
 from medvqa.analysis.summary import print_summary, summary_table, write_summary
 from medvqa.data.annotated import check_images
 from medvqa.data.audit import audit_leakage, leakage_warnings
-from medvqa.data.base import DataError, VQASource
+from medvqa.data.base import VQASource
 from medvqa.data.shifts import Shift, Splits, limit_splits, make_splits
 from medvqa.distributed import is_global_zero
+from medvqa.errors import DataError
 from medvqa.evaluation.evaluate import finite
 from medvqa.provenance import add_data
 from medvqa.tracking import log_metrics, log_table

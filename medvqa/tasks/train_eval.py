@@ -16,7 +16,6 @@ from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig
 
 from medvqa.cluster import GPU_ACCELERATORS
-from medvqa.data.datamodule import VQADataModule
 from medvqa.distributed import is_global_zero
 from medvqa.evaluation.baselines import chance_scores
 from medvqa.evaluation.evaluate import deltas, prefixed, score_splits, split_metrics
@@ -33,6 +32,7 @@ from medvqa.tasks.common import prepare_splits, report_run
 from medvqa.tasks.plan import check_fits
 from medvqa.tracking import instantiate_group
 from medvqa.training.checkpoints import AtomicCheckpointIO, set_aside_stale
+from medvqa.training.datamodule import VQADataModule
 from medvqa.training.hardware import check_precision, check_trainer
 from medvqa.training.module import VQAModule
 from medvqa.training.strategies import is_deepspeed

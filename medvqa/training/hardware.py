@@ -30,7 +30,7 @@ def _strategy_name(strategy: Any) -> str:
 def check_trainer(trainer_cfg: Any, cuda_available: bool | None = None) -> None:
     """DeepSpeed and `accelerator: gpu` need CUDA; say so before any data or model is loaded."""
     if cuda_available is None:
-        import torch  # here: medvqa.config imports this module for the resolvers below
+        import torch  # only when checking: the module is imported by config-only tools too
 
         cuda_available = torch.cuda.is_available()
     from medvqa.training.strategies import needs_cuda  # imports lightning: only when checking
@@ -57,8 +57,8 @@ def check_precision(trainer_cfg: Any, model_cfg: Any) -> None:
     matmul fails (the fp32 projector on bf16 image features); with "bf16-true"/"16-true"
     Lightning casts the trainables back to half and AdamW's updates round away.
     """
-    from medvqa.config import TrainerSchema
     from medvqa.models.loading import model_option, torch_dtype
+    from medvqa.training.spec import TrainerSchema
 
     dtype = str(torch_dtype(model_cfg)).removeprefix("torch.")
     precision = str(trainer_cfg.get("precision", TrainerSchema.precision))

@@ -9,8 +9,8 @@ import lightning as L
 import torch
 from transformers import get_cosine_schedule_with_warmup
 
-from medvqa.data.datamodule import META_KEY
 from medvqa.models.adapters import role_parameters
+from medvqa.training.datamodule import META_KEY
 
 
 class Diverged(RuntimeError):

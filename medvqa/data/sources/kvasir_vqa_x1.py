@@ -37,9 +37,9 @@ import pandas as pd
 
 from medvqa.data import records as R
 from medvqa.data.annotated import IDENTIFIER, TEXT, AnnotatedSource, BadRows
-from medvqa.data.base import DataError
 from medvqa.data.cleaning import CleaningLog
 from medvqa.data.questions import YES_NO
+from medvqa.errors import DataError
 
 COMPLEXITIES = (1, 2, 3)
 REQUIRED = ("img_id", "complexity", "question", "answer", "question_class")

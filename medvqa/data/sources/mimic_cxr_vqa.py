@@ -37,9 +37,9 @@ from medvqa.data.annotated import (
     read_json_rows,
     safe_relative,
 )
-from medvqa.data.base import DataError
 from medvqa.data.cleaning import CleaningLog, Step
 from medvqa.data.questions import YES_NO
+from medvqa.errors import DataError
 
 # The builder names the validation split "valid"; the normalised schema calls it "validate".
 SPLIT_FILES = {"train": "train.json", "validate": "valid.json", "test": "test.json"}

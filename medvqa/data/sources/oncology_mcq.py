@@ -54,8 +54,8 @@ from medvqa.data.annotated import (
     BadRows,
     read_manifest,
 )
-from medvqa.data.base import DataError
 from medvqa.data.cleaning import CleaningLog
+from medvqa.errors import DataError
 
 SOURCES = ("RADS-style", "report-derived")
 SLICE_MODES = ("middle", "max_area")

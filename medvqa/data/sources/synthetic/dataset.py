@@ -29,7 +29,7 @@ import pandas as pd
 
 from medvqa.atomic import build_once, write_file
 from medvqa.data import records as R
-from medvqa.data.base import DataError, VQASource
+from medvqa.data.base import VQASource
 from medvqa.data.sources.synthetic.cases import (
     QUESTION_SETS,
     QUESTION_STREAM,
@@ -39,6 +39,7 @@ from medvqa.data.sources.synthetic.cases import (
 )
 from medvqa.data.sources.synthetic.questions import make_questions
 from medvqa.data.sources.synthetic.render import render_image, to_png_image
+from medvqa.errors import DataError
 from medvqa.hashing import content_hash
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,6 @@ from typing import Any
 import torch
 from transformers import Qwen2_5_VLConfig, Qwen2VLConfig, SmolVLMConfig
 
-from medvqa.models.builders import tiny
 from medvqa.models.builders.cache import CachedModelBuilder
 from medvqa.models.processors import (
     ImageOnlyQwen2_5_VLProcessor,
@@ -27,6 +26,7 @@ from medvqa.models.processors import (
     ImageOnlySmolVLMProcessor,
 )
 from medvqa.models.prompting import chat_template
+from medvqa.zoo import tiny
 
 log = logging.getLogger(__name__)
 

@@ -209,7 +209,7 @@ def pretrain_stage(
     generic questions): every weight for the tiny base, vision + projector for SmolLM2."""
     import lightning as L
 
-    from medvqa.data.datamodule import VQADataModule
+    from medvqa.training.datamodule import VQADataModule
     from medvqa.training.module import VQAModule
 
     table = source.table()

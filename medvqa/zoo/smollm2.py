@@ -22,8 +22,8 @@ from typing import Any
 import torch
 
 from medvqa.models.builders.cache import CachedModelBuilder, plain
-from medvqa.models.builders.gguf import SmolLM2GgufInput, find_gguf
-from medvqa.models.builders.tiny import pretrain_stage
+from medvqa.models.builders.gguf import SmolLM2GgufInput, load_smollm2
+from medvqa.zoo.tiny import pretrain_stage
 
 log = logging.getLogger(__name__)
 
@@ -44,19 +44,6 @@ CHAT_TEMPLATE = (
     "{% endfor %}{% endif %}{{ '<|im_end|>' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '\\n<|im_start|>assistant\\n' }}{% endif %}"
 )
-
-
-def load_smollm2(gguf: Path | None = None) -> tuple[Any, torch.nn.Module]:
-    """(tokenizer, causal LM) dequantised from the GGUF file, in float32 (~10-30 s)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    gguf = gguf or find_gguf()
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
-    )
-    model.eval()
-    return tokenizer, model
 
 
 class SmolLM2LlavaBuilder(SmolLM2GgufInput, CachedModelBuilder):

@@ -1,0 +1,48 @@
+"""The model spec (`conf/model/*.yaml`): what a VLM is and where its parts live. It sits with
+the models, which read its defaults (`medvqa.models.loading.model_option`); `medvqa.config`
+registers it as the model group's schema."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import MISSING
+
+
+@dataclass
+class ModuleRoles:
+    """Where the parts of a VLM live, as module-name fragments (they differ per family)."""
+
+    vision: str = "vision_tower"
+    projector: str = "multi_modal_projector"
+    language: str = "language_model"
+    lm_head: str = "lm_head"
+
+
+@dataclass
+class ModelSchema:
+    """A VLM: a local directory or hub id, or an offline `builder` that makes one."""
+
+    name: str = MISSING
+    family: str = "llava"
+    pretrained: str | None = None
+    builder: Any = None
+    modules: ModuleRoles = dataclasses.field(default_factory=ModuleRoles)
+    dtype: str = "float32"
+    trust_remote_code: bool = False
+    max_new_tokens: int = 16
+    # Passed to from_pretrained: "sdpa" (PyTorch's fused attention, CPU and GPU),
+    # "flash_attention_2" (needs the flash-attn package and a CUDA GPU) or "eager".
+    attn_implementation: str = "sdpa"
+    # Recompute activations in the backward pass: far less activation memory for a 7B model,
+    # for about one extra forward pass per step.
+    gradient_checkpointing: bool = False
+    # A named chat template (medvqa.models.prompting.CHAT_TEMPLATES, e.g. llava_med) replacing
+    # the processor's own, for checkpoints saved without the one the model was trained with.
+    chat_template: str | None = None
+    # Keyword arguments for AutoProcessor.from_pretrained, e.g. Qwen's image size cap
+    # `{min_pixels: 3136, max_pixels: 401408}`; part of what answers are keyed by (through the
+    # loaded image processor's settings), and what task=plan counts image tokens with.
+    processor_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)

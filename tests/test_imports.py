@@ -1,0 +1,178 @@
+"""The import graph of `medvqa/`: no cycle, and no arrow from a lower layer up to a higher one.
+
+Edges are read from the source (ast), so a lazy import inside a function counts as much as one
+at the top of a module (it is the same dependency, only deferred), and so does
+`importlib.import_module("<literal>")`. The plug-in registry's discovery (`pkgutil` over the
+plug-in packages) is not an edge: plug-ins register themselves into it.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "medvqa"
+
+# Lower layers never import higher ones. A module's layer is that of its first dotted part
+# below `medvqa` (the package's own modules are listed one by one).
+LAYERS: dict[str, int] = {
+    # leaves: every layer may import them
+    "": 0,
+    "errors": 0,
+    "hashing": 0,
+    "atomic": 0,
+    "redaction": 0,
+    "cluster": 0,
+    "distributed": 0,
+    "interrupts": 0,
+    "plugins": 0,
+    "data": 1,
+    "models": 2,
+    "training": 3,
+    "zoo": 4,  # model builders that pre-train with medvqa.training
+    "evaluation": 5,
+    "planning": 5,
+    "config": 6,  # the schemas of every group, the checks at start
+    "record": 6,
+    "provenance": 6,
+    "tracking": 6,
+    "runner": 7,
+    "tasks": 7,
+    "analysis": 7,
+    "cli": 8,
+}
+
+
+def _modules() -> dict[str, Path]:
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = ["medvqa", *path.relative_to(PACKAGE).with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+    return modules
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the medvqa modules it imports (anywhere in its source)."""
+    modules = _modules()
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = defaultdict(set)
+    for module, path in modules.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        targets: list[str] = []
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets += [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*up, *([node.module] if node.module else [])])
+                # `from pkg import module` imports the module; `from module import name` the module
+                targets += [f"{base}.{a.name}" for a in node.names]
+            elif (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+            ):
+                targets.append(node.args[0].value)
+        for target in targets:
+            if target.split(".")[0] != "medvqa":
+                continue
+            found = resolve(target)
+            if found and found != module:
+                graph[module].add(found)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    nodes = set(graph) | {t for ts in graph.values() for t in ts}
+    for root in sorted(nodes):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def layer(module: str) -> int:
+    part = module.split(".")[1] if "." in module else ""
+    if part not in LAYERS:
+        pytest.fail(f"{module} is in no layer: add {part!r} to tests/test_imports.py LAYERS")
+    return LAYERS[part]
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_graph_sees_lazy_and_dynamic_imports() -> None:
+    graph = import_graph()
+    # lazy, inside a function
+    assert "medvqa.models.saving" in graph["medvqa.provenance"]
+    # the registry's own package scan is not an edge, but a literal import_module would be
+    assert "medvqa.config" not in graph["medvqa.plugins"]
+    assert len(graph) > 50
+
+
+def test_no_import_cycle() -> None:
+    found = cycles(import_graph())
+    assert not found, "import cycles (break each by moving the shared part down a layer):\n" + (
+        "\n".join(" <-> ".join(c) for c in found)
+    )
+
+
+def test_no_import_goes_up_a_layer() -> None:
+    up = [
+        f"{module} (layer {layer(module)}) imports {target} (layer {layer(target)})"
+        for module, targets in sorted(import_graph().items())
+        for target in sorted(targets)
+        if layer(target) > layer(module)
+    ]
+    assert not up, "imports that go up a layer:\n" + "\n".join(up)
