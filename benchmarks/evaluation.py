@@ -32,7 +32,8 @@ from medvqa.evaluation.families.judge import JudgeMetric  # noqa: E402
 from medvqa.evaluation.families.kvasir_official import KvasirOfficial  # noqa: E402
 from medvqa.evaluation.families.text import TextMetric  # noqa: E402
 from medvqa.evaluation.families.traditional import TraditionalMetric  # noqa: E402
-from medvqa.evaluation.judge import JudgeCache, build_backend  # noqa: E402
+from medvqa.evaluation.judge.backends import build_backend  # noqa: E402
+from medvqa.evaluation.judge.cache import JudgeCache  # noqa: E402
 from medvqa.evaluation.scoring import score_frame  # noqa: E402
 from medvqa.evaluation.statistics import cluster_bootstrap  # noqa: E402
 

@@ -61,7 +61,7 @@ def main() -> None:
     batches = list(loader)  # the same tensors for both loops; no data loading in the timing
 
     bare_model = copy.deepcopy(base)
-    bare_module = VQAModule(bare_model, lr=cfg.peft.lr)
+    bare_module = VQAModule(bare_model, lr=cfg.peft.lr, projector_lr=None)
     params = [p for p in bare_model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.peft.lr)
     bare_model.train()
@@ -85,7 +85,9 @@ def main() -> None:
         limit_val_batches=0,
     )
     start = time.perf_counter()
-    trainer.fit(VQAModule(base, lr=cfg.peft.lr), train_dataloaders=_Replay(batches))
+    trainer.fit(
+        VQAModule(base, lr=cfg.peft.lr, projector_lr=None), train_dataloaders=_Replay(batches)
+    )
     lightning = time.perf_counter() - start
 
     Console().print(

@@ -67,7 +67,7 @@ def train_rate(method: str) -> dict[str, float]:
     batch = int(cfg.data.batch_size)
     dm = VQADataModule(splits.frames, source, processor, batch_size=batch)
     # warm-up: the first steps pay for allocations and lazy imports
-    _trainer(WARMUP_STEPS).fit(VQAModule(model), datamodule=dm)
+    _trainer(WARMUP_STEPS).fit(VQAModule(model, projector_lr=None), datamodule=dm)
     start = time.perf_counter()
     _trainer(TRAIN_STEPS).fit(
         VQAModule.for_method(model, cfg.peft, roles(cfg.model)["projector"]), datamodule=dm

@@ -69,7 +69,7 @@ def train_rate(method: str) -> float:
         enable_progress_bar=False,
         enable_model_summary=False,
         limit_val_batches=0,
-    ).fit(VQAModule(model), datamodule=dm)
+    ).fit(VQAModule(model, projector_lr=None), datamodule=dm)
     start = time.perf_counter()
     trainer.fit(VQAModule.for_method(model, cfg.peft, roles(cfg.model)["projector"]), datamodule=dm)
     return TRAIN_STEPS * int(cfg.data.batch_size) / (time.perf_counter() - start)

@@ -23,10 +23,12 @@ from medvqa.cluster import rank_log_name, slurm_gpus, slurm_mem_gb, slurm_tasks
 from medvqa.data import records as R
 from medvqa.data.shifts import IMAGE_TRANSFORM, SPLITS, Shift
 from medvqa.errors import ConfigError
-from medvqa.evaluation.judge.backends import JudgeConfig
+from medvqa.evaluation.judge.config import JudgeConfig
 from medvqa.hashing import content_hash
 from medvqa.models.spec import ModelSchema
-from medvqa.training.spec import TrainerSchema
+
+# PeftSchema, DataSchema and TrainerSchema sit with the training code that reads their defaults.
+from medvqa.training.spec import DataSchema, PeftSchema, TrainerSchema
 
 
 class _Schemas:
@@ -58,29 +60,6 @@ def schema(cls: type, target: bool = True) -> type:
 
 # The shift's fields are those of `medvqa.data.shifts.Shift` (declared there once).
 ShiftSchema = schema(Shift, target=False)
-
-
-@dataclass
-class PeftSchema:
-    """A fine-tuning method; each `peft/*.yaml` is the whole truth about one method.
-
-    `adapter` is a peft config (`_target_: peft.LoraConfig`, ...) or null for full fine-tuning
-    and zero-shot; `adapter_scope` restricts the adapter to one model role (CLIP/SigLIP towers
-    reuse `q_proj`-style names); `train_modules` are model roles trained as full weights.
-    """
-
-    name: str = MISSING
-    label: str = ""  # how tables name the method, e.g. "LoRA"
-    adapter: Any = None
-    adapter_scope: str | None = "language"
-    train_modules: list[str] = dataclasses.field(default_factory=list)
-    virtual_tokens: int = 0  # prompt tuning: trainable tokens put before every question
-    fit: bool = True
-    lr: float = 3e-4
-    # The multimodal projector's own rate, whatever the method's `lr` (SURE-VQA: 2e-5).
-    projector_lr: float = 2e-5
-    weight_decay: float = 0.0
-    warmup_ratio: float = 0.03
 
 
 # The judge node's keys and defaults are those of JudgeConfig (declared there once).
@@ -115,25 +94,6 @@ class EvaluationSchema:
     primary_open: str = "open_f1"
     breakdown: list[str] = dataclasses.field(default_factory=lambda: ["question_type"])
     bootstrap: BootstrapSchema = dataclasses.field(default_factory=BootstrapSchema)
-
-
-@dataclass
-class DataSchema:
-    """Loader settings shared by every dataset; `limit` caps split sizes (debug runs)."""
-
-    batch_size: int = 16
-    eval_batch_size: int = 64
-    num_workers: int = 0
-    # What the model sees (baselines change these): "image", "none" (no image, no image
-    # tokens) or "blank" (a black image of the same size).
-    train_image: str = "image"
-    eval_image: str = "image"
-    # Further evaluations with other image modes, recorded as `<mode>/...` plus
-    # `delta_<mode>/... = main - <mode>` (e.g. [blank]: the blind ablation).
-    extra_eval_images: list[str] = dataclasses.field(default_factory=list)
-    limit: dict[str, int | None] = dataclasses.field(
-        default_factory=lambda: {"train": None, "val": None, "test_iid": None, "test_ood": None}
-    )
 
 
 @dataclass

@@ -117,9 +117,8 @@ def add_metrics(provenance: MutableMapping[str, Any] | None, families: Iterable[
         return
     out = {}
     for family in families:
-        entry = dict(family.provenance()) if callable(getattr(family, "provenance", None)) else {}
-        columns = getattr(family, "ci_columns", None)
-        if callable(columns):
-            entry["ci_columns"] = {k: list(v) for k, v in columns().items()}
+        entry = dict(family.provenance())
+        if columns := family.ci_columns():
+            entry["ci_columns"] = {k: list(v) for k, v in columns.items()}
         out[family.name] = entry
     provenance["metrics"] = out

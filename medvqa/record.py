@@ -33,6 +33,9 @@ STATUSES = ("running", "finished", "incomplete", "diverged", "failed", "interrup
 SUMMARY_PREFIX = "medvqa/"
 # Keys that say how to run a job, not what it computes: they never make a finished job stale.
 _HOW_TO_RUN = ("force", "ckpt_path", "allow_toy_model")
+# Display names (how tables name a run, a baseline or a method), not what a run computes:
+# editing one must not retrain anything nor split a table's runs.
+DISPLAY_NAMES = ("label", "peft.label")
 
 
 def _json_number(value: Any) -> Any:
@@ -121,7 +124,12 @@ class RunRecord:
 def _what(config: Any) -> Any:
     if not isinstance(config, dict):
         return config
-    return {k: v for k, v in config.items() if k not in _HOW_TO_RUN}
+    what = {k: v for k, v in config.items() if k not in _HOW_TO_RUN and k not in DISPLAY_NAMES}
+    for name in DISPLAY_NAMES:
+        group, _, key = name.rpartition(".")
+        if isinstance(what.get(group), dict):
+            what[group] = {k: v for k, v in what[group].items() if k != key}
+    return what
 
 
 def config_fingerprint(cfg: DictConfig) -> str:

@@ -17,10 +17,12 @@ from medvqa.evaluation.families.aspect_judge import (
     AspectJudgeMetric,
     aspects_of,
 )
-from medvqa.evaluation.judge import CLASS_RUBRIC, RUBRICS, JudgeCache, OpenAIBackend, Rubric
-from medvqa.evaluation.scoring import build_metrics, counters, score_frame
+from medvqa.evaluation.judge.cache import JudgeCache
+from medvqa.evaluation.judge.rubrics import CLASS_RUBRIC, RUBRICS, Rubric
+from medvqa.evaluation.scoring import build_families, counters, score_frame
 from tests.conftest import compose
 from tests.judge_server import JudgeServer
+from tests.test_judge import openai_backend
 
 # (question, answer, prediction, question_class, complexity)
 ROWS = [
@@ -92,7 +94,7 @@ def server() -> Iterator[JudgeServer]:
 
 
 def metric(server: JudgeServer, cache_dir: Path | None, **options: object) -> AspectJudgeMetric:
-    backend = OpenAIBackend(
+    backend = openai_backend(
         **{
             "model": "scripted-judge",
             "base_url": server.base_url,
@@ -130,7 +132,7 @@ def test_rubric_is_versioned_and_shows_the_aspect() -> None:
     no_aspect = Rubric("aspect", rubric.text, rubric.labels, rubric.values, rubric.reduce)
     with pytest.raises(ValueError, match="aspect"):
         AspectJudgeMetric(
-            OpenAIBackend(model="m", base_url="http://127.0.0.1:9/v1"), None, no_aspect
+            openai_backend(model="m", base_url="http://127.0.0.1:9/v1"), None, no_aspect
         )
 
 
@@ -209,7 +211,7 @@ def test_per_class_accuracy_shortcut_and_rescore(server: JudgeServer, tmp_path: 
 
 
 def test_cache_key_holds_the_aspect(tmp_path: Path) -> None:
-    m = AspectJudgeMetric(OpenAIBackend(model="m", base_url="http://127.0.0.1:9/v1"))
+    m = AspectJudgeMetric(openai_backend(model="m", base_url="http://127.0.0.1:9/v1"))
     keys = {m.item_key("q", "a", "p", aspect) for aspect in ("polyp_type", "polyp_size")}
     assert len(keys) == 2
     assert m.item_key("q", "a", "p", "x") != JudgeCache.key(
@@ -260,7 +262,7 @@ def test_logits_mode(server: JudgeServer) -> None:
 
 
 def test_missing_question_class_is_a_clear_error() -> None:
-    m = AspectJudgeMetric(OpenAIBackend(model="m", base_url="http://127.0.0.1:9/v1"))
+    m = AspectJudgeMetric(openai_backend(model="m", base_url="http://127.0.0.1:9/v1"))
     with pytest.raises(ValueError, match="question_class"):
         m.per_sample(table().drop(columns="question_class"))
 
@@ -276,7 +278,7 @@ def test_config_builds_the_metric(server: JudgeServer, tmp_path: Path) -> None:
         ],
         cache=tmp_path,
     )
-    (built,) = build_metrics(cfg.metric)
+    (built,) = build_families(cfg.metric)
     assert isinstance(built, AspectJudgeMetric)
     assert built.cache is not None and built.cache.path.parent == tmp_path / "judge"
     _, scores = score_frame(table(), [built])

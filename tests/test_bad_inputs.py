@@ -18,7 +18,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from medvqa.analysis.aggregate import collect
-from medvqa.analysis.report import main as report_main
+from medvqa.cli.report import main as report_main
 from medvqa.data import records as R
 from medvqa.data.annotated import AnnotatedSource, BadRows
 from medvqa.data.cleaning import CleaningLog

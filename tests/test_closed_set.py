@@ -228,13 +228,13 @@ def test_config_scores_the_loader_records(tmp_path) -> None:
     builds: predicting the truth gives accuracy 1, but macro-F1 only (labels seen) / (labels
     in the fixed list), since each label absent from truth and prediction counts 0."""
     from medvqa.data.sources.robosurg_vqa import RoboSurgVqa
-    from medvqa.evaluation.scoring import build_metrics
+    from medvqa.evaluation.scoring import build_families
     from tests.conftest import compose
     from tests.native.robosurg_vqa import write as write_robosurg
 
     table = RoboSurgVqa(write_robosurg(tmp_path / "robosurg").root).table()
     test = table[table["source_split"] == "test"]
-    (metric,) = build_metrics(compose(["metric=closed_set"]).metric)
+    (metric,) = build_families(compose(["metric=closed_set"]).metric)
     assert isinstance(metric, ClosedSetMetric)
     out = metric.aggregate(_scored(metric, test.assign(prediction=test["answer"])))
     share = {}

@@ -292,7 +292,7 @@ def _predictions(tmp_path: Path) -> Path:
 
 
 def test_medvqa_score_refuses_a_negative_size(tmp_path: Path) -> None:
-    from medvqa.evaluation.rescore import main
+    from medvqa.cli.score import main
 
     out = tmp_path / "scored"
     args = [str(_predictions(tmp_path)), "--out", str(out), "evaluation.bootstrap.samples=-1"]
@@ -302,7 +302,7 @@ def test_medvqa_score_refuses_a_negative_size(tmp_path: Path) -> None:
 
 def test_medvqa_score_still_skips_a_breakdown_column_the_file_lacks(tmp_path: Path) -> None:
     """The file, not a dataset, is the truth about columns there: a warning, as before."""
-    from medvqa.evaluation.rescore import main
+    from medvqa.cli.score import main
 
     out = tmp_path / "scored"
     args = [

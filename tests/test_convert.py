@@ -19,12 +19,12 @@ import torch
 from omegaconf import OmegaConf
 from PIL import Image
 
+from medvqa.cli.convert import main
 from medvqa.models.convert import (
     CLIP_VIT_L14_336,
     KNOWN_TOWERS,
     ConversionError,
     convert_llava_med,
-    main,
 )
 from medvqa.models.loading import load_vlm
 from medvqa.models.prompting import answer_text, encode, prompt_text

@@ -60,9 +60,13 @@ def test_model_cache_key_follows_the_pretraining_data(tmp_path: Path, monkeypatc
         },
         "epochs": 1,
     }
-    key = TinyLlavaBuilder(tmp_path, pretrain=pretrain).key
-    assert TinyLlavaBuilder(tmp_path / "elsewhere", pretrain=pretrain).key == key  # cache moved
-    assert TinyLlavaBuilder(tmp_path, pretrain=pretrain).key == key
-    assert TinyLlavaBuilder(tmp_path, pretrain={**pretrain, "epochs": 2}).key != key
+    sizes = dict(image_size=64, patch_size=8, vision_hidden=64, vision_layers=2, vision_heads=4)
+    sizes |= dict(text_hidden=128, text_layers=2, text_heads=4, vocab_size=512, seed=0)
+    key = TinyLlavaBuilder(tmp_path, pretrain=pretrain, **sizes).key
+    assert (
+        TinyLlavaBuilder(tmp_path / "elsewhere", pretrain=pretrain, **sizes).key == key
+    )  # cache moved
+    assert TinyLlavaBuilder(tmp_path, pretrain=pretrain, **sizes).key == key
+    assert TinyLlavaBuilder(tmp_path, pretrain={**pretrain, "epochs": 2}, **sizes).key != key
     monkeypatch.setattr(synthetic, "GENERATOR_VERSION", synthetic.GENERATOR_VERSION + 100)
-    assert TinyLlavaBuilder(tmp_path, pretrain=pretrain).key != key
+    assert TinyLlavaBuilder(tmp_path, pretrain=pretrain, **sizes).key != key

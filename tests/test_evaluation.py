@@ -13,8 +13,8 @@ from omegaconf import OmegaConf
 
 from medvqa.analysis.summary import summary_table
 from medvqa.evaluation.baselines import chance_scores, expected_chance_accuracy
-from medvqa.evaluation.evaluate import split_metrics
 from medvqa.evaluation.generation import generate_predictions, read_predictions
+from medvqa.evaluation.scoring import split_metrics
 from medvqa.models.loading import load_vlm
 from medvqa.record import RunRecord, read_record
 from tests.conftest import SMALL, compose
@@ -173,7 +173,10 @@ def test_most_frequent_with_ties_and_unseen_questions() -> None:
 
 
 def test_deltas_are_sighted_minus_other() -> None:
-    from medvqa.evaluation.evaluate import deltas
+    from medvqa.evaluation.families.traditional import TraditionalMetric
+    from medvqa.evaluation.scoring import Scoring
+
+    deltas = Scoring([TraditionalMetric()], METRIC).deltas
 
     main = {
         "test_iid/closed_acc": 0.8,
@@ -237,8 +240,9 @@ def test_a_headline_no_family_computes_is_named(
 ) -> None:
     """headline=judge without the judge family: no RR and a warning naming the fix; the token
     headline on the same rows (also a split without open questions) raises none."""
-    from medvqa.evaluation.evaluate import score_splits
-    from medvqa.evaluation.families.traditional import PREDICTION, TraditionalMetric
+    from medvqa.data.records import PREDICTION
+    from medvqa.evaluation.families.traditional import TraditionalMetric
+    from medvqa.evaluation.scoring import Scoring
 
     def split(n: int) -> pd.DataFrame:
         types = ["closed"] * n if closed_only else ["closed", "open"] * (n // 2)
@@ -264,13 +268,13 @@ def test_a_headline_no_family_computes_is_named(
             "bootstrap": {"samples": 0, "seed": 0, "level": 0.95},
         }
     )
-    with caplog.at_level("WARNING", logger="medvqa.evaluation.evaluate"):
-        results, _ = score_splits(preds, [TraditionalMetric()], tokens, tmp_path / "p.jsonl")
+    with caplog.at_level("WARNING", logger="medvqa.evaluation.scoring"):
+        results, _ = Scoring([TraditionalMetric()], tokens).score(preds, tmp_path / "p.parquet")
     assert results["robustness/rr_closed"] == 1.0
     assert not [r for r in caplog.records if "primary_" in r.message]
     judge = OmegaConf.merge(tokens, {"primary_closed": "judge_closed_acc"})
-    with caplog.at_level("WARNING", logger="medvqa.evaluation.evaluate"):
-        results, _ = score_splits(preds, [TraditionalMetric()], judge, tmp_path / "q.jsonl")
+    with caplog.at_level("WARNING", logger="medvqa.evaluation.scoring"):
+        results, _ = Scoring([TraditionalMetric()], judge).score(preds, tmp_path / "q.parquet")
     assert "robustness/rr_closed" not in results
     (warning,) = [r.message for r in caplog.records if "primary_" in r.message]
     assert "primary_closed=judge_closed_acc" in warning and "headline=tokens" in warning

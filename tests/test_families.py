@@ -121,7 +121,9 @@ def test_family_trains_generates_and_reloads(
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    trainer.fit(VQAModule(model, lr=1e-2, warmup_ratio=0.0), train_dataloaders=train)
+    trainer.fit(
+        VQAModule(model, lr=1e-2, warmup_ratio=0.0, projector_lr=None), train_dataloaders=train
+    )
 
     changed, adapters_changed = set(), []
     for n, p in model.named_parameters():

@@ -7,34 +7,28 @@ real SmolLM2-135M-Instruct in `logits` mode.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
 
 from medvqa.evaluation.families.judge import JUDGE_FAILED, JUDGE_RUBRIC, JUDGE_SCORE, JudgeMetric
-from medvqa.evaluation.judge import (
-    CACHE_FILE,
-    CLASS_RUBRIC,
-    CONFIG_KEYS,
-    RUBRICS,
-    SHORTCUT_REASON,
-    HFBackend,
-    JudgeCache,
-    JudgeConfigError,
-    JudgeEngine,
-    JudgeItem,
-    JudgeRequest,
-    OpenAIBackend,
-    Rubric,
-    build_backend,
-    parse_judgment,
-    select_rubric,
-)
+from medvqa.evaluation.judge.backend_hf import HFBackend
+from medvqa.evaluation.judge.backend_openai import OpenAIBackend
+from medvqa.evaluation.judge.backends import build_backend
+from medvqa.evaluation.judge.base import JudgeRequest
+from medvqa.evaluation.judge.cache import CACHE_FILE, JudgeCache
+from medvqa.evaluation.judge.config import CONFIG_KEYS, JudgeConfig
+from medvqa.evaluation.judge.engine import SHORTCUT_REASON, JudgeEngine, JudgeItem
+from medvqa.evaluation.judge.errors import JudgeConfigError
+from medvqa.evaluation.judge.replies import parse_judgment
+from medvqa.evaluation.judge.rubrics import CLASS_RUBRIC, RUBRICS, Rubric, select_rubric
 from tests.conftest import compose
 from tests.judge_server import JudgeServer
 
@@ -85,6 +79,23 @@ def server() -> Iterator[JudgeServer]:
     srv.stop()
 
 
+def openai_backend(**options: Any) -> OpenAIBackend:
+    """An `openai` backend built as runs build it (`build_backend` from a `JudgeConfig`, which
+    declares the defaults); generate mode and one request in flight unless `options` say else."""
+    backend = build_backend(
+        JudgeConfig(**{"backend": "openai", "mode": "generate", "concurrency": 1, **options})
+    )
+    assert isinstance(backend, OpenAIBackend)
+    return backend
+
+
+def hf_backend(**options: Any) -> HFBackend:
+    """An `hf` backend built from a `JudgeConfig` (`options` override its defaults)."""
+    backend = build_backend(JudgeConfig(backend="hf", **options))
+    assert isinstance(backend, HFBackend)
+    return backend
+
+
 def openai_metric(server: JudgeServer, cache_dir: Path | None, **kwargs: object) -> JudgeMetric:
     options: dict = {
         "model": "scripted-judge",
@@ -99,7 +110,7 @@ def openai_metric(server: JudgeServer, cache_dir: Path | None, **kwargs: object)
     rubrics = kwargs.pop("rubrics", None)
     options.update(kwargs)
     cache = JudgeCache(cache_dir) if cache_dir is not None else None
-    return JudgeMetric(OpenAIBackend(**options), cache, rubrics=rubrics, on_judgment=on_judgment)
+    return JudgeMetric(openai_backend(**options), cache, rubrics=rubrics, on_judgment=on_judgment)
 
 
 # --------------------------------------------------------------------------------------------
@@ -187,7 +198,7 @@ def test_cache_key_distinguishes_every_field(tmp_path: Path) -> None:
 def test_engine_answers_each_item_in_order_and_judges_duplicates_once(
     server: JudgeServer, tmp_path: Path
 ) -> None:
-    backend = OpenAIBackend(model="scripted-judge", base_url=server.base_url, api_key_env=None)
+    backend = openai_backend(model="scripted-judge", base_url=server.base_url, api_key_env=None)
     engine = JudgeEngine(backend, JudgeCache(tmp_path))
     wrong = JudgeItem(OPEN, "Which organ is enlarged?", "liver", "spleen")
     close = JudgeItem(
@@ -327,7 +338,7 @@ def test_http_500_twice_then_success(server: JudgeServer, tmp_path: Path) -> Non
 
 
 def test_client_errors_stop_the_run_with_a_clear_message(server: JudgeServer) -> None:
-    backend = OpenAIBackend(model="m", base_url=server.base_url + "/nowhere", api_key_env=None)
+    backend = openai_backend(model="m", base_url=server.base_url + "/nowhere", api_key_env=None)
     with pytest.raises(JudgeConfigError, match=r"HTTP 404.*judge\.model"):
         JudgeMetric(backend).per_sample(MIXED.iloc[[1]])
 
@@ -400,7 +411,7 @@ def test_aggregate_on_empty_subsets_is_nan() -> None:
             {JUDGE_SCORE: MIXED_SCORES, JUDGE_FAILED: 0.0, JUDGE_RUBRIC: ""}, index=MIXED.index
         )
     )
-    metric = JudgeMetric(OpenAIBackend(model="m", base_url="http://127.0.0.1:9/v1"))
+    metric = JudgeMetric(openai_backend(model="m", base_url="http://127.0.0.1:9/v1"))
     only_open = metric.aggregate(scored[scored["answer_type"] == "open"])
     assert math.isnan(only_open["judge_closed_acc"])
     assert only_open["judge_open_score"] == pytest.approx(10 / 3)
@@ -429,6 +440,16 @@ def test_default_config_builds_a_metric(tmp_path: Path) -> None:
     assert isinstance(metric.backend, OpenAIBackend)
     assert (metric.backend.batch_size, metric.backend.concurrency) == (1, judge.concurrency)
     metric.close()
+
+
+def test_backends_declare_no_default_of_their_own() -> None:
+    """Every default once: a key `JudgeConfig` declares has no default on a backend class."""
+    for cls in (OpenAIBackend, HFBackend):
+        shared = [f for f in dataclasses.fields(cls) if f.init and f.name in CONFIG_KEYS]
+        assert shared, cls
+        for f in shared:
+            assert f.default is dataclasses.MISSING, (cls.__name__, f.name)
+            assert f.default_factory is dataclasses.MISSING, (cls.__name__, f.name)
 
 
 def test_build_backend_from_config() -> None:
@@ -470,7 +491,7 @@ needs_smollm2 = pytest.mark.skipif(
 @needs_smollm2
 def test_smollm2_logits_end_to_end_then_served_from_cache(tmp_path: Path) -> None:
     items = MIXED.iloc[[0, 1, 2, 4, 5, 6, 7]]
-    backend = HFBackend(mode="logits", cache_dir=tmp_path, batch_size=4)
+    backend = hf_backend(mode="logits", cache_dir=str(tmp_path), batch_size=4)
     metric = JudgeMetric(backend, JudgeCache(tmp_path))
     scored = metric.per_sample(items)
     assert scored[JUDGE_FAILED].sum() == 0
@@ -487,7 +508,7 @@ def test_smollm2_logits_end_to_end_then_served_from_cache(tmp_path: Path) -> Non
     # Open scores are expected values, so a real distribution gives non-integers.
     assert any(s != round(s) for s in scored[JUDGE_SCORE].iloc[1:3])
     # A new backend on the same cache serves every judgment without loading the model.
-    again_backend = HFBackend(mode="logits", cache_dir=tmp_path, batch_size=4)
+    again_backend = hf_backend(mode="logits", cache_dir=str(tmp_path), batch_size=4)
     again = JudgeMetric(again_backend, JudgeCache(tmp_path))
     pd.testing.assert_frame_equal(again.per_sample(items), scored)
     assert again.counters()["judge/calls"] == 0
@@ -535,7 +556,7 @@ def test_a_chat_template_without_a_system_role_gets_it_merged() -> None:
                 raise ValueError("System role not supported")
             return "|".join(f"{m['role']}:{m['content']}" for m in messages)
 
-    backend = HFBackend(mode="generate", model="stub")
+    backend = hf_backend(mode="generate", model="stub", batch_size=1)
     backend.__dict__["_loaded"] = (Tokenizer(), None)  # the cached_property, without a model
     messages = [{"role": "system", "content": "rubric"}, {"role": "user", "content": "{}"}]
     assert backend._render([JudgeRequest(messages, ("0", "1"))]) == ["user:rubric\n\n{}"]
@@ -566,7 +587,7 @@ def test_shared_prefix_logits_equal_full_runs() -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from medvqa.evaluation.judge.backends import next_token_logits
+    from medvqa.evaluation.judge.backend_hf import next_token_logits
 
     torch.manual_seed(0)
     config = LlamaConfig(

@@ -17,13 +17,15 @@ import pytest
 from omegaconf import DictConfig, OmegaConf
 
 from medvqa.analysis.aggregate import collect
-from medvqa.analysis.rater import SHEET_COLUMNS, rating_page
+from medvqa.analysis.rater.page import rating_page
+from medvqa.analysis.rater.study import SHEET_COLUMNS
 from medvqa.analysis.summary import summary_table, write_summary
 from medvqa.analysis.tables import issues_table, long_table, write_tables
-from medvqa.evaluation.judge import JudgeConfigError, OpenAIBackend
+from medvqa.cli.score import compose
+from medvqa.cli.score import main as score_main
+from medvqa.evaluation.judge.backend_openai import OpenAIBackend
+from medvqa.evaluation.judge.errors import JudgeConfigError
 from medvqa.evaluation.judge.selfcheck import ITEMS
-from medvqa.evaluation.rescore import compose
-from medvqa.evaluation.rescore import main as score_main
 from tests.conftest import run_main
 from tests.judge_server import JudgeServer
 from tests.test_report import headline, write_record
@@ -111,7 +113,9 @@ VLLM_SECRET = "vllm-secret-value-42"
 
 
 def backend(base_url: str | None, **kwargs: object) -> OpenAIBackend:
-    return OpenAIBackend(mode="generate", model="m", base_url=base_url, retries=0, **kwargs)
+    from tests.test_judge import openai_backend
+
+    return openai_backend(mode="generate", model="m", base_url=base_url, retries=0, **kwargs)
 
 
 def ask(b: OpenAIBackend) -> None:

@@ -229,7 +229,7 @@ def test_baselines_write_the_same_schema(
         assert lo <= delta <= hi
     if baseline == "no_image":
         assert record["config"]["data"]["train_image"] == "none"
-        assert pd.read_csv(tmp_path / "summary.csv")["method"][0] == "no image (train + eval)"
+        assert pd.read_csv(tmp_path / "summary.csv")["method"][0] == "No Image"
     if baseline == "zero_shot":
         assert record["config"]["peft"]["name"] == "none"
 

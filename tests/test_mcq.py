@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 
 from medvqa.data.questions import closed_candidates, or_options
-from medvqa.evaluation.families.mcq import MCQ_CHOICE, McqMetric, key_option, resolve_prediction
-from medvqa.evaluation.families.traditional import closed_choice
+from medvqa.evaluation.answers import closed_choice, key_option, resolve_prediction
+from medvqa.evaluation.families.mcq import MCQ_CHOICE, McqMetric
 from medvqa.evaluation.statistics import cluster_bootstrap
 
 # (case, options, answer, prediction, resolved option or None)
@@ -168,13 +168,14 @@ def test_resolve_prediction(prediction, expected) -> None:
 def test_real_records_through_the_configured_family(tmp_path) -> None:
     """Oncology records from the native fixture, scored by the family `metric=mcq` builds:
     answering each question by its letter is always valid and right."""
-    from medvqa.data.sources.oncology_mcq import LETTERS, OncologyMcq
-    from medvqa.evaluation.scoring import build_metrics, score_frame
+    from medvqa.data.questions import LETTERS
+    from medvqa.data.sources.oncology_mcq import OncologyMcq
+    from medvqa.evaluation.scoring import build_families, score_frame
     from tests.conftest import compose
     from tests.native.oncology_mcq import write as write_oncology
 
     table = OncologyMcq(write_oncology(tmp_path / "onc").root).table()
-    (metric,) = build_metrics(compose(["metric=mcq"]).metric)
+    (metric,) = build_families(compose(["metric=mcq"]).metric)
     assert isinstance(metric, McqMetric) and (metric.B, metric.seed) == (2000, 42)
     letters = [
         f"({LETTERS[list(c).index(a)]})"

@@ -13,16 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torchmetrics.functional.text import bleu_score
 
-from medvqa.evaluation.evaluate import is_performance
+from medvqa.evaluation.answers import closed_choice, closed_correct, normalize_answer
 from medvqa.evaluation.families.traditional import (
     EMPTY_REFS,
     OPEN_METRICS,
     TraditionalMetric,
     bleu1,
-    closed_choice,
-    closed_correct,
     exact_match,
-    normalize_answer,
     per_sample_scores,
     ref_word_precision,
     score_predictions,
@@ -359,5 +356,5 @@ def test_empty_reference_rows_are_scored_and_stay_in_the_means() -> None:
     assert agg[EMPTY_REFS] == 2
     assert agg["closed_acc"] == 1.0
     # The count is not a performance: no robustness ratio is computed for it.
-    assert not is_performance(f"test_ood/{EMPTY_REFS}")
+    assert not family.score_info(f"test_ood/{EMPTY_REFS}").performance
     assert score_predictions(df)[EMPTY_REFS] == 2

@@ -83,7 +83,7 @@ def test_method_trains_what_it_says(method: str, tiny_model_dir: Path, cache_dir
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable, "the method must train something"
     assert not any(part_roles["vision"] in n for n in trainable), "vision tower stays frozen"
-    module = VQAModule(model, lr=1e-2)
+    module = VQAModule(model, lr=1e-2, projector_lr=None)
     trainer = L.Trainer(
         max_steps=3,
         accelerator="cpu",
@@ -179,7 +179,9 @@ def test_nan_loss_raises_diverged() -> None:
 
     loader = DataLoader([{"input_ids": torch.ones(3)}] * 2, batch_size=2)
     with pytest.raises(Diverged) as err:
-        _trainer(max_steps=1).fit(VQAModule(NaNModel()), train_dataloaders=loader)
+        _trainer(max_steps=1).fit(
+            VQAModule(NaNModel(), projector_lr=None), train_dataloaders=loader
+        )
     assert err.value.step == 0 and "diverged" in str(err.value)
 
 
@@ -206,7 +208,7 @@ def test_saved_weights_reload_to_identical_outputs(
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    trainer.fit(VQAModule(model, lr=1e-2), train_dataloaders=loader)
+    trainer.fit(VQAModule(model, lr=1e-2, projector_lr=None), train_dataloaders=loader)
     save_trainable(model, tmp_path, method)
 
     fresh, fresh_processor = load_vlm(spec)

@@ -90,7 +90,7 @@ def test_empty_groups_are_omitted(tiny_model_dir: Path, cache_dir: Path) -> None
     groups = VQAModule(model, lr=1e-3, projector_lr=2e-5, projector=projector).param_groups()
     assert [g["name"] for g in groups] == ["method"]
     # without a projector name everything trains at `lr`, as before
-    assert [g["lr"] for g in VQAModule(model, lr=1e-3).param_groups()] == [1e-3]
+    assert [g["lr"] for g in VQAModule(model, lr=1e-3, projector_lr=None).param_groups()] == [1e-3]
 
 
 def test_projector_lr_without_the_projector_name_is_refused(
@@ -236,7 +236,7 @@ def test_gradient_checkpointing_gives_the_same_gradients_and_trains(
 
     checkpointed.zero_grad()
     lora_b = [p for n, p in checkpointed.named_parameters() if "lora_B" in n]
-    module = VQAModule(checkpointed, lr=1e-2)
+    module = VQAModule(checkpointed, lr=1e-2, projector_lr=None)
     _trainer(max_steps=2).fit(module, train_dataloaders=_loader(cfg, processor))
     assert any(p.abs().sum() > 0 for p in lora_b), "the adapter trained with checkpointing on"
 

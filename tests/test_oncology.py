@@ -13,8 +13,9 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from medvqa.data import records as R
+from medvqa.data.questions import resolve_answer
 from medvqa.data.shifts import Shift, make_splits
-from medvqa.data.sources.oncology_mcq import OncologyMcq, resolve_answer, slice_index, window
+from medvqa.data.sources.oncology_mcq import OncologyMcq, slice_index, window
 from medvqa.errors import DataError
 from tests.conftest import compose
 from tests.native.oncology_mcq import write as write_oncology
@@ -224,7 +225,7 @@ def test_cohort_shift_uses_a_validate_split(tmp_path: Path) -> None:
 
 def test_the_model_is_asked_the_stem_with_lettered_options(oncology, tmp_path: Path) -> None:
     """The options reach the prompt (answers are scored against them, by text or letter)."""
-    from medvqa.evaluation.families.mcq import resolve_prediction
+    from medvqa.evaluation.answers import resolve_prediction
 
     table = OncologyMcq(oncology.root, cache_dir=tmp_path / "cache").table()
     row = oncology.rows[0]

@@ -218,13 +218,13 @@ def test_throwaway_dataset_runs_task_splits(
 
 
 def test_throwaway_metric_family_scores(throwaway: dict[str, Path]) -> None:
-    from medvqa.evaluation.scoring import build_metrics, score_frame
+    from medvqa.evaluation.scoring import build_families, score_frame
 
     cfg = compose(
         [_searchpath(throwaway["conf"]), "metric=[traditional,answer_length]"],
     )
     assert cfg.metric.answer_length.unit == 1
-    families = build_metrics(cfg.metric)
+    families = build_families(cfg.metric)
     assert [f.name for f in families] == ["traditional", "answer_length"]
     preds = pd.DataFrame(
         {

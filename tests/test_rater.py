@@ -1,4 +1,4 @@
-"""Human rater study CLI (medvqa.analysis.rater): export sampling, rating validation, correlations."""
+"""Human rater study (medvqa.analysis.rater, CLI medvqa.cli.rater): export sampling, rating validation, correlations."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from medvqa.analysis import rater
-from medvqa.analysis.rater import RatingError, analyze, export, main, read_items, read_ratings
+from medvqa.analysis.rater.analysis import analyze, read_items, read_ratings
+from medvqa.analysis.rater.export import export
+from medvqa.analysis.rater.study import SHEET_HTML, RatingError
+from medvqa.cli.rater import main
 from medvqa.evaluation.families.traditional import bleu1, exact_match, ref_word_precision, token_f1
 
 WORDS = [
@@ -317,7 +319,7 @@ def test_html_page_downloads_a_valid_ratings_file(tmp_path: Path) -> None:
     (tmp_path / "h.js").write_text(_HARNESS)
     picks = {str(i): 1 + i % 5 for i in range(len(ids))}
     out = subprocess.run(
-        ["node", str(tmp_path / "h.js"), str(study / rater.SHEET_HTML), json.dumps(picks)],
+        ["node", str(tmp_path / "h.js"), str(study / SHEET_HTML), json.dumps(picks)],
         capture_output=True,
         text=True,
         check=True,

@@ -21,14 +21,15 @@ import pytest
 
 from medvqa.analysis.aggregate import collect, collect_wandb, record_rows, wandb_run_record
 from medvqa.analysis.figures import methods_with_rr, palette
-from medvqa.analysis.report import build_report, log_report, main
+from medvqa.analysis.report import build_report, log_report
 from medvqa.analysis.tables import long_table, write_tables
-from tests.conftest import run_main
+from medvqa.cli.report import main
+from tests.conftest import CONF, run_main
 
 PEFT_LABELS = {
-    "none": "No fine-tuning",
-    "full": "Full fine-tuning",
-    "prompt_tuning": "Prompt tuning",
+    "none": "No Finetune",
+    "full": "Full Finetune",
+    "prompt_tuning": "Prompt",
     "lora": "LoRA",
     "ia3": "(IA)³",
 }
@@ -183,7 +184,7 @@ def test_rows_in_paper_order_then_unknown_labels(tmp_path: Path) -> None:
         0,
         metrics=headline(rng),
         baseline="most_frequent",
-        label="most frequent answer",
+        label="Most Freq.",
     )
     tables = build_report(collect([tmp_path]), tmp_path / "out").tables
     assert list(tables["synthetic_modality"]["method"]) == [
@@ -280,18 +281,18 @@ def test_provenance_is_listed_per_table_and_mixed_versions_warned(
 
 
 def test_rows_are_joined_on_method_ids_not_display_labels(tmp_path: Path) -> None:
-    """A label edited between sweeps keeps the seeds in one cell; one baseline run with two
-    methods is two rows, each with a name of its own."""
+    """A label edited between sweeps keeps the seeds in one cell, named as the newest record
+    names it; one baseline run with two methods is two rows, each with a name of its own."""
     rng = np.random.default_rng(11)
     write_record(tmp_path / "a", "lora", 0, metrics=headline(rng), peft_label="LoRA")
     write_record(tmp_path / "b", "lora", 1, metrics=headline(rng), peft_label="LoRA (r=16)")
     for peft in ("lora", "full"):
         write_record(tmp_path, peft, 0, metrics=headline(rng), baseline="no_image")
     long = long_table(collect([tmp_path]))
-    assert cell(long, "LoRA", "closed RR")["n"] == 2
+    assert cell(long, "LoRA (r=16)", "closed RR")["n"] == 2
     ids = long.drop_duplicates("method_id").set_index("method_id")["method"].to_dict()
     assert ids == {
-        "lora": "LoRA",
+        "lora": "LoRA (r=16)",
         "lora+no_image": "No Image (lora+no_image)",
         "full+no_image": "No Image (full+no_image)",
     }
@@ -764,3 +765,20 @@ def test_a_condition_is_named_from_the_recorded_config_and_eval_runs_are_no_vari
     record = json.loads(path.read_text())
     record["config"]["dataset"]["_target_"] = "elsewhere.Gone"
     assert record_rows(record, str(path))[0]["method_id"] == "lora [test_wording=canonical]"
+
+
+@pytest.mark.parametrize("group", ["peft", "baseline"])
+def test_table_names_are_the_labels_the_configs_ship(tmp_path: Path, group: str) -> None:
+    """A method's or baseline's display name is written once, as `label:` in its YAML: a record
+    carrying it shows it, and a record without one (an older run) gets the same name."""
+    import yaml
+
+    from medvqa.analysis.aggregate import method_name
+
+    for path in sorted((CONF / group).glob("*.yaml")):
+        label = (yaml.safe_load(path.read_text()) or {}).get("label")
+        if not label:
+            continue
+        method_id = path.stem if group == "peft" else f"lora+{path.stem}"
+        assert method_name(method_id, label) == label
+        assert method_name(method_id) == label, f"{path}: the report names it otherwise"

@@ -9,7 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from medvqa.evaluation.families.traditional import TraditionalMetric
-from medvqa.evaluation.scoring import build_metrics, counters, score_frame
+from medvqa.evaluation.scoring import build_families, counters, score_frame
 from tests.conftest import compose
 
 
@@ -77,7 +77,7 @@ def test_families_may_not_overwrite_each_other() -> None:
 
 
 def test_build_from_config_and_errors() -> None:
-    built = build_metrics(
+    built = build_families(
         OmegaConf.create(
             {
                 "traditional": {
@@ -89,9 +89,9 @@ def test_build_from_config_and_errors() -> None:
     )
     assert isinstance(built[0], TraditionalMetric) and built[0].open_metrics == ["f1"]
     with pytest.raises(ValueError, match="no metric selected"):
-        build_metrics(OmegaConf.create({}))
+        build_families(OmegaConf.create({}))
     with pytest.raises(ValueError, match=r"(?s)metric 'traditional'.*unknown open metric"):
-        build_metrics(
+        build_families(
             OmegaConf.create(
                 {
                     "traditional": {
@@ -107,37 +107,79 @@ def test_metric_group_selects_several_families(tmp_path) -> None:
     cfg = compose(["metric=[traditional]", "evaluation.breakdown=[modality]"], tmp_path)
     assert list(cfg.metric) == ["traditional"]
     assert cfg.evaluation.breakdown == ["modality"]
-    assert [type(m).__name__ for m in build_metrics(cfg.metric)] == ["TraditionalMetric"]
+    assert [type(m).__name__ for m in build_families(cfg.metric)] == ["TraditionalMetric"]
 
 
 @pytest.mark.parametrize(
-    ("key", "performance"),
+    ("family", "key", "performance"),
     [
-        ("closed_acc", True),
-        ("open_f1", True),
-        ("open_precision", True),
-        ("judge_open_score_norm", True),
-        ("cs_overall_macro_f1", True),
-        ("mcq_acc", True),
-        ("cs_Q8_coverage", True),
-        ("n", False),
-        ("n_open", False),
-        ("cs_n", False),
-        ("cs_Q3_n", False),
-        ("mcq_n_valid", False),
-        ("closed_invalid_rate", False),
-        ("cs_invalid_rate", False),
-        ("mcq_acc_ci_lo", False),
-        ("mcq_acc_ci_half", False),
-        ("mcq_random_baseline", False),
-        ("judge_failures", False),
-        ("question_type=size/n", False),
+        ("traditional", "closed_acc", True),
+        ("traditional", "open_f1", True),
+        ("traditional", "open_precision", True),
+        ("judge", "judge_open_score_norm", True),
+        ("closed_set", "cs_overall_macro_f1", True),
+        ("mcq", "mcq_acc", True),
+        ("closed_set", "cs_Q8_coverage", True),
+        ("traditional", "n", False),
+        ("traditional", "n_open", False),
+        ("traditional", "open_empty_ref_n", False),
+        ("closed_set", "cs_n", False),
+        ("closed_set", "cs_Q3_n", False),
+        ("mcq", "mcq_n_valid", False),
+        ("traditional", "closed_invalid_rate", False),
+        ("closed_set", "cs_invalid_rate", False),
+        ("mcq", "mcq_acc_ci_lo", False),
+        ("mcq", "mcq_acc_ci_half", False),
+        ("mcq", "mcq_random_baseline", False),
+        ("judge", "judge_failures", False),
+        ("traditional", "question_type=size/n", False),
     ],
 )
-def test_only_performances_get_a_robustness_ratio(key: str, performance: bool) -> None:
-    from medvqa.evaluation.evaluate import is_performance
+def test_each_family_says_which_of_its_scores_are_performances(
+    family: str, key: str, performance: bool
+) -> None:
+    from medvqa import plugins
 
-    assert is_performance(key) is performance
+    assert plugins.get("metric", family).score_info(key).performance is performance
+
+
+def test_robustness_ratios_only_for_what_the_families_call_performances() -> None:
+    from medvqa.evaluation.scoring import Scoring
+
+    evaluation = OmegaConf.create(
+        {
+            "primary_closed": "closed_acc",
+            "primary_open": "open_f1",
+            "breakdown": [],
+            "bootstrap": {"samples": 0, "seed": 0, "level": 0.95},
+        }
+    )
+    preds = _preds()
+    with Scoring([TraditionalMetric()], evaluation) as scoring:
+        results, scored = scoring.score(
+            {"test_iid": preds, "test_ood": preds},
+            extra={"test_iid": {"coverage": 0.5}, "test_ood": {"coverage": 0.25}},
+        )
+    assert "robustness/rr_closed_acc" in results and "robustness/rr_open_f1" in results
+    for not_performance in ("n", "n_open", "closed_invalid_rate", "open_empty_ref_n", "coverage"):
+        assert f"robustness/rr_{not_performance}" not in results
+    assert results["test_iid/coverage"] == 0.5
+    assert set(scored["split"]) == {"test_iid", "test_ood"}
+
+
+def test_the_pipeline_closes_every_family_also_after_an_error() -> None:
+    from medvqa.evaluation.scoring import Scoring
+
+    closed = []
+
+    class Closing(TraditionalMetric):
+        def close(self) -> None:
+            closed.append(self)
+
+    families = [Closing(), Closing()]
+    with pytest.raises(RuntimeError, match="boom"), Scoring(families, None):
+        raise RuntimeError("boom")
+    assert closed == families
 
 
 def test_headline_intervals_resample_cases() -> None:

@@ -17,7 +17,8 @@ import yaml
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 
-from medvqa.analysis.select import main, select
+from medvqa.analysis.select import select
+from medvqa.cli.select import main
 from tests.conftest import CONF, run_main
 
 

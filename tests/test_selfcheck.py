@@ -14,11 +14,12 @@ from medvqa.analysis.summary import summary_table, write_summary
 from medvqa.analysis.tables import long_table
 from medvqa.evaluation.families.aspect_judge import AspectJudgeMetric
 from medvqa.evaluation.families.judge import JudgeMetric
-from medvqa.evaluation.judge import RUBRICS, JudgeCache, OpenAIBackend
+from medvqa.evaluation.judge.cache import JudgeCache
+from medvqa.evaluation.judge.rubrics import RUBRICS
 from medvqa.evaluation.judge.selfcheck import CLASS_ITEMS, ITEMS, selfcheck_items
 from medvqa.evaluation.scoring import unreliable
 from tests.judge_server import JudgeServer
-from tests.test_judge import MIXED, needs_smollm2
+from tests.test_judge import MIXED, needs_smollm2, openai_backend
 from tests.test_report import headline, write_record
 
 EXPECTED = {(q, a, p): v for _, q, a, p, v in ITEMS}
@@ -38,7 +39,7 @@ def says_correct(system: str, item: dict[str, str]) -> str:
 
 
 def metric(server: JudgeServer, cache_dir: Path | None) -> JudgeMetric:
-    backend = OpenAIBackend(
+    backend = openai_backend(
         mode="generate", model="m", base_url=server.base_url, api_key_env=None, retries=0
     )
     cache = JudgeCache(cache_dir) if cache_dir else None
@@ -134,7 +135,7 @@ def test_the_aspect_judge_is_checked_on_its_own_items() -> None:
     for score_fn, reliable in ((knows, 1.0), (says_correct, 0.0)):
         server = JudgeServer(score_fn=score_fn).start()
         try:
-            backend = OpenAIBackend(
+            backend = openai_backend(
                 mode="generate", model="m", base_url=server.base_url, api_key_env=None
             )
             m = AspectJudgeMetric(backend, selfcheck_floors=(0.8, 0.5))

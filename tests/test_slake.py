@@ -144,7 +144,7 @@ def test_invalid_json_names_the_file(slake) -> None:
 def test_real_release_oddities_are_kept_and_counted(slake, tmp_path: Path) -> None:
     """The real train.json has an English OPEN row with an empty answer (the paper's 4866
     include it): it is kept, scored without error, and counted, as are numeric answers."""
-    from medvqa.evaluation.scoring import build_metrics, score_frame
+    from medvqa.evaluation.scoring import build_families, score_frame
     from tests.conftest import compose
 
     source = Slake(slake.root, cache_dir=tmp_path / "cache")
@@ -168,7 +168,7 @@ def test_real_release_oddities_are_kept_and_counted(slake, tmp_path: Path) -> No
     cached = Slake(slake.root, cache_dir=tmp_path / "cache").report()["kept_oddities"]
     assert cached["counts"] == oddities  # the report survives the table cache
     preds = empty.assign(prediction=["liver"] * len(empty))
-    scored, scores = score_frame(preds, build_metrics(compose([]).metric), ["question_type"])
+    scored, scores = score_frame(preds, build_families(compose([]).metric), ["question_type"])
     assert len(scored) == len(empty) and scores["n_open"] == len(empty)
     assert scores["open_f1"] == 0.0  # an empty reference shares no token with an answer
 

@@ -85,7 +85,7 @@ def test_zero2_trains_saves_and_reloads_the_adapter(
 
     cfg, spec, model, loader = _lora_setup(tiny_model_dir, cache_dir)
     trainer = _zero2_trainer(2, enable_checkpointing=False)
-    trainer.fit(VQAModule(model, lr=1e-2), train_dataloaders=loader)
+    trainer.fit(VQAModule(model, lr=1e-2, projector_lr=None), train_dataloaders=loader)
     assert isinstance(trainer.strategy.model, deepspeed.DeepSpeedEngine)
     assert trainer.strategy.config["zero_optimization"]["stage"] == 2
     assert trainer.global_step == 2
@@ -136,7 +136,7 @@ def test_zero2_checkpoint_holds_only_trained_tensors_and_resumes(
         return ModelCheckpoint(dirpath=ckpt_dir, save_last=True, every_n_train_steps=2)
 
     first = _zero2_trainer(2, exclude_frozen=True, callbacks=[checkpointing()])
-    first.fit(VQAModule(model, lr=1e-2), train_dataloaders=loader)
+    first.fit(VQAModule(model, lr=1e-2, projector_lr=None), train_dataloaders=loader)
     last = ckpt_dir / "last.ckpt"
     assert last.is_dir(), "a DeepSpeed checkpoint is a directory"
 
@@ -174,7 +174,9 @@ def test_zero2_checkpoint_holds_only_trained_tensors_and_resumes(
     assert not torch.equal(fresh.get_parameter(name.removeprefix("model.")), module[name])
     probe = _AtTrainStart(name)
     second = _zero2_trainer(4, exclude_frozen=True, callbacks=[checkpointing(), probe])
-    second.fit(VQAModule(fresh, lr=1e-2), train_dataloaders=loader, ckpt_path="last")
+    second.fit(
+        VQAModule(fresh, lr=1e-2, projector_lr=None), train_dataloaders=loader, ckpt_path="last"
+    )
     assert Path(second.ckpt_path) == last
     assert probe.global_step == 2 and probe.scheduler_epoch == 2
     assert torch.equal(probe.tensor, module[name]), "the trained adapter was restored"
@@ -193,7 +195,7 @@ def test_zero2_offloads_the_optimizer_with_deepspeeds_cpu_adam(
     _, _, model, loader = _lora_setup(tiny_model_dir, cache_dir)
     lora_b = [p for n, p in model.named_parameters() if "lora_B" in n]
     trainer = _zero2_trainer(2, offload=True, enable_checkpointing=False)
-    trainer.fit(VQAModule(model, lr=1e-2), train_dataloaders=loader)
+    trainer.fit(VQAModule(model, lr=1e-2, projector_lr=None), train_dataloaders=loader)
     assert trainer.global_step == 2
     assert isinstance(trainer.strategy.model.optimizer.optimizer, DeepSpeedCPUAdam)
     assert any(p.abs().sum() > 0 for p in lora_b), "the offloaded optimizer updated the adapter"

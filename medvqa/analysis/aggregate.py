@@ -23,11 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import yaml
 from hydra.utils import get_class
 
+from medvqa import CONF_DIR
 from medvqa.analysis.summary import COLUMNS
 from medvqa.evaluation.scoring import unreliable
-from medvqa.record import RESULTS_FILE, SUMMARY_PREFIX, read_record
+from medvqa.record import DISPLAY_NAMES, RESULTS_FILE, SUMMARY_PREFIX, read_record
 
 log = logging.getLogger(__name__)
 
@@ -35,24 +37,13 @@ log = logging.getLogger(__name__)
 # method's name, a sanity baseline's name (`<peft>+<baseline>` for a baseline that trains a
 # method), or the label the user gave the run; `@<image>` marks an evaluation with another image
 # and `@delta_<image>` the paired difference; ` [<option>=<value>]` a test condition (below).
-# Rows are grouped and joined on it; the `method` column is its display name (the paper's row
-# names for what the configs ship with).
-PEFT_NAMES = {
-    "none": "No Finetune",
-    "full": "Full Finetune",
-    "prompt_tuning": "Prompt",
-    "lora": "LoRA",
-    "ia3": "(IA)³",
-}
-BASELINE_NAMES = {
-    "most_frequent": "Most Freq.",
-    "no_image": "No Image",
-    "no_image_eval": "No Image (eval)",
-    "random": "Random (1/k)",
-    "image_only": "Image Only",
-}
+# Rows are grouped and joined on it; the `method` column is its display name, read from the
+# record (`label`, `peft.label`: the `label:` of conf/peft/*.yaml and conf/baseline/*.yaml, the
+# paper's row names), or from the shipped configs for a record that names none (`shipped_label`).
+PEFT_METHODS = ("none", "full", "prompt_tuning", "lora", "ia3")
+BASELINES = ("most_frequent", "no_image", "no_image_eval", "random", "image_only")
 # The paper's row order; other methods come after these, in the order they were first seen.
-METHOD_ORDER = (*PEFT_NAMES, *BASELINE_NAMES)
+METHOD_ORDER = (*PEFT_METHODS, *BASELINES)
 # Metric-name prefixes of the reference rows a run scores, and the method each row is: the
 # untuned base is the `none` method, chance is the random baseline.
 REFERENCES = {"zero_shot/": "none", "chance/": "random"}
@@ -146,16 +137,29 @@ def as_number(value: Any) -> float:
         return math.nan
 
 
+@functools.cache
+def shipped_label(group: str, option: str) -> str | None:
+    """The `label:` of conf/<group>/<option>.yaml (a peft method or a baseline), where the name
+    is declared once; None where the file or its label is absent."""
+    path = CONF_DIR / group / f"{option}.yaml"
+    if not path.is_file():
+        return None
+    label = (yaml.safe_load(path.read_text()) or {}).get("label")
+    return str(label) if label else None
+
+
 def method_name(method_id: str, label: str | None = None) -> str:
-    """The display name of a method id: the paper's name where there is one, else the run's
-    label (`label`, `peft.label`), else the id; extra-image and variant suffixes kept."""
+    """The display name of a method id: the label the run recorded (`label`, `peft.label`),
+    else (a record without one, a reference row) the label the configs ship for the method or
+    baseline, else the id; extra-image and variant suffixes kept."""
     head, bracket, variant = method_id.partition(" [")
     head, _, image = head.partition("@")
     peft, _, baseline = head.partition("+")
     if baseline:
-        name = BASELINE_NAMES.get(baseline) or f"{PEFT_NAMES.get(peft, peft)} ({baseline} baseline)"
+        method = shipped_label("peft", peft) or peft
+        name = label or shipped_label("baseline", baseline) or f"{method} ({baseline} baseline)"
     else:
-        name = PEFT_NAMES.get(head) or BASELINE_NAMES.get(head) or label or head
+        name = label or shipped_label("peft", head) or shipped_label("baseline", head) or head
     if image.startswith("delta_"):
         name = f"{name}, Δ sighted − {image[len('delta_') :]}"
     elif image:
@@ -167,7 +171,7 @@ def method_sort_key(method_id: str, first_seen: Mapping[str, int] | None = None)
     """Known methods in the paper's order, derived rows right after theirs, then the rest."""
     head = method_id.split(" [")[0].split("@")[0]
     known = head.rpartition("+")[2]
-    if known in METHOD_ORDER and (known == head or known in BASELINE_NAMES):
+    if known in METHOD_ORDER and (known == head or known in BASELINES):
         return (0, METHOD_ORDER.index(known), method_id != head, method_id)
     return (1, (first_seen or {}).get(method_id, 0), 0, method_id)
 
@@ -223,8 +227,10 @@ def _identity(record: Mapping[str, Any]) -> dict[str, Any]:
     if baseline and baseline != "zero_shot":
         # e.g. the blind ablation: a LoRA run that is a baseline, not the LoRA row itself.
         method_id = baseline if task in MODEL_FREE_TASKS else f"{peft}+{baseline}"
+        name = config.get("label")  # the baseline's own (none: the method's, "... baseline")
     else:
         method_id = config.get("label") or peft or "?"
+        name = config.get("label") or config_get(config, "peft.label")
     cond = condition(config)
     if cond:
         method_id = f"{method_id} [{cond}]"
@@ -238,6 +244,7 @@ def _identity(record: Mapping[str, Any]) -> dict[str, Any]:
         "shift_kind": "corruption" if str(shift).startswith("corruption") else "realistic",
         "model": config_get(config, "model.name") or choices.get("model") or "?",
         "label": str(label),
+        "name": str(name) if name else None,
         "method_id": str(method_id),
         "peft": peft,
         "baseline": baseline,
@@ -340,6 +347,7 @@ def placed_rows(record: Mapping[str, Any], source: str) -> list[dict[str, Any]]:
 def record_rows(record: Mapping[str, Any], source: str) -> list[dict[str, Any]]:
     """The run's row, plus one row per reference or extra-image evaluation it scored."""
     ident = _identity(record)
+    name = ident.pop("name")  # what the record calls the run (None: the configs' name)
     metrics = {k: as_number(v) for k, v in (record.get("metrics") or {}).items()}
     error = record.get("error")
     base = {
@@ -389,7 +397,7 @@ def record_rows(record: Mapping[str, Any], source: str) -> list[dict[str, Any]]:
                 **base,
                 "kind": kind,
                 "method_id": method_id,
-                "method": method_name(method_id, ident["label"] if kind != "reference" else None),
+                "method": method_name(method_id, name if kind != "reference" else None),
                 "peft": {"zero_shot/": "none", "chance/": None}.get(prefix, base["peft"]),
                 "_what": what,
                 **_headlines(own, closed, open_),
@@ -420,6 +428,7 @@ _HOW_TO_RUN = (
     "eval.",
     "task.name",
     "task.from_run",
+    *DISPLAY_NAMES,  # the report reads them, but they are not what a run computed
 )
 
 
@@ -491,6 +500,21 @@ def _mark_variants(frame: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
+def _newest_names(frame: pd.DataFrame) -> pd.DataFrame:
+    """One display name per method id: records that name a method differently (a label edited
+    between sweeps, an older record) show the newest run's name (reference rows, named from the
+    configs, only where no run of the method names it)."""
+    if frame.empty or "started_at" not in frame:
+        return frame
+    ranked = frame.assign(_run=frame["kind"] != "reference").sort_values(
+        ["_run", "started_at"], kind="stable", na_position="first"
+    )
+    newest = ranked.drop_duplicates("method_id", keep="last").set_index("method_id")["method"]
+    frame = frame.copy()
+    frame["method"] = frame["method_id"].map(newest).fillna(frame["method"])
+    return frame
+
+
 def _distinct_names(frame: pd.DataFrame) -> pd.DataFrame:
     """Two methods never share a display name (e.g. LoRA and full fine-tuning, both run as the
     no-image baseline): a name several ids map to gets the id appended."""
@@ -509,6 +533,7 @@ def records_frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     frame = pd.DataFrame.from_records(list(rows))
     if frame.empty:
         return pd.DataFrame(columns=[*ID_COLUMNS, *COLUMNS])
+    frame = _newest_names(frame)
     if "_what" in frame:
         frame = _mark_variants(frame).drop(columns="_what")
     frame = _distinct_names(frame)

@@ -40,7 +40,7 @@ from medvqa.analysis.aggregate import as_number, method_sort_key
 from medvqa.analysis.tables import USABLE, role
 from medvqa.config import BootstrapSchema
 from medvqa.data import records as R
-from medvqa.evaluation.scoring import SCORES_FILE, RecordedMeans, build_metrics, paired_delta
+from medvqa.evaluation.scoring import SCORES_FILE, RecordedMeans, build_families, paired_delta
 from medvqa.record import RESULTS_FILE, read_record
 
 log = logging.getLogger(__name__)
@@ -110,7 +110,7 @@ class _Run:
         }
         if nodes:
             try:
-                self._families += build_metrics(nodes)
+                self._families += build_families(nodes)
             except ValueError as err:
                 log.warning(
                     "%s: %s; its scores that are not per-sample means get no paired difference",

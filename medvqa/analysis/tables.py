@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from medvqa.analysis.aggregate import BASELINE_NAMES, PROVENANCE_COLUMNS, method_sort_key
+from medvqa.analysis.aggregate import BASELINES, PROVENANCE_COLUMNS, method_sort_key
 from medvqa.analysis.summary import COLUMNS, markdown_table, markdown_text
 
 log = logging.getLogger(__name__)
@@ -118,7 +118,7 @@ def role(row: pd.Series) -> str:
     if isinstance(row.get("condition"), str) and not is_baseline:
         return "condition"
     derived = row.get("kind") in ("extra image", "delta")
-    if is_baseline or derived or row.get("method_id") in BASELINE_NAMES:
+    if is_baseline or derived or row.get("method_id") in BASELINES:
         return "baseline"
     return "method"
 

@@ -8,6 +8,8 @@ record's candidates.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from typing import Any
 
 YES_NO = ("yes", "no")
 _OPTION_SEP = re.compile(r",|\bor\b", flags=re.IGNORECASE)
@@ -105,3 +107,27 @@ def closed_candidates(question: str, answer: str) -> list[str]:
         or or_options(question, answer)
         or [answer, f"not {answer}"]
     )
+
+
+# The letters that name a multiple-choice question's options, in order ("A. ...", "B. ...").
+LETTERS = "ABCDE"
+
+
+# "B", "b", "B)", "(B)", "B." all name option B.
+_LETTER = re.compile(r"^\(?([A-Ea-e])[).:]?$")
+
+
+def resolve_answer(answer: Any, options: Sequence[str]) -> str | None:
+    """The option an answer names: its exact text, its text ignoring case, or its letter."""
+    text = str(answer).strip()
+    if text in options:
+        return text
+    lowered = {o.lower(): o for o in options}
+    if text.lower() in lowered:
+        return lowered[text.lower()]
+    letter = _LETTER.match(text)
+    if letter is not None:
+        index = LETTERS.index(letter.group(1).upper())
+        if index < len(options):
+            return options[index]
+    return None

@@ -23,6 +23,7 @@ CASE_ID = "case_id"
 IMAGE_ID = "image_id"
 SOURCE_SPLIT = "source_split"  # the dataset's own split: train | validate | test
 SPLIT = "split"  # of a prediction: the evaluation split it belongs to (test_iid, test_ood, ...)
+PREDICTION = "prediction"  # of a prediction: the model's answer (scored, never rewritten)
 
 CORE_COLUMNS: tuple[str, ...] = (
     ID,

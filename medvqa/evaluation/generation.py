@@ -32,8 +32,8 @@ from torch.utils.data import DataLoader
 from medvqa.atomic import write_file
 from medvqa.data import records as R
 from medvqa.data.base import VQASource
+from medvqa.data.records import PREDICTION
 from medvqa.distributed import is_global_zero
-from medvqa.evaluation.families.traditional import PREDICTION
 from medvqa.hashing import Hasher
 from medvqa.interrupts import stage
 from medvqa.models.prompting import PLAIN, PromptTemplate

@@ -1,19 +1,23 @@
-"""Scoring with several metric families at once, broken down by any metadata field.
+"""The one scoring pipeline: training runs, baselines and `medvqa-score` all score with it.
 
-`metric=[traditional,judge]` selects families; each is a class with `per_sample(preds)` (score
-columns for every row) and `aggregate(scored)` (flat scores over any subset of rows), built from
-its YAML's `_target_`. This module joins their columns, aggregates each split and each value of
-every `evaluation.breakdown` field (list-valued fields such as Kvasir's question classes count a
-row once in each of its values), and collects counters such as the judge's call counts.
+`metric=[traditional,judge]` selects families; each is a `MetricFamily` with `per_sample(preds)`
+(score columns for every row) and `aggregate(scored)` (flat scores over any subset of rows),
+built from its YAML's `_target_`. `Scoring` builds them, joins their columns, aggregates each
+split and each value of every `evaluation.breakdown` field (list-valued fields such as Kvasir's
+question classes count a row once in each of its values), adds relative robustness for the
+scores the families declare performances, the headline intervals and the families' counters,
+writes the scored table, and closes the families when it is done (also after an error).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from types import TracebackType
+from typing import Any
 
 import pandas as pd
 from hydra.utils import instantiate
@@ -21,17 +25,17 @@ from hydra.utils import instantiate
 from medvqa import plugins
 from medvqa.atomic import write_file
 from medvqa.data import records as R
+from medvqa.evaluation.families.base import COUNT, MetricFamily, ScoreInfo
+from medvqa.evaluation.robustness import robustness_metrics
+
+log = logging.getLogger(__name__)
+
+IID, OOD = "test_iid", "test_ood"
+# The row counts the pipeline adds to every aggregate (`counts`), and what they are.
+COUNTS = ("n", "n_open", "n_closed")
 
 
-class Metric(Protocol):
-    name: str
-
-    def per_sample(self, preds: pd.DataFrame) -> pd.DataFrame: ...
-
-    def aggregate(self, scored: pd.DataFrame) -> dict[str, float]: ...
-
-
-def build_metrics(metric_cfg: Mapping[str, Any]) -> list[Metric]:
+def build_families(metric_cfg: Mapping[str, Any]) -> list[MetricFamily]:
     """Instantiate every selected family (the `metric` node maps family name -> config)."""
     built = []
     for name, node in metric_cfg.items():
@@ -56,10 +60,17 @@ def counts(frame: pd.DataFrame) -> dict[str, float]:
     }
 
 
-def _aggregate(scored: pd.DataFrame, metrics: Sequence[Metric]) -> dict[str, float]:
+def _aggregate(
+    scored: pd.DataFrame,
+    metrics: Sequence[MetricFamily],
+    owners: dict[str, MetricFamily] | None = None,
+) -> dict[str, float]:
     out = counts(scored)
     for metric in metrics:
-        out.update(metric.aggregate(scored))
+        scores = metric.aggregate(scored)
+        if owners is not None:
+            owners.update(dict.fromkeys(scores, metric))
+        out.update(scores)
     return out
 
 
@@ -74,11 +85,15 @@ def _groups(scored: pd.DataFrame, field: str):
 
 
 def score_frame(
-    preds: pd.DataFrame, metrics: Sequence[Metric], breakdown: Sequence[str] = ()
+    preds: pd.DataFrame,
+    metrics: Sequence[MetricFamily],
+    breakdown: Sequence[str] = (),
+    owners: dict[str, MetricFamily] | None = None,
 ) -> tuple[pd.DataFrame, dict[str, float]]:
     """Per-sample scores joined to `preds`, and the split's scores (no split prefix).
 
     Breakdown keys are `<field>=<value>/<score>`. A score over zero rows is NaN, not 0.
+    `owners` (if given) gets the family of every aggregate score.
     """
     scored = preds.copy()
     for metric in metrics:
@@ -87,7 +102,7 @@ def score_frame(
         if clash:
             raise ValueError(f"metric {metric.name!r} would overwrite column(s) {clash}")
         scored = scored.join(columns)
-    scores = _aggregate(scored, metrics)
+    scores = _aggregate(scored, metrics, owners)
     for field in breakdown:
         if field not in scored.columns:
             raise ValueError(
@@ -100,13 +115,9 @@ def score_frame(
     return scored, scores
 
 
-def _failing_families() -> dict[str, type]:
-    """The registered families that can fail per item, by name (`MetricFamily.failures_key`)."""
-    return {
-        name: cls
-        for name, cls in plugins.registered("metric").items()
-        if getattr(cls, "failures_key", None)
-    }
+def _failing_families() -> dict[str, type[MetricFamily]]:
+    """The registered families that can fail per item, by name (`MetricFamily.can_fail`)."""
+    return {name: cls for name, cls in plugins.registered("metric").items() if cls.can_fail}
 
 
 def failed_items(metrics: Mapping[str, float], prefix: str = "", score: str | None = None) -> int:
@@ -167,14 +178,9 @@ def write_scores(scored: pd.DataFrame, path: Path) -> Path:
     return write_file(path, lambda tmp: table.to_parquet(tmp, index=False))
 
 
-def counters(metrics: Sequence[Metric]) -> dict[str, float]:
+def counters(metrics: Sequence[MetricFamily]) -> dict[str, float]:
     """Counters some families keep (e.g. `judge/calls`), for results.json."""
-    out: dict[str, float] = {}
-    for metric in metrics:
-        get = getattr(metric, "counters", None)
-        if callable(get):
-            out.update({k: float(v) for k, v in get().items()})
-    return out
+    return {k: float(v) for metric in metrics for k, v in metric.counters().items()}
 
 
 def _bootstrap_options(evaluation_cfg: Any) -> dict[str, Any] | None:
@@ -185,14 +191,9 @@ def _bootstrap_options(evaluation_cfg: Any) -> dict[str, Any] | None:
     return {"B": int(boot.samples), "seed": int(boot.seed), "level": float(boot.level)}
 
 
-def _ci_columns(metrics: Sequence[Metric]) -> dict[str, tuple[str, str]]:
-    """Score -> (per-sample column, answer type) of every family that declares `ci_columns`."""
-    columns: dict[str, tuple[str, str]] = {}
-    for metric in metrics:
-        get = getattr(metric, "ci_columns", None)
-        if callable(get):
-            columns.update(get())
-    return columns
+def _ci_columns(metrics: Sequence[MetricFamily]) -> dict[str, tuple[str, str]]:
+    """Score -> (per-sample column, answer type) of every family's per-sample-mean scores."""
+    return {score: c for metric in metrics for score, c in metric.ci_columns().items()}
 
 
 class RecordedMeans:
@@ -227,8 +228,7 @@ def paired_delta(
     case bootstrap for per-sample means, the family's own rule otherwise); None if none can.
     Returns a `medvqa.evaluation.statistics.BootstrapCI`."""
     for metric in metrics:
-        get = getattr(metric, "paired_delta", None)
-        ci = get(scored_a, scored_b, score, **bootstrap) if callable(get) else None
+        ci = metric.paired_delta(scored_a, scored_b, score, **bootstrap)
         if ci is not None:
             return ci
     return None
@@ -241,7 +241,7 @@ def _headline_keys(evaluation_cfg: Any) -> tuple[tuple[str, str], ...]:
 def paired_delta_intervals(
     main: pd.DataFrame,
     other: pd.DataFrame,
-    metrics: Sequence[Metric],
+    metrics: Sequence[MetricFamily],
     evaluation_cfg: Any,
     prefix: str,
 ) -> dict[str, float]:
@@ -266,7 +266,7 @@ def paired_delta_intervals(
 def headline_intervals(
     scored_by_split: Mapping[str, pd.DataFrame],
     scores_by_split: Mapping[str, Mapping[str, float]],
-    metrics: Sequence[Metric],
+    metrics: Sequence[MetricFamily],
     evaluation_cfg: Any,
     iid: str = "test_iid",
     ood: str = "test_ood",
@@ -306,3 +306,167 @@ def headline_intervals(
             out[f"robustness/diff_{alias}"] = diff.point
             out.update(diff.entries(f"robustness/diff_{alias}"))
     return out
+
+
+def prefixed(prefix: str, scores: Mapping[str, float]) -> dict[str, float]:
+    return {f"{prefix}{k}": v for k, v in scores.items()}
+
+
+def finite(metrics: Mapping[str, float]) -> dict[str, float]:
+    """Drop NaN/inf (loggers reject them; results.json keeps them as null)."""
+    return {
+        k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and math.isfinite(v)
+    }
+
+
+def _not_a_count(score: str) -> bool:
+    return score.rsplit("/", 1)[-1] not in COUNTS
+
+
+def split_metrics(
+    scores_by_split: Mapping[str, Mapping[str, float]],
+    evaluation_cfg: Any,
+    is_performance: Callable[[str], bool] = _not_a_count,
+) -> dict[str, float]:
+    """`split/metric` names plus `robustness/rr_*` for the performances (`is_performance`,
+    by default every score but the row counts) when both test splits are present."""
+    metrics: dict[str, float] = {}
+    for split, scores in scores_by_split.items():
+        metrics.update(prefixed(f"{split}/", scores))
+    if IID in scores_by_split and OOD in scores_by_split:
+        iid, ood = scores_by_split[IID], scores_by_split[OOD]
+        keys = [k for k in iid if "/" not in k and is_performance(k)]
+        primary = {
+            name: key
+            for name, key in (
+                ("closed", evaluation_cfg.primary_closed),
+                ("open", evaluation_cfg.primary_open),
+            )
+            if key in iid and key in ood
+        }
+        metrics.update(prefixed("robustness/", robustness_metrics(iid, ood, keys, primary)))
+    return metrics
+
+
+class Scoring:
+    """The selected metric families and how a run's predictions are scored with them.
+
+    Use it as a context manager: the families are closed (`MetricFamily.close`) when the block
+    ends, also after an error. Build it with `from_config` first thing in a task, so a bad
+    metric option fails before any data or model is loaded.
+    """
+
+    def __init__(self, families: Sequence[MetricFamily], evaluation_cfg: Any) -> None:
+        self.families = list(families)
+        self.evaluation = evaluation_cfg
+        self._owners: dict[str, MetricFamily] = {}
+        self._extra: dict[str, ScoreInfo] = {}
+        self._closed = False
+
+    @classmethod
+    def from_config(cls, metric_cfg: Mapping[str, Any], evaluation_cfg: Any) -> Scoring:
+        """The families the `metric` node selects, scored as `evaluation` says."""
+        return cls(build_families(metric_cfg), evaluation_cfg)
+
+    def __enter__(self) -> Scoring:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close every family once; one that fails to close does not keep the others open."""
+        if self._closed:
+            return
+        self._closed = True
+        for family in self.families:
+            try:
+                family.close()
+            except Exception:
+                log.exception("metric %s: closing it failed", family.name)
+
+    def score_info(self, score: str) -> ScoreInfo:
+        """What `score` (a split's aggregate, `field=value/` breakdowns included) is, as the
+        family that computed it declares (`MetricFamily.score_info`)."""
+        base = score.rsplit("/", 1)[-1]
+        if base in COUNTS:
+            return COUNT
+        if base in self._extra:
+            return self._extra[base]
+        owner = self._owners.get(base)
+        return owner.score_info(base) if owner is not None else ScoreInfo()
+
+    def is_performance(self, score: str) -> bool:
+        """Whether relative robustness and deltas apply to `score`."""
+        return self.score_info(score).performance
+
+    def score(
+        self,
+        predictions: Mapping[str, pd.DataFrame],
+        out: Path | None = None,
+        breakdown: Sequence[str] | None = None,
+        extra: Mapping[str, Mapping[str, float]] | None = None,
+        extra_info: Mapping[str, ScoreInfo] | None = None,
+    ) -> tuple[dict[str, float], pd.DataFrame]:
+        """Scores, RR, headline intervals and counters of every split's predictions, and the
+        scored table (a `split` column; written to `out` as Parquet when given).
+
+        `breakdown` defaults to `evaluation.breakdown`; `extra` adds per-split scores the
+        caller computed (a baseline's coverage), described by `extra_info` (default: not a
+        performance). Counters (e.g. `judge/calls`) are added once, after all splits.
+        """
+        breakdown = list(self.evaluation.breakdown if breakdown is None else breakdown)
+        scores: dict[str, dict[str, float]] = {}
+        scored_by_split: dict[str, pd.DataFrame] = {}
+        for split, preds in predictions.items():
+            scored, scores[split] = score_frame(preds, self.families, breakdown, self._owners)
+            for key, value in (extra or {}).get(split, {}).items():
+                scores[split][key] = value
+                self._extra[key] = (extra_info or {}).get(key, COUNT)
+            scored_by_split[split] = scored.assign(**{R.SPLIT: split})
+        results = {
+            **split_metrics(scores, self.evaluation, self.is_performance),
+            **headline_intervals(scored_by_split, scores, self.families, self.evaluation),
+            **counters(self.families),
+        }
+        self._warn_missing_headline(scores)
+        scored = pd.concat(scored_by_split.values(), ignore_index=True)
+        if out is not None:
+            write_scores(scored, out)
+        return results, scored
+
+    def deltas(
+        self, main: Mapping[str, float], other: Mapping[str, float], prefix: str
+    ) -> dict[str, float]:
+        """`prefix + key` = main - other for the per-split performances both runs have."""
+        return {
+            f"{prefix}{key}": main[key] - other[key]
+            for key in main
+            if key in other and key.split("/", 1)[0] in (IID, OOD) and self.is_performance(key)
+        }
+
+    def paired_delta_intervals(
+        self, main: pd.DataFrame, other: pd.DataFrame, prefix: str
+    ) -> dict[str, float]:
+        """CIs of the paired differences main − other of the headline scores, per split
+        (:func:`paired_delta_intervals`)."""
+        return paired_delta_intervals(main, other, self.families, self.evaluation, prefix)
+
+    def _warn_missing_headline(self, scores: Mapping[str, Mapping[str, float]]) -> None:
+        for name in ("closed", "open"):
+            key = self.evaluation[f"primary_{name}"]
+            if not any(key in split_scores for split_scores in scores.values()):
+                log.warning(
+                    "evaluation.primary_%s=%s is not a score of the selected metric families, "
+                    "so there is no headline %s score or RR: add the family that computes it "
+                    "to `metric` (e.g. judge for judge_* scores) or pick another headline "
+                    "(headline=tokens).",
+                    name,
+                    key,
+                    name,
+                )

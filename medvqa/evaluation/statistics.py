@@ -85,7 +85,15 @@ class BootstrapCI(NamedTuple):
 
     def entries(self, name: str) -> dict[str, float]:
         """The interval under the project's metric names: `<name>_ci_lo/_ci_hi/_ci_half`."""
-        return {f"{name}_ci_lo": self.lo, f"{name}_ci_hi": self.hi, f"{name}_ci_half": self.half}
+        return dict(zip((f"{name}{s}" for s in CI_SUFFIXES), self[1:], strict=True))
+
+
+CI_SUFFIXES = ("_ci_lo", "_ci_hi", "_ci_half")  # the names `BootstrapCI.entries` writes
+
+
+def is_interval(score: str) -> bool:
+    """Whether `score` is an interval bound or half-width (`BootstrapCI.entries`)."""
+    return score.endswith(CI_SUFFIXES)
 
 
 _NAN_CI = (math.nan, math.nan, math.nan)

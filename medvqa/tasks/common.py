@@ -20,7 +20,7 @@ from medvqa.data.base import VQASource
 from medvqa.data.shifts import Shift, Splits, limit_splits, make_splits
 from medvqa.distributed import is_global_zero
 from medvqa.errors import DataError
-from medvqa.evaluation.evaluate import finite
+from medvqa.evaluation.scoring import finite
 from medvqa.provenance import add_data
 from medvqa.tracking import log_metrics, log_table
 

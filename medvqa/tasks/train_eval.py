@@ -18,10 +18,9 @@ from omegaconf import DictConfig
 from medvqa.cluster import GPU_ACCELERATORS
 from medvqa.distributed import is_global_zero
 from medvqa.evaluation.baselines import chance_scores
-from medvqa.evaluation.evaluate import deltas, prefixed, score_splits, split_metrics
 from medvqa.evaluation.generation import generate_splits
 from medvqa.evaluation.lengths import generation_length
-from medvqa.evaluation.scoring import build_metrics, paired_delta_intervals
+from medvqa.evaluation.scoring import Scoring, prefixed, scores_path, split_metrics
 from medvqa.interrupts import stage
 from medvqa.models.adapters import apply_method, build_adapter_config, enable_gradient_checkpointing
 from medvqa.models.loading import load_vlm, roles
@@ -95,106 +94,105 @@ def train_eval(
     roles_ = roles(cfg.model)
     build_adapter_config(cfg.peft.adapter, cfg.peft.adapter_scope, roles_)  # fail fast on typos
 
-    scorers = build_metrics(cfg.metric)  # a bad metric option fails before any data or model
-    add_metrics(provenance, scorers)
-    source, splits = prepare_splits(cfg, out_dir, images=True, provenance=provenance)
-    frames = {s: splits[s] for s in eval_splits}
+    # Built first: a bad metric option fails before any data or model is loaded.
+    with Scoring.from_config(cfg.metric, cfg.evaluation) as scoring:
+        add_metrics(provenance, scoring.families)
+        source, splits = prepare_splits(cfg, out_dir, images=True, provenance=provenance)
+        frames = {s: splits[s] for s in eval_splits}
 
-    model, processor = load_vlm(cfg.model)
-    add_model(provenance, model)
-    prompt = instantiate(cfg.prompt)  # one template for training and generation
-    generate = partial(
-        generate_splits,
-        processor=processor,
-        source=source,
-        frames=frames,
-        batch_size=int(cfg.data.eval_batch_size),
-        max_new_tokens=generation_length(cfg.model, source),
-        trainer_cfg=cfg.trainer,
-        num_workers=int(cfg.data.num_workers),
-        prompt=prompt,
-    )
-    shared = Path(cfg.paths.cache_dir) / SHARED_PREDICTIONS
-    eval_image = str(cfg.data.eval_image)
-    label = cfg.label or cfg.peft.label or cfg.peft.name
-    outputs: dict[str, Path] = {}  # metric-name prefix -> predictions file
-    generated: dict[str, dict[str, pd.DataFrame] | None] = {}
-    if "zero_shot" in references and tuned:
-        outputs["zero_shot/"] = out_dir / "predictions_zero_shot.jsonl"
-        generated["zero_shot/"] = generate(
-            model, out_path=outputs["zero_shot/"], image_mode=eval_image, shared_dir=shared
+        model, processor = load_vlm(cfg.model)
+        add_model(provenance, model)
+        prompt = instantiate(cfg.prompt)  # one template for training and generation
+        generate = partial(
+            generate_splits,
+            processor=processor,
+            source=source,
+            frames=frames,
+            batch_size=int(cfg.data.eval_batch_size),
+            max_new_tokens=generation_length(cfg.model, source),
+            trainer_cfg=cfg.trainer,
+            num_workers=int(cfg.data.num_workers),
+            prompt=prompt,
         )
-
-    model = apply_method(
-        model,
-        cfg.peft,
-        roles_,
-        processor,
-        images=str(cfg.data.train_image) != "none",
-        trainable_dtype=None if is_deepspeed(cfg.trainer.strategy) else torch.float32,
-    )
-    # This run directory's own weights from an attempt that trained to the end (the record is
-    # `incomplete`, or the job died while generating or scoring): reused, not trained again.
-    fingerprint = config_fingerprint(cfg)
-    previous = (
-        None if (not fit or cfg.force) else trained_before(out_dir / TRAINED_DIR, fingerprint)
-    )
-    global_step = None
-    if previous is not None:
-        log.info(
-            "reusing the weights this run trained before (%s, step %d); force=true trains again",
-            out_dir / TRAINED_DIR,
-            previous["global_step"],
-        )
-        load_trainable(model, out_dir / TRAINED_DIR, cfg.peft.name)
-        global_step = int(previous["global_step"])
-    elif fit:
-        global_step = _fit(
-            cfg, model, roles_, processor, splits.frames, source, prompt, out_dir, loggers
-        )
-        if is_global_zero():
-            save_trainable(model, out_dir / TRAINED_DIR, cfg.peft.name, fingerprint, global_step)
-    elif trained is not None:
-        load_trainable(model, trained, cfg.peft.name)
-
-    outputs[""] = out_dir / "predictions.jsonl"
-    generated[""] = generate(
-        model, out_path=outputs[""], image_mode=eval_image, shared_dir=None if tuned else shared
-    )
-    for mode in cfg.data.extra_eval_images:  # e.g. the blind ablation: Δ = sighted − blank
-        outputs[f"{mode}/"] = out_dir / f"predictions_{mode}.jsonl"
-        generated[f"{mode}/"] = generate(model, out_path=outputs[f"{mode}/"], image_mode=mode)
-    if not is_global_zero():
-        return {}  # rank 0 scores and reports
-
-    metrics: dict[str, float] = {}
-    if global_step is not None:
-        metrics["train/global_step"] = float(global_step)
-    results: dict[str, dict[str, float]] = {}
-    scored: dict[str, pd.DataFrame] = {}
-    for prefix, preds in generated.items():
-        results[prefix], scored[prefix] = score_splits(
-            preds, scorers, cfg.evaluation, outputs[prefix]
-        )
-        metrics.update(prefixed(prefix, results[prefix]))
-    rows = [(label, "")]
-    if "zero_shot/" in generated:
-        rows.append((REFERENCES["zero_shot"], "zero_shot/"))
-    if "chance" in references:
-        metrics.update(prefixed("chance/", split_metrics(chance_scores(frames), cfg.evaluation)))
-        rows.append((REFERENCES["chance"], "chance/"))
-    for mode in cfg.data.extra_eval_images:
-        prefix = f"delta_{mode}/"
-        metrics.update(deltas(results[""], results[f"{mode}/"], prefix=prefix))
-        metrics.update(
-            paired_delta_intervals(
-                scored[""], scored[f"{mode}/"], scorers, cfg.evaluation, prefix=prefix
+        shared = Path(cfg.paths.cache_dir) / SHARED_PREDICTIONS
+        eval_image = str(cfg.data.eval_image)
+        label = cfg.label or cfg.peft.label or cfg.peft.name
+        outputs: dict[str, Path] = {}  # metric-name prefix -> predictions file
+        generated: dict[str, dict[str, pd.DataFrame] | None] = {}
+        if "zero_shot" in references and tuned:
+            outputs["zero_shot/"] = out_dir / "predictions_zero_shot.jsonl"
+            generated["zero_shot/"] = generate(
+                model, out_path=outputs["zero_shot/"], image_mode=eval_image, shared_dir=shared
             )
-        )
-        rows.append((f"{label}, {mode} image", f"{mode}/"))
 
-    report_run(cfg, out_dir, loggers, metrics, rows, scored[""])
-    return metrics
+        model = apply_method(
+            model,
+            cfg.peft,
+            roles_,
+            processor,
+            images=str(cfg.data.train_image) != "none",
+            trainable_dtype=None if is_deepspeed(cfg.trainer.strategy) else torch.float32,
+        )
+        # This run directory's own weights from an attempt that trained to the end (the record is
+        # `incomplete`, or the job died while generating or scoring): reused, not trained again.
+        fingerprint = config_fingerprint(cfg)
+        previous = (
+            None if (not fit or cfg.force) else trained_before(out_dir / TRAINED_DIR, fingerprint)
+        )
+        global_step = None
+        if previous is not None:
+            log.info(
+                "reusing the weights this run trained before (%s, step %d); force=true trains again",
+                out_dir / TRAINED_DIR,
+                previous["global_step"],
+            )
+            load_trainable(model, out_dir / TRAINED_DIR, cfg.peft.name)
+            global_step = int(previous["global_step"])
+        elif fit:
+            global_step = _fit(
+                cfg, model, roles_, processor, splits.frames, source, prompt, out_dir, loggers
+            )
+            if is_global_zero():
+                save_trainable(
+                    model, out_dir / TRAINED_DIR, cfg.peft.name, fingerprint, global_step
+                )
+        elif trained is not None:
+            load_trainable(model, trained, cfg.peft.name)
+
+        outputs[""] = out_dir / "predictions.jsonl"
+        generated[""] = generate(
+            model, out_path=outputs[""], image_mode=eval_image, shared_dir=None if tuned else shared
+        )
+        for mode in cfg.data.extra_eval_images:  # e.g. the blind ablation: Δ = sighted − blank
+            outputs[f"{mode}/"] = out_dir / f"predictions_{mode}.jsonl"
+            generated[f"{mode}/"] = generate(model, out_path=outputs[f"{mode}/"], image_mode=mode)
+        if not is_global_zero():
+            return {}  # rank 0 scores and reports
+
+        metrics: dict[str, float] = {}
+        if global_step is not None:
+            metrics["train/global_step"] = float(global_step)
+        results: dict[str, dict[str, float]] = {}
+        scored: dict[str, pd.DataFrame] = {}
+        for prefix, preds in generated.items():
+            results[prefix], scored[prefix] = scoring.score(preds, scores_path(outputs[prefix]))
+            metrics.update(prefixed(prefix, results[prefix]))
+        rows = [(label, "")]
+        if "zero_shot/" in generated:
+            rows.append((REFERENCES["zero_shot"], "zero_shot/"))
+        if "chance" in references:
+            metrics.update(
+                prefixed("chance/", split_metrics(chance_scores(frames), cfg.evaluation))
+            )
+            rows.append((REFERENCES["chance"], "chance/"))
+        for mode in cfg.data.extra_eval_images:
+            prefix = f"delta_{mode}/"
+            metrics.update(scoring.deltas(results[""], results[f"{mode}/"], prefix=prefix))
+            metrics.update(scoring.paired_delta_intervals(scored[""], scored[f"{mode}/"], prefix))
+            rows.append((f"{label}, {mode} image", f"{mode}/"))
+
+        report_run(cfg, out_dir, loggers, metrics, rows, scored[""])
+        return metrics
 
 
 def _fit(

@@ -25,6 +25,7 @@ from medvqa.data.base import VQASource
 from medvqa.data.shifts import IMAGE_TRANSFORM
 from medvqa.data.transforms import apply_transform
 from medvqa.models.prompting import PLAIN, PromptTemplate, encode, pad_batch
+from medvqa.training.spec import DataSchema
 
 log = logging.getLogger(__name__)
 
@@ -269,9 +270,9 @@ class VQADataModule(L.LightningDataModule):
         frames: Mapping[str, pd.DataFrame],
         source: VQASource,
         processor: Any,
-        batch_size: int = 16,
-        eval_batch_size: int = 32,
-        num_workers: int = 0,
+        batch_size: int = DataSchema.batch_size,
+        eval_batch_size: int = DataSchema.eval_batch_size,
+        num_workers: int = DataSchema.num_workers,
         seed: int = 0,
         image_mode: str = "image",
         prompt: PromptTemplate = PLAIN,

@@ -33,11 +33,14 @@ def check_trainer(trainer_cfg: Any, cuda_available: bool | None = None) -> None:
         import torch  # only when checking: the module is imported by config-only tools too
 
         cuda_available = torch.cuda.is_available()
+    from medvqa.training.spec import TrainerSchema
     from medvqa.training.strategies import needs_cuda  # imports lightning: only when checking
 
-    strategy = _strategy_name(trainer_cfg.get("strategy", "auto"))
-    accelerator = str(trainer_cfg.get("accelerator", "auto"))
-    if needs_cuda(trainer_cfg.get("strategy", "auto")) and not cuda_available:
+    # A partial trainer config (tests, scripts) means the schema's values: declared there once.
+    strategy_cfg = trainer_cfg.get("strategy", TrainerSchema.strategy)
+    strategy = _strategy_name(strategy_cfg)
+    accelerator = str(trainer_cfg.get("accelerator", TrainerSchema.accelerator))
+    if needs_cuda(strategy_cfg) and not cuda_available:
         raise HardwareError(
             f"trainer strategy {strategy!r} (DeepSpeed ZeRO) needs CUDA GPUs, and "
             "torch.cuda.is_available() is False here. Use trainer=cpu on this machine, or run "

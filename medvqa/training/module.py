@@ -11,6 +11,7 @@ from transformers import get_cosine_schedule_with_warmup
 
 from medvqa.models.adapters import role_parameters
 from medvqa.training.datamodule import META_KEY
+from medvqa.training.spec import PeftSchema
 
 
 class Diverged(RuntimeError):
@@ -32,16 +33,18 @@ class VQAModule(L.LightningModule):
     parameters are trainable) is decided entirely by `medvqa.models.adapters`. The projector's
     parameters (those inside the module named `projector`, the model's projector role) form
     their own group at `projector_lr`, the rest train at `lr`; `projector_lr=None` keeps the
-    projector at `lr`.
+    projector at `lr`. The rates' defaults are PeftSchema's (declared there once); the
+    projector's rate has none here: a caller says which it means (`for_method`: the method's).
     """
 
     def __init__(
         self,
         model: torch.nn.Module,
-        lr: float = 3e-4,
-        weight_decay: float = 0.0,
-        warmup_ratio: float = 0.03,
-        projector_lr: float | None = None,
+        lr: float = PeftSchema.lr,
+        weight_decay: float = PeftSchema.weight_decay,
+        warmup_ratio: float = PeftSchema.warmup_ratio,
+        *,
+        projector_lr: float | None,
         projector: str | None = None,
     ) -> None:
         super().__init__()

@@ -1,11 +1,15 @@
-"""The trainer spec (`conf/trainer/*.yaml`): the `lightning.Trainer` arguments. It sits with the
-training code, which reads its defaults (`medvqa.training.hardware`); `medvqa.config` registers
-it as the trainer group's schema."""
+"""The training specs: the trainer (`conf/trainer/*.yaml`, the `lightning.Trainer` arguments),
+the fine-tuning method (`conf/peft/*.yaml`) and the loaders (the `data` node). They sit with the
+training code, which reads their defaults (`medvqa.training.hardware`, `VQAModule`,
+`VQADataModule`); `medvqa.config` registers them as the groups' schemas."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
+
+from omegaconf import MISSING
 
 
 @dataclass
@@ -36,3 +40,45 @@ class TrainerSchema:
     num_nodes: int = 1
     deterministic: Any = False
     benchmark: bool | None = None
+
+
+@dataclass
+class PeftSchema:
+    """A fine-tuning method; each `peft/*.yaml` is the whole truth about one method.
+
+    `adapter` is a peft config (`_target_: peft.LoraConfig`, ...) or null for full fine-tuning
+    and zero-shot; `adapter_scope` restricts the adapter to one model role (CLIP/SigLIP towers
+    reuse `q_proj`-style names); `train_modules` are model roles trained as full weights.
+    """
+
+    name: str = MISSING
+    label: str = ""  # how tables name the method, e.g. "LoRA"
+    adapter: Any = None
+    adapter_scope: str | None = "language"
+    train_modules: list[str] = dataclasses.field(default_factory=list)
+    virtual_tokens: int = 0  # prompt tuning: trainable tokens put before every question
+    fit: bool = True
+    lr: float = 3e-4
+    # The multimodal projector's own rate, whatever the method's `lr` (SURE-VQA: 2e-5).
+    projector_lr: float = 2e-5
+    weight_decay: float = 0.0
+    warmup_ratio: float = 0.03
+
+
+@dataclass
+class DataSchema:
+    """Loader settings shared by every dataset; `limit` caps split sizes (debug runs)."""
+
+    batch_size: int = 16
+    eval_batch_size: int = 64
+    num_workers: int = 0
+    # What the model sees (baselines change these): "image", "none" (no image, no image
+    # tokens) or "blank" (a black image of the same size).
+    train_image: str = "image"
+    eval_image: str = "image"
+    # Further evaluations with other image modes, recorded as `<mode>/...` plus
+    # `delta_<mode>/... = main - <mode>` (e.g. [blank]: the blind ablation).
+    extra_eval_images: list[str] = dataclasses.field(default_factory=list)
+    limit: dict[str, int | None] = dataclasses.field(
+        default_factory=lambda: {"train": None, "val": None, "test_iid": None, "test_ood": None}
+    )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,20 @@ CHAT_TEMPLATE = (
 )
 
 
+@dataclass(frozen=True)
+class Pretrain:
+    """A builder's pre-training stage (`model.builder.pretrain`, conf/model/tiny.yaml). Its
+    values are written once, in the YAML: no field has a default here but `max_steps`, which
+    no YAML sets."""
+
+    data: Any  # the VQASource config (`_target_`) the builder instantiates; not read here
+    epochs: int
+    batch_size: int
+    lr: float
+    progress_bar: bool
+    max_steps: int = -1  # -1: the epochs decide
+
+
 class TinyLlavaBuilder(CachedModelBuilder):
     """Build (once) and return the directory of a tiny pre-trained LLaVA."""
 
@@ -46,18 +61,20 @@ class TinyLlavaBuilder(CachedModelBuilder):
     def __init__(
         self,
         cache_dir: str | Path,
-        image_size: int = 64,
-        patch_size: int = 8,
-        vision_hidden: int = 64,
-        vision_layers: int = 2,
-        vision_heads: int = 4,
-        text_hidden: int = 128,
-        text_layers: int = 2,
-        text_heads: int = 4,
-        vocab_size: int = 512,
-        seed: int = 0,
-        pretrain: Mapping[str, Any] | None = None,
+        *,
+        image_size: int,
+        patch_size: int,
+        vision_hidden: int,
+        vision_layers: int,
+        vision_heads: int,
+        text_hidden: int,
+        text_layers: int,
+        text_heads: int,
+        vocab_size: int,
+        seed: int,
+        pretrain: Pretrain | Mapping[str, Any] | None,
     ) -> None:
+        """Every size is conf/model/tiny.yaml's (declared there once); null `pretrain`: none."""
         super().__init__(
             cache_dir,
             {
@@ -206,27 +223,28 @@ def pretrain_stage(
     model: torch.nn.Module, processor: Any, source: Any, cfg: Mapping[str, Any], seed: int
 ) -> None:
     """Train the model's trainable weights on the broad synthetic distribution (captions,
-    generic questions): every weight for the tiny base, vision + projector for SmolLM2."""
+    generic questions): every weight for the tiny base, vision + projector for SmolLM2.
+    `cfg` holds the fields of `Pretrain` (a missing or unknown key is a TypeError)."""
     import lightning as L
 
     from medvqa.training.datamodule import VQADataModule
     from medvqa.training.module import VQAModule
 
+    spec = Pretrain(**dict(cfg))
     table = source.table()
     frames = {"train": table, "val": table.head(0)}
-    dm = VQADataModule(
-        frames, source, processor, batch_size=int(cfg.get("batch_size", 16)), seed=seed
-    )
-    module = VQAModule(model, lr=float(cfg.get("lr", 1e-3)), warmup_ratio=0.05)
+    dm = VQADataModule(frames, source, processor, batch_size=int(spec.batch_size), seed=seed)
+    # The projector trains at `lr` with the rest (weight decay: PeftSchema's).
+    module = VQAModule(model, lr=float(spec.lr), warmup_ratio=0.05, projector_lr=None)
     trainer = L.Trainer(
         accelerator="auto",
         devices=1,
-        max_epochs=int(cfg.get("epochs", 1)),
-        max_steps=int(cfg.get("max_steps", -1)),
+        max_epochs=int(spec.epochs),
+        max_steps=int(spec.max_steps),
         logger=False,
         enable_checkpointing=False,
         enable_model_summary=False,
-        enable_progress_bar=bool(cfg.get("progress_bar", True)),
+        enable_progress_bar=bool(spec.progress_bar),
         limit_val_batches=0,
         gradient_clip_val=1.0,
     )

@@ -35,7 +35,6 @@ named `volume`. A 2D array is used as it is.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -55,12 +54,12 @@ from medvqa.data.annotated import (
     read_manifest,
 )
 from medvqa.data.cleaning import CleaningLog
+from medvqa.data.questions import LETTERS, resolve_answer
 from medvqa.errors import DataError
 
 SOURCES = ("RADS-style", "report-derived")
 SLICE_MODES = ("middle", "max_area")
 MIN_OPTIONS, MAX_OPTIONS = 2, 5
-LETTERS = "ABCDE"
 REQUIRED = ("case_id", "image", "question", "options", "answer", "source", "subcategory", "split")
 # What each field read must hold (checked per row; a wrong type is a bad row): a category
 # or cohort may be a number ("3" of a RADS scale) and is read as its text; `options` is a
@@ -73,8 +72,6 @@ FIELD_TYPES = {
 NO_COHORT = "unknown"
 NIFTI_SUFFIXES = (".nii", ".nii.gz")
 ARRAY_SUFFIXES = (".npy", ".npz")
-# "B", "b", "B)", "(B)", "B." all name option B.
-_LETTER = re.compile(r"^\(?([A-Ea-e])[).:]?$")
 
 
 def volume_suffix(path: str | Path) -> str | None:
@@ -93,22 +90,6 @@ def lettered_question(stem: str, options: Sequence[str]) -> str:
     (medvqa.evaluation.families.mcq)."""
     lines = [f"{LETTERS[i]}. {option}" for i, option in enumerate(options)]
     return "\n".join([stem, *lines, "Answer with the letter of the correct option."])
-
-
-def resolve_answer(answer: Any, options: Sequence[str]) -> str | None:
-    """The option an answer names: its exact text, its text ignoring case, or its letter."""
-    text = str(answer).strip()
-    if text in options:
-        return text
-    lowered = {o.lower(): o for o in options}
-    if text.lower() in lowered:
-        return lowered[text.lower()]
-    letter = _LETTER.match(text)
-    if letter is not None:
-        index = LETTERS.index(letter.group(1).upper())
-        if index < len(options):
-            return options[index]
-    return None
 
 
 def slice_index(volume: np.ndarray, mode: str) -> int:

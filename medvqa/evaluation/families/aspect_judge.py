@@ -28,27 +28,19 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
 
-from medvqa.data.records import ANSWER, QUESTION
-from medvqa.evaluation.families.base import MetricFamily
-from medvqa.evaluation.families.traditional import PREDICTION
-from medvqa.evaluation.judge import (
-    ASKED_CLASS,
-    CLASS_RUBRIC,
-    JudgeBackend,
-    JudgeCache,
-    JudgeEngine,
-    JudgeItem,
-    Judgment,
-    Rubric,
-    as_text,
-    build_backend,
-    cache_from_config,
-)
+from medvqa.data.records import ANSWER, PREDICTION, QUESTION
+from medvqa.evaluation.families.base import COUNT, MetricFamily, ScoreInfo
+from medvqa.evaluation.judge.backends import build_backend
+from medvqa.evaluation.judge.base import JudgeBackend
+from medvqa.evaluation.judge.cache import JudgeCache, cache_from_config
+from medvqa.evaluation.judge.engine import JudgeEngine, JudgeItem, as_text
+from medvqa.evaluation.judge.replies import Judgment
+from medvqa.evaluation.judge.rubrics import ASKED_CLASS, CLASS_RUBRIC, Rubric
 from medvqa.evaluation.judge.selfcheck import (
     SELFCHECK_ID,
     SelfChecked,
@@ -71,12 +63,7 @@ __all__ = [
     "aspects_of",
 ]
 
-QUESTION_CLASS = "question_class"
-# Per-aspect (= per question class) columns; the score names keep the word "aspect".
-CLASS_SCORES = "aspect_scores"
-CLASS_REASONS = "aspect_reasons"
-CLASS_ACC = "aspect_acc"
-CLASS_FAILED = "aspect_failed"
+QUESTION_CLASS = "question_class"  # a record column (read, never written)
 
 
 def aspects_of(value: Any) -> list[str]:
@@ -100,8 +87,9 @@ class AspectJudgeMetric(SelfChecked, MetricFamily):
     """
 
     name = "aspect_judge"
+    not_performance: ClassVar[dict[str, ScoreInfo]] = {"n": COUNT}
     config_factory = "from_config"  # built from the `judge` node: cfg: ${judge}
-    failures_key = "aspect_failures"
+    can_fail = True
 
     def __init__(
         self,
@@ -200,19 +188,21 @@ class AspectJudgeMetric(SelfChecked, MetricFamily):
         if n_failed:
             first = next(j for j in judgments if j.status == "failed")
             log.warning(
-                "aspect judge: %d (row, aspect) pair(s) could not be judged (recorded in "
-                "aspect_failed; retried on the next run). First error: %s",
+                "%s: %d (row, aspect) pair(s) could not be judged (recorded in %s; retried on "
+                "the next run). First error: %s",
+                self.name,
                 n_failed,
+                self.column("failed"),
                 first.error,
             )
-        log.info("aspect judge %s: %s", self.backend.judge_id, self.counters())
+        log.info("%s %s: %s", self.name, self.backend.judge_id, self.counters())
         acc = [mean_or_nan(list(row.values())) for row in scores]
         return pd.DataFrame(
             {
-                CLASS_SCORES: pd.Series(scores, index=preds.index, dtype=object),
-                CLASS_REASONS: pd.Series(reasons, index=preds.index, dtype=object),
-                CLASS_ACC: acc,
-                CLASS_FAILED: failed,
+                self.column("scores"): pd.Series(scores, index=preds.index, dtype=object),
+                self.column("reasons"): pd.Series(reasons, index=preds.index, dtype=object),
+                self.column("acc"): acc,
+                self.column("failed"): failed,
             },
             index=preds.index,
         )
@@ -222,18 +212,27 @@ class AspectJudgeMetric(SelfChecked, MetricFamily):
         present in `scored`, and `aspect_failures` (pairs that could not be judged). A mean
         over pairs of which one could not be judged (NaN) is NaN, never a mean over the rest."""
         per_class: dict[str, list[float]] = {}
-        for row in scored[CLASS_SCORES]:
+        for row in scored[self.column("scores")]:
             if isinstance(row, Mapping):
                 for aspect, value in row.items():
                     per_class.setdefault(str(aspect), []).append(_float(value))
-        out = {CLASS_ACC: mean_or_nan([v for vs in per_class.values() for v in vs])}
+        acc = self.column("acc")
+        out = {acc: mean_or_nan([v for vs in per_class.values() for v in vs])}
         for aspect in sorted(per_class):
-            out[f"{CLASS_ACC}_{aspect}"] = mean_or_nan(per_class[aspect])
-        out["aspect_failures"] = float(scored[CLASS_FAILED].sum())
+            out[f"{acc}_{aspect}"] = mean_or_nan(per_class[aspect])
+        out[self.failures_key] = float(scored[self.column("failed")].sum())
         return out
 
     def close(self) -> None:
         self.engine.close()
+
+
+# The `aspect_judge` family's per-aspect columns (a family writes `self.column(base)`); the
+# score names keep the word "aspect".
+CLASS_SCORES = AspectJudgeMetric.column("scores")
+CLASS_REASONS = AspectJudgeMetric.column("reasons")
+CLASS_ACC = AspectJudgeMetric.column("acc")
+CLASS_FAILED = AspectJudgeMetric.column("failed")
 
 
 def _float(value: Any) -> float:

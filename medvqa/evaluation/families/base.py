@@ -3,47 +3,109 @@
 A family is one module in this package (or a module named in MEDVQA_PLUGINS) with a subclass
 of `MetricFamily` that sets `name`; its constructor's typed parameters are its config schema
 (`conf/metric/<name>.yaml` starts from `<name>_schema`). `metric=[traditional,judge]` selects
-families, and `medvqa.evaluation.scoring` joins their per-sample columns and aggregates.
+families, and `medvqa.evaluation.scoring.Scoring` joins their per-sample columns, aggregates,
+and closes them.
+
+Every column and score a family writes is `<prefix><base>`, the prefix derived from `name`
+(`judge_` for `judge`), so a copy of a family under another name writes other columns and
+scores beside its original. The families published before this rule keep the names their
+scores were recorded (and compared with papers) under: `ESTABLISHED_PREFIXES`.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 import pandas as pd
 
 from medvqa.data import records as R
-from medvqa.evaluation.statistics import BootstrapCI, paired_bootstrap_diff
+from medvqa.evaluation.statistics import BootstrapCI, is_interval, paired_bootstrap_diff
 from medvqa.plugins import Plugin
+
+# name -> prefix of the built-in families whose score names predate the `<name>_` rule
+# (SURE-VQA's `closed_acc`/`open_bleu` for traditional, `rouge1`... for text).
+ESTABLISHED_PREFIXES: dict[str, str] = {
+    "traditional": "",
+    "text": "",
+    "closed_set": "cs_",
+    "kvasir_official": "kvasir_",
+    "aspect_judge": "aspect_",
+}
+
+
+@dataclass(frozen=True)
+class ScoreInfo:
+    """What a score is: a performance (relative robustness and deltas apply to it) or not (a
+    count, a rate of invalid replies, an interval bound, a reference level); which way is
+    better."""
+
+    performance: bool = True
+    higher_is_better: bool = True
+
+
+COUNT = ScoreInfo(performance=False, higher_is_better=True)
+ERROR_RATE = ScoreInfo(performance=False, higher_is_better=False)
+REFERENCE = ScoreInfo(performance=False, higher_is_better=True)  # e.g. chance accuracy
 
 
 class MetricFamily(Plugin, ABC):
     """Scores predictions: per-sample columns for every row, flat aggregates over any subset.
 
     `preds` holds the normalised record columns plus `prediction`. Per-sample columns are named
-    like the scores; an aggregate over rows where a score does not apply is NaN, never 0.
-    A family may also define `counters() -> dict[str, float]` (e.g. the judge's call counts)
-    and `ci_columns() -> {score: (per-sample column, answer type)}` for its scores that are
-    per-sample means; `paired_delta` compares two evaluations of the same questions.
+    like the scores (`self.column(base)`); an aggregate over rows where a score does not apply
+    is NaN, never 0. The hooks below are no-ops a family overrides: `counters` (e.g. the
+    judge's call counts), `ci_columns` (its scores that are per-sample means), `provenance`,
+    `paired_delta`, `close` (release what it holds, e.g. a judge's cache).
 
-    A family whose scoring can fail per item (a judge that did not answer) names in
-    `failures_key` the aggregate that counts such items, `<prefix>_failures`, and names its
-    scores `<prefix>_...` (so a NaN score can be traced to its failures). Every aggregate over
-    rows that include a failed item is NaN, never a mean over the rest, and a run with any is
-    recorded `incomplete`.
+    A family whose scoring can fail per item (a judge that did not answer) sets `can_fail`;
+    it counts such items in the aggregate `failures_key` (`<prefix>failures`). Every aggregate
+    over rows that include a failed item is NaN, never a mean over the rest, and a run with any
+    is recorded `incomplete`.
     """
 
     plugin_kind: ClassVar[str] = "metric"
+    can_fail: ClassVar[bool] = False
+    # The scores that are not performances, by base name (without the prefix) or its last
+    # `_`-separated part(s) (`n` covers `n` and `<task>_n`), and the performances where lower
+    # is better; anything else this family aggregates is a performance, higher better.
+    not_performance: ClassVar[Mapping[str, ScoreInfo]] = MappingProxyType({})
+    lower_is_better: ClassVar[tuple[str, ...]] = ()
+    # Set per class from `name` (see the module doc).
+    prefix: ClassVar[str] = ""
     failures_key: ClassVar[str | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        if "name" in cls.__dict__:
+            cls.prefix = ESTABLISHED_PREFIXES.get(cls.name, f"{cls.name}_")
+            cls.failures_key = f"{cls.prefix}failures" if cls.can_fail else None
+        super().__init_subclass__(**kwargs)
+
+    @classmethod
+    def column(cls, base: str) -> str:
+        """The name of this family's column or score `base` (`judge_` + `score`)."""
+        return f"{cls.prefix}{base}"
 
     @classmethod
     def owns(cls, score: str) -> bool:
-        """Whether `score` is one of this family's (a family that can fail per item names its
-        scores after its `failures_key`: `judge_closed_acc` and `judge_failures`)."""
-        return bool(cls.failures_key) and score.startswith(
-            cls.failures_key.removesuffix("failures")
-        )
+        """Whether `score` is one of this family's that can fail (`judge_closed_acc` and
+        `judge_failures` are the judge's)."""
+        return bool(cls.failures_key) and score.startswith(cls.prefix)
+
+    @classmethod
+    def score_info(cls, score: str) -> ScoreInfo:
+        """What this family's aggregate `score` is (a split's or breakdown's `.../` stripped)."""
+        score = score.rsplit("/", 1)[-1]
+        if score == cls.failures_key or is_interval(score):
+            return COUNT
+        base = score.removeprefix(cls.prefix)
+        for name, info in cls.not_performance.items():
+            if base == name or base.endswith(f"_{name}"):
+                return info
+        return ScoreInfo(higher_is_better=base not in cls.lower_is_better)
 
     @abstractmethod
     def per_sample(self, preds: pd.DataFrame) -> pd.DataFrame:
@@ -53,10 +115,23 @@ class MetricFamily(Plugin, ABC):
     def aggregate(self, scored: pd.DataFrame) -> dict[str, float]:
         """Flat scores (no split prefix) over the rows of `scored`."""
 
+    def counters(self) -> dict[str, float]:
+        """Counts over the whole run, added once after every split (`judge/calls`)."""
+        return {}
+
+    def ci_columns(self) -> dict[str, tuple[str, str]]:
+        """Score -> (per-sample column, answer type) for the scores that are per-sample means:
+        they get case-bootstrap intervals and paired deltas."""
+        return {}
+
     def provenance(self) -> dict[str, Any]:
         """What identifies the scores beyond the family's config (the judge: its model and
         rubric hashes), for the `provenance` of results.json."""
         return {}
+
+    def close(self) -> None:
+        """Release what the family holds (a judge's cache and backend); called once by the
+        scoring pipeline when it is done, also after an error."""
 
     def paired_delta(
         self, scored_a: pd.DataFrame, scored_b: pd.DataFrame, score: str, **bootstrap: Any
@@ -67,10 +142,10 @@ class MetricFamily(Plugin, ABC):
         The default covers scores that are per-sample means (`ci_columns`): a paired case
         bootstrap (`bootstrap`: B, seed, level). A family whose score is not a mean of
         per-row values (macro-F1 over labels) overrides this to recompute it per resample."""
-        columns = getattr(self, "ci_columns", None)
-        if not callable(columns) or score not in columns():
+        columns = self.ci_columns()
+        if score not in columns:
             return None
-        column, answer_type = columns()[score]
+        column, answer_type = columns[score]
         return mean_paired_delta(scored_a, scored_b, column, answer_type, **bootstrap)
 
 

@@ -14,7 +14,7 @@ average over the labels occurring in the truth or the valid predictions (macro-F
 truth (balanced accuracy, as scikit-learn's ``balanced_accuracy_score``).
 
 Parsing. A prediction selects a label by
-:func:`medvqa.evaluation.families.traditional.closed_choice` (normalised exact match, else a
+:func:`medvqa.evaluation.answers.closed_choice` (normalised exact match, else a
 unique whole-word containment). One that selects no label of the task's list, or several, is
 **invalid**: it is a miss of its true label (an fn, never an fp of any label), counts as wrong,
 and the invalid rate reports it.
@@ -40,14 +40,14 @@ import logging
 import math
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
 
-from medvqa.data.records import ANSWER, ANSWER_TYPE, CANDIDATES, CASE_ID, ID
-from medvqa.evaluation.families.base import MetricFamily
-from medvqa.evaluation.families.traditional import PREDICTION, closed_choice
+from medvqa.data.records import ANSWER, ANSWER_TYPE, CANDIDATES, CASE_ID, ID, PREDICTION
+from medvqa.evaluation.answers import closed_choice
+from medvqa.evaluation.families.base import COUNT, ERROR_RATE, MetricFamily, ScoreInfo
 from medvqa.evaluation.statistics import (
     BootstrapCI,
     cluster_sum_replicates,
@@ -69,13 +69,7 @@ __all__ = [
 ]
 
 QUESTION_ID = "question_id"
-# Per-sample columns. CS_CHOICE holds the parsed label (None = invalid); the others are floats.
-CS_CHOICE = "cs_choice"
-CS_CORRECT = "cs_correct"
-CS_INVALID = "cs_invalid"
-PREFIX = "cs_"
 LABEL_SETS = ("fixed", "observed")
-HEADLINE = f"{PREFIX}primary_macro_f1"
 
 
 # --------------------------------------------------------------------------------------------
@@ -185,6 +179,7 @@ class ClosedSetMetric(MetricFamily):
     """
 
     name = "closed_set"
+    not_performance: ClassVar[dict[str, ScoreInfo]] = {"n": COUNT, "invalid_rate": ERROR_RATE}
 
     def __init__(
         self,
@@ -250,9 +245,9 @@ class ClosedSetMetric(MetricFamily):
             log.warning("%s: %d closed row(s) without a label list; invalid", self.name, no_space)
         return pd.DataFrame(
             {
-                CS_CHOICE: pd.Series(choice, index=preds.index, dtype=object),
-                CS_CORRECT: correct,
-                CS_INVALID: invalid,
+                self.column("choice"): pd.Series(choice, index=preds.index, dtype=object),
+                self.column("correct"): correct,
+                self.column("invalid"): invalid,
             },
             index=preds.index,
         )
@@ -275,7 +270,7 @@ class ClosedSetMetric(MetricFamily):
         """Per-cluster additive totals (clusters x (3L + 3)): tp, fp, fn per label, then the
         row count, correct count and invalid count."""
         gt = group[ANSWER].astype(str).to_numpy(dtype=object)
-        pred = group[CS_CHOICE].to_numpy(dtype=object)
+        pred = group[self.column("choice")].to_numpy(dtype=object)
         if self.labels == "observed":
             labels = _labels_of(gt, pred, None)
         out = np.zeros((n, 3 * len(labels) + 3))
@@ -283,7 +278,7 @@ class ClosedSetMetric(MetricFamily):
             is_gt, is_pred = gt == label, pred == label
             for k, hit in enumerate((is_gt & is_pred, ~is_gt & is_pred, is_gt & ~is_pred)):
                 out[:, k * len(labels) + j] = np.bincount(codes, weights=hit, minlength=n)
-        tail = (np.ones(len(gt)), group[CS_CORRECT], group[CS_INVALID])
+        tail = (np.ones(len(gt)), group[self.column("correct")], group[self.column("invalid")])
         for k, values in enumerate(tail):
             out[:, 3 * len(labels) + k] = np.bincount(
                 codes, weights=np.asarray(values, dtype=float), minlength=n
@@ -317,9 +312,9 @@ class ClosedSetMetric(MetricFamily):
                 ANSWER_TYPE,
                 CANDIDATES,
                 self.question_field,
-                CS_CHOICE,
-                CS_CORRECT,
-                CS_INVALID,
+                self.column("choice"),
+                self.column("correct"),
+                self.column("invalid"),
             ],
             "scored table",
         )
@@ -327,7 +322,7 @@ class ClosedSetMetric(MetricFamily):
         point, totals, sizes, tasks = self._totals(closed)
         out: dict[str, float] = {}
         for task in tasks:
-            p = f"{PREFIX}{task}_"
+            p = self.column(f"{task}_")
             out.update({p + k: float(v) for k, v in point[task].items()})
             out[p + "n"] = float(sizes[task])
             out.update(self._abstention(task, closed))
@@ -335,13 +330,15 @@ class ClosedSetMetric(MetricFamily):
         headline = mean_or_nan([point[t]["macro_f1"] for t in primary])
         ci = self._headline_ci(headline, totals, primary)
         return {
-            HEADLINE: headline,
-            **ci.entries(HEADLINE),
-            f"{PREFIX}primary_invalid_rate": mean_or_nan(
+            self.column("primary_macro_f1"): headline,
+            **ci.entries(self.column("primary_macro_f1")),
+            self.column("primary_invalid_rate"): mean_or_nan(
                 [point[t]["invalid_rate"] for t in primary]
             ),
-            f"{PREFIX}invalid_rate": mean_or_nan(closed[CS_INVALID].to_numpy(dtype=float)),
-            f"{PREFIX}n": float(len(closed)),
+            self.column("invalid_rate"): mean_or_nan(
+                closed[self.column("invalid")].to_numpy(dtype=float)
+            ),
+            self.column("n"): float(len(closed)),
             **out,
         }
 
@@ -411,25 +408,28 @@ class ClosedSetMetric(MetricFamily):
         if math.isnan(headline) or not primary or next(iter(totals.values()))[0].shape[0] < 2:
             return nan
         reps = self._headline_replicates(totals, primary)
-        return percentile_ci(headline, reps, self.level, f"{self.name} {HEADLINE}")
+        return percentile_ci(
+            headline, reps, self.level, f"{self.name} {self.column('primary_macro_f1')}"
+        )
 
     def paired_delta(
         self,
         scored_a: pd.DataFrame,
         scored_b: pd.DataFrame,
-        score: str = HEADLINE,
+        score: str | None = None,
         **bootstrap: Any,
     ) -> BootstrapCI | None:
         """Headline(a) - headline(b) with a paired percentile interval: both conditions (e.g.
         canonical vs held-out wording, or a model vs the answer-frequency baseline) are scored
         on the same questions, and every resample of clusters is applied to both.
 
-        Only the headline has a rule here (None for any other `score`, and for a side scored
-        without this family's columns); the resamples are this family's own (`B`, `seed`,
-        `level` of its config, as for the headline's interval), so `bootstrap` is unused."""
-        if score != HEADLINE:
+        Only the headline has a rule here (`score` None or `<prefix>primary_macro_f1`; None
+        for any other `score`, and for a side scored without this family's columns); the
+        resamples are this family's own (`B`, `seed`, `level` of its config, as for the
+        headline's interval), so `bootstrap` is unused."""
+        if score not in (None, self.column("primary_macro_f1")):
             return None
-        needed = [ANSWER, ANSWER_TYPE, CANDIDATES, self.question_field, CS_CHOICE]
+        needed = [ANSWER, ANSWER_TYPE, CANDIDATES, self.question_field, self.column("choice")]
         if any(c not in s.columns for s in (scored_a, scored_b) for c in needed):
             return None
         sides = [s[s[ANSWER_TYPE] == "closed"] for s in (scored_a, scored_b)]
@@ -460,9 +460,20 @@ class ClosedSetMetric(MetricFamily):
         group = closed[closed[self.question_field].astype(str) == task]
         if self.abstain_label not in self._task_labels(task, group):
             return {}
-        abstain = group[CS_CHOICE].map(lambda c: c == self.abstain_label).to_numpy(dtype=float)
-        correct = group[CS_CORRECT].to_numpy(dtype=float)
+        abstain = (
+            group[self.column("choice")]
+            .map(lambda c: c == self.abstain_label)
+            .to_numpy(dtype=float)
+        )
+        correct = group[self.column("correct")].to_numpy(dtype=float)
         return {
-            f"{PREFIX}{task}_coverage": 1.0 - mean_or_nan(abstain),
-            f"{PREFIX}{task}_cond_acc": mean_or_nan(correct[abstain == 0.0]),
+            self.column(f"{task}_coverage"): 1.0 - mean_or_nan(abstain),
+            self.column(f"{task}_cond_acc"): mean_or_nan(correct[abstain == 0.0]),
         }
+
+
+# The `closed_set` family's per-sample columns and headline (a family writes `self.column`).
+CS_CHOICE = ClosedSetMetric.column("choice")
+CS_CORRECT = ClosedSetMetric.column("correct")
+CS_INVALID = ClosedSetMetric.column("invalid")
+HEADLINE = ClosedSetMetric.column("primary_macro_f1")

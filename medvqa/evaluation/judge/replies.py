@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from medvqa.evaluation.judge.backends import Reply
+from medvqa.evaluation.judge.base import Reply
 from medvqa.evaluation.judge.rubrics import Rubric
 
 __all__ = [

@@ -37,7 +37,7 @@ from typing import Any, ClassVar
 
 from scipy import stats
 
-from medvqa.evaluation.judge.backends import JudgeConfig
+from medvqa.evaluation.judge.config import JudgeConfig
 from medvqa.evaluation.judge.engine import JudgeEngine, JudgeItem
 from medvqa.evaluation.judge.rubrics import ASKED_CLASS, Rubric
 from medvqa.hashing import content_hash

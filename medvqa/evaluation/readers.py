@@ -23,7 +23,6 @@ A closed question without candidates gets the binary answer space its text names
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
@@ -33,28 +32,13 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from omegaconf import DictConfig, OmegaConf, open_dict
 
-from medvqa import CONF_DIR
-from medvqa.config import ConfigError, check_config, check_judge_config
 from medvqa.data import records as R
 from medvqa.data.questions import closed_candidates, is_yes_no
+from medvqa.data.records import PREDICTION
 from medvqa.data.shifts import SPLITS
-from medvqa.evaluation.evaluate import split_metrics
-from medvqa.evaluation.families.mcq import key_option
-from medvqa.evaluation.families.traditional import PREDICTION, same_answer
+from medvqa.evaluation.answers import key_option, same_answer
 from medvqa.evaluation.generation import SPLIT, read_predictions
-from medvqa.evaluation.scoring import (
-    SCORES_FILE,
-    build_metrics,
-    counters,
-    failed_items,
-    headline_intervals,
-    score_frame,
-    write_scores,
-)
-from medvqa.provenance import add_metrics, environment
-from medvqa.record import RunRecord
 
 log = logging.getLogger(__name__)
 
@@ -451,26 +435,6 @@ def read(path: Path, fmt: str = "auto") -> tuple[pd.DataFrame, str]:
 # -- scoring -------------------------------------------------------------------------------------
 
 
-def compose(overrides: Sequence[str], out_dir: Path) -> DictConfig:
-    """The run config with the given overrides, composed from conf/ as run.py does, with
-    `out_dir` as the output directory (paths such as the judge cache resolve as in a run)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.hydra_config import HydraConfig
-
-    import medvqa.config  # noqa: F401  (registers the schemas)
-
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = hydra_compose("config", overrides=list(overrides), return_hydra_config=True)
-    with open_dict(cfg):
-        cfg.hydra.runtime.output_dir = str(out_dir.resolve())
-        cfg.hydra.runtime.cwd = os.getcwd()
-    HydraConfig.instance().set_config(cfg)
-    with open_dict(cfg):
-        del cfg["hydra"]
-    return cfg
-
-
 def _candidate_list(value: Any, row: int, path: Path) -> list[str] | None:
     """A row's candidates: a list, or a CSV cell holding a JSON list (`["CT", "MRI"]`); an
     empty cell has none (the question's own options are used)."""
@@ -503,108 +467,3 @@ def _option_of_key(answer: Any, candidates: list[str] | None) -> Any:
     if any(same_answer(answer, c) for c in candidates):
         return answer
     return key_option(answer, candidates) or answer
-
-
-def score_file(
-    predictions: Path, out_dir: Path, fmt: str = "auto", overrides: Sequence[str] = ()
-) -> dict[str, float]:
-    """Score a predictions file; write results.json, scores.parquet and summary.md to out_dir."""
-    out_dir = Path(out_dir)
-    cfg = compose(overrides, out_dir)
-    check_judge_config(cfg)  # its settings are recorded even without the judge metric
-    # Sizes and levels as a run checks them; the file, not a dataset, has the columns, so a
-    # breakdown field it lacks is skipped below with a warning instead.
-    check_config(cfg, fields=False)
-    frame, fmt = read(Path(predictions), fmt)
-    metrics_ = build_metrics(cfg.metric)
-    breakdown = [f for f in cfg.evaluation.breakdown if f in frame]
-    skipped = [f for f in cfg.evaluation.breakdown if f not in frame]
-    if skipped:
-        log.warning("%s has no column(s) %s: no breakdown by them", predictions, skipped)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    settings = OmegaConf.create(
-        {
-            "seed": int(cfg.seed),
-            "predictions": str(Path(predictions).resolve()),
-            "format": fmt,
-            **{
-                key: OmegaConf.to_container(cfg[key], resolve=True)
-                for key in ("metric", "evaluation", "judge")
-            },
-        }
-    )
-    record = RunRecord(out_dir, settings, choices={"format": fmt})
-    record.provenance = environment()
-    add_metrics(record.provenance, metrics_)
-    try:
-        scored_by_split, scores = {}, {}
-        for split, rows in frame.groupby(SPLIT, sort=False):
-            scored, scores[str(split)] = score_frame(rows, metrics_, breakdown)
-            scored_by_split[str(split)] = scored
-        metrics = {
-            **split_metrics(scores, cfg.evaluation),
-            **headline_intervals(scored_by_split, scores, metrics_, cfg.evaluation),
-            **counters(metrics_),
-        }
-        write_scores(pd.concat(scored_by_split.values()), out_dir / SCORES_FILE)
-    finally:
-        for metric in metrics_:
-            close = getattr(metric, "close", None)
-            if callable(close):
-                close()
-    record.finish(metrics, failed_items(metrics))
-    _summary(metrics, list(scores), cfg, out_dir)
-    return metrics
-
-
-def _summary(metrics: dict[str, float], splits: list[str], cfg: DictConfig, out_dir: Path) -> None:
-    """Per split: n and the primary closed and open scores (summary.md and the terminal)."""
-    from rich.console import Console
-    from rich.table import Table
-
-    primary = (str(cfg.evaluation.primary_closed), str(cfg.evaluation.primary_open))
-    rows = [
-        {
-            "split": split,
-            "n": metrics.get(f"{split}/n", math.nan),
-            **{key: metrics.get(f"{split}/{key}", math.nan) for key in primary},
-        }
-        for split in splits
-    ]
-    table = pd.DataFrame(rows)
-    (out_dir / "summary.md").write_text(table.to_markdown(index=False, floatfmt=".3f") + "\n")
-    view = Table(title=f"medvqa-score -> {out_dir}")
-    for column in table.columns:
-        view.add_column(str(column))
-    for row in rows:
-        view.add_row(*(f"{v:.3f}" if isinstance(v, float) else str(v) for v in row.values()))
-    Console().print(view)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `medvqa-score`; exit status 2 for a file that cannot be scored or an
-    override that cannot work."""
-    from rich.logging import RichHandler
-
-    logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[RichHandler()])
-    parser = argparse.ArgumentParser(
-        prog="medvqa-score",
-        description="Score a predictions file with medvqa's metrics, judge, breakdowns and CIs.",
-        epilog="Overrides are config overrides as for run.py, e.g. 'metric=[traditional,judge]' "
-        "evaluation.breakdown=[modality] judge.backend=openai judge.base_url=URL judge.model=M",
-    )
-    parser.add_argument("predictions", type=Path, help="the predictions file")
-    parser.add_argument("--out", type=Path, required=True, help="directory for the results")
-    parser.add_argument("--format", default="auto", choices=["auto", *READERS])
-    parser.add_argument("overrides", nargs="*", help="config overrides (metric=..., ...)")
-    args = parser.parse_intermixed_args(argv)
-    try:
-        score_file(args.predictions, args.out, args.format, args.overrides)
-    except (ScoreInputError, ConfigError) as err:
-        log.error("%s", err)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

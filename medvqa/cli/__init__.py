@@ -1,0 +1,1 @@
+"""The console scripts (medvqa-score, medvqa-report, ...): the top layer; nothing imports it."""
