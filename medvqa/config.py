@@ -24,6 +24,7 @@ from medvqa.data import records as R
 from medvqa.data.shifts import IMAGE_TRANSFORM, SPLITS, Shift
 from medvqa.errors import ConfigError
 from medvqa.evaluation.judge.config import JudgeConfig
+from medvqa.evaluation.statistics import Bootstrap
 from medvqa.hashing import content_hash
 from medvqa.models.spec import ModelSchema
 
@@ -77,13 +78,8 @@ def check_judge_config(cfg: Any) -> None:
         check_api_key_env(judge.get("api_key_env"))
 
 
-@dataclass
-class BootstrapSchema:
-    """Case-clustered bootstrap of the headline scores, RR and OoD − i.i.d. (0 samples: off)."""
-
-    samples: int = 2000
-    seed: int = 42
-    level: float = 0.95
+# The bootstrap settings are those of `medvqa.evaluation.statistics.Bootstrap` (declared there).
+BootstrapSchema = Bootstrap
 
 
 @dataclass

@@ -17,7 +17,7 @@ from medvqa.evaluation.families.closed_set import (
     balanced_accuracy,
     macro_f1,
 )
-from medvqa.evaluation.statistics import cluster_sum_replicates
+from medvqa.evaluation.statistics import Bootstrap, cluster_sum_replicates
 
 Q5 = ["blurry", "clear", "mixed"]
 YES_NO = ["no", "yes"]
@@ -88,7 +88,9 @@ def test_fixed_label_scores_by_hand() -> None:
 
 
 def test_aggregate_per_task_and_headline() -> None:
-    metric = ClosedSetMetric(tasks=["q5", "q6", "q2"], primary=["q5", "q6"], B=50)
+    metric = ClosedSetMetric(
+        tasks=["q5", "q6", "q2"], primary=["q5", "q6"], bootstrap=Bootstrap(samples=50)
+    )
     scored = _scored(metric, _table())
     assert scored[CS_CHOICE].tolist()[:8] == [
         "clear",
@@ -115,10 +117,10 @@ def test_aggregate_per_task_and_headline() -> None:
     assert math.isnan(out["cs_q2_macro_f1"]) and out["cs_q2_n"] == 0.0
     assert math.isnan(out["cs_primary_macro_f1_ci_lo"])
     # A primary task without rows makes the headline NaN, not a mean over the others.
-    metric_q2 = ClosedSetMetric(primary=["q2", "q5", "q6"])
+    metric_q2 = ClosedSetMetric(primary=["q2", "q5", "q6"], bootstrap=Bootstrap())
     assert math.isnan(metric_q2.aggregate(_scored(metric_q2, _table()))["cs_primary_macro_f1"])
     # labels=observed: q5 over blurry and clear only.
-    observed = ClosedSetMetric(primary=["q5"], labels="observed")
+    observed = ClosedSetMetric(primary=["q5"], labels="observed", bootstrap=Bootstrap())
     assert observed.aggregate(_scored(observed, _table()))["cs_q5_macro_f1"] == pytest.approx(
         7 / 12
     )
@@ -139,7 +141,7 @@ def _brute_headline(rows: pd.DataFrame, labels: dict[str, list[str]]) -> float:
 
 def test_bootstrap_resamples_sequences_by_the_draw_contract() -> None:
     B, seed = 200, 7
-    metric = ClosedSetMetric(primary=["q5", "q6"], B=B, seed=seed)
+    metric = ClosedSetMetric(primary=["q5", "q6"], bootstrap=Bootstrap(samples=B, seed=seed))
     scored = _scored(metric, _table(_sequence))
     scored = scored[scored["question_id"] != "q9"]
     clusters = sorted(set(scored["case_id"]))
@@ -164,7 +166,7 @@ def test_bootstrap_resamples_sequences_by_the_draw_contract() -> None:
 
 def test_paired_delta_uses_the_same_draws() -> None:
     B, seed = 200, 3
-    metric = ClosedSetMetric(primary=["q5", "q6"], B=B, seed=seed)
+    metric = ClosedSetMetric(primary=["q5", "q6"], bootstrap=Bootstrap(samples=B, seed=seed))
     a = _scored(metric, _table(_sequence))
     a = a[a["question_id"] != "q9"]
     b_table = a.drop(columns=[c for c in a.columns if c.startswith("cs_")])
@@ -202,10 +204,10 @@ def test_cluster_sum_replicates_follows_the_draw_contract() -> None:
 
 def test_errors_and_options() -> None:
     with pytest.raises(ValueError, match="labels must be one of"):
-        ClosedSetMetric(labels="all")
+        ClosedSetMetric(labels="all", bootstrap=Bootstrap())
     table = _table()
     table.loc[5, "candidates"] = ["yes", "no"]  # another label list for q6
-    metric = ClosedSetMetric()
+    metric = ClosedSetMetric(bootstrap=Bootstrap())
     with pytest.raises(ValueError, match="task 'q6' has rows with different label lists"):
         metric.aggregate(_scored(metric, table))
     with pytest.raises(ValueError, match="question_id"):
@@ -217,7 +219,7 @@ def test_errors_and_options() -> None:
             [("yes", "yes"), ("no", "Unknown"), ("no", "yes"), ("Unknown", "Unknown")]
         )
     ]
-    abstaining = ClosedSetMetric(abstain_label="Unknown")
+    abstaining = ClosedSetMetric(abstain_label="Unknown", bootstrap=Bootstrap())
     out = abstaining.aggregate(_scored(abstaining, pd.DataFrame(rows)))
     assert out["cs_q_coverage"] == pytest.approx(0.5)
     assert out["cs_q_cond_acc"] == pytest.approx(0.5)

@@ -152,10 +152,6 @@ def test_no_yaml_restates_a_schema_default() -> None:
 
 # -- every default once: a YAML value and a medvqa class default never disagree ---------------
 
-# Disagreements in code that other work is changing (metric families, the judge): each must be
-# resolved there (the class default goes, or equals the YAML); strict, so a fix is noticed.
-KNOWN_DISAGREEMENTS: tuple[str, ...] = ()
-
 
 def _package(path: Path) -> str:
     """Where a config file lands in the composed config (its `# @package`, else its group)."""
@@ -305,18 +301,8 @@ def test_no_yaml_value_disagrees_with_a_class_default(name: str) -> None:
     """Every default once: a key a YAML file sets on a node a medvqa class configures (nested
     `_target_` nodes, typed fields such as the tiny builder's `pretrain`) has no other default
     in that class's signature, so neither copy can silently win over the other."""
-    found = [d for key, d in _disagreements(CONF / name) if key not in KNOWN_DISAGREEMENTS]
+    found = [d for _, d in _disagreements(CONF / name)]
     assert not found, "a value declared twice, disagreeing (drop the class default): " + str(found)
-
-
-@pytest.mark.parametrize(
-    "key", [pytest.param(k, marks=pytest.mark.xfail(strict=True)) for k in KNOWN_DISAGREEMENTS]
-)
-def test_known_disagreement_resolved(key: str) -> None:
-    """One param per disagreement left to other work; an XPASS means it is fixed: delete it
-    from KNOWN_DISAGREEMENTS."""
-    found = [d for name in YAML_FILES for k, d in _disagreements(CONF / name) if k == key]
-    assert not found, found
 
 
 def _schema_pairs() -> list[tuple[type, object]]:

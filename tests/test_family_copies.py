@@ -85,9 +85,9 @@ FAMILIES: dict[str, list[str]] = {
     "closed_set": [
         "metric.closed_set.tasks=[q1,q2]",
         "metric.closed_set.primary=[q1,q2]",
-        "metric.closed_set.B=200",
+        "evaluation.bootstrap.samples=200",
     ],
-    "mcq": ["metric.mcq.B=200"],
+    "mcq": ["evaluation.bootstrap.samples=200"],
     "judge": JUDGE,
     "aspect_judge": JUDGE,
 }

@@ -14,7 +14,7 @@ import pytest
 from medvqa.data.questions import closed_candidates, or_options
 from medvqa.evaluation.answers import closed_choice, key_option, resolve_prediction
 from medvqa.evaluation.families.mcq import MCQ_CHOICE, McqMetric
-from medvqa.evaluation.statistics import cluster_bootstrap
+from medvqa.evaluation.statistics import Bootstrap, cluster_bootstrap
 
 # (case, options, answer, prediction, resolved option or None)
 POOL = [
@@ -59,7 +59,7 @@ def _scored(metric: McqMetric, table: pd.DataFrame) -> pd.DataFrame:
 
 
 def test_resolution_of_the_pool() -> None:
-    per = McqMetric().per_sample(_table())
+    per = McqMetric(bootstrap=Bootstrap()).per_sample(_table())
     assert per[MCQ_CHOICE].tolist() == [p[4] for p in POOL]
     assert per["mcq_invalid"].tolist() == [float(p[4] is None) for p in POOL]
     assert np.isnan(per["mcq_correct"].to_numpy()[[3, 5, 7]]).all()  # invalid: no score
@@ -67,7 +67,7 @@ def test_resolution_of_the_pool() -> None:
 
 
 def test_known_answer_pool() -> None:
-    metric = McqMetric()
+    metric = McqMetric(bootstrap=Bootstrap())
     out = metric.aggregate(_scored(metric, _table()))
     # valid rows 1, 2, 3, 5, 7, 9; correct 1, 2, 5, 7 -> 4/6
     assert out["mcq_acc"] == pytest.approx(2 / 3)
@@ -90,8 +90,12 @@ def test_known_answer_pool() -> None:
 
 def test_bootstrap_settings_are_passed_through() -> None:
     table = _table()
-    a = McqMetric(B=500, seed=1).aggregate(_scored(McqMetric(), table))
-    b = McqMetric(B=500, seed=1).aggregate(_scored(McqMetric(), table))
+    a = McqMetric(bootstrap=Bootstrap(samples=500, seed=1)).aggregate(
+        _scored(McqMetric(bootstrap=Bootstrap()), table)
+    )
+    b = McqMetric(bootstrap=Bootstrap(samples=500, seed=1)).aggregate(
+        _scored(McqMetric(bootstrap=Bootstrap()), table)
+    )
     assert a == b
     rng = np.random.default_rng(0)
     big = pd.concat([_table()] * 30, ignore_index=True)
@@ -99,8 +103,11 @@ def test_bootstrap_settings_are_passed_through() -> None:
     pairs = zip(big["candidates"], big["answer"], strict=True)
     wrong = [next(o for o in opts if o != ans) for opts, ans in pairs]
     big["prediction"] = np.where(rng.random(len(big)) < 0.5, big["answer"], wrong)
-    scored = _scored(McqMetric(), big)
-    one, two = McqMetric(seed=1).aggregate(scored), McqMetric(seed=2).aggregate(scored)
+    scored = _scored(McqMetric(bootstrap=Bootstrap()), big)
+    one, two = (
+        McqMetric(bootstrap=Bootstrap(seed=1)).aggregate(scored),
+        McqMetric(bootstrap=Bootstrap(seed=2)).aggregate(scored),
+    )
     assert one["mcq_acc"] == two["mcq_acc"] and one["mcq_acc_ci_lo"] != two["mcq_acc_ci_lo"]
 
 
@@ -115,15 +122,17 @@ def test_cases_are_resampled_not_questions() -> None:
             opts = ["a1", "b1", "c1"]
             rows.append((f"k{case}", opts, "a1", "a1" if right else "b1", None))
     table = _table(rows)
-    metric = McqMetric()
+    metric = McqMetric(bootstrap=Bootstrap())
     by_case = metric.aggregate(_scored(metric, table))
-    by_question = McqMetric(cluster_field="id").aggregate(_scored(metric, table))
+    by_question = McqMetric(cluster_field="id", bootstrap=Bootstrap()).aggregate(
+        _scored(metric, table)
+    )
     assert by_case["mcq_acc"] == by_question["mcq_acc"]
     assert by_question["mcq_acc_ci_half"] < 0.6 * by_case["mcq_acc_ci_half"]
 
 
 def test_subsets_and_empty() -> None:
-    metric = McqMetric()
+    metric = McqMetric(bootstrap=Bootstrap())
     scored = _scored(metric, _table())
     for _, group in scored.groupby("source"):
         assert metric.aggregate(group)["mcq_n"] == len(group)
@@ -176,7 +185,7 @@ def test_real_records_through_the_configured_family(tmp_path) -> None:
 
     table = OncologyMcq(write_oncology(tmp_path / "onc").root).table()
     (metric,) = build_families(compose(["metric=mcq"]).metric)
-    assert isinstance(metric, McqMetric) and (metric.B, metric.seed) == (2000, 42)
+    assert isinstance(metric, McqMetric) and metric.bootstrap == Bootstrap(2000, 42, 0.95)
     letters = [
         f"({LETTERS[list(c).index(a)]})"
         for c, a in zip(table["candidates"], table["answer"], strict=True)
@@ -237,15 +246,17 @@ def test_a_letter_key_maps_to_its_option_and_scores() -> None:
             ("c2", options, "lung", "B", "lung"),
         ]
     )
-    per = McqMetric().per_sample(table)
+    per = McqMetric(bootstrap=Bootstrap()).per_sample(table)
     assert per["mcq_correct"].tolist() == [1.0, 1.0, 0.0, 1.0]
-    assert McqMetric().aggregate(table.join(per))["mcq_acc"] == pytest.approx(3 / 4)
+    assert McqMetric(bootstrap=Bootstrap()).aggregate(table.join(per))["mcq_acc"] == pytest.approx(
+        3 / 4
+    )
 
 
 def test_a_key_naming_no_option_is_an_error_not_a_zero() -> None:
     table = _table([("c1", ["liver", "lung", "bone"], "kidney", "A", None)])
     with pytest.raises(ValueError, match=r"row 10 has answer key 'kidney'.*fix the key"):
-        McqMetric().per_sample(table)
+        McqMetric(bootstrap=Bootstrap()).per_sample(table)
 
 
 # -- "A or B" questions (issue #21, defect 5) ------------------------------------------------

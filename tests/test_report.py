@@ -782,3 +782,19 @@ def test_table_names_are_the_labels_the_configs_ship(tmp_path: Path, group: str)
         method_id = path.stem if group == "peft" else f"lora+{path.stem}"
         assert method_name(method_id, label) == label
         assert method_name(method_id) == label, f"{path}: the report names it otherwise"
+
+
+def test_a_family_node_recorded_before_the_one_bootstrap_setting_keeps_its_resamples() -> None:
+    """Records from before the families took `${evaluation.bootstrap}` name `B`, `seed`,
+    `level` in the family's node: those still decide its resamples when the report rebuilds
+    it; a newer node takes the run's setting; a family without one is left as it is."""
+    from medvqa.analysis.paired import _with_bootstrap
+
+    target = "medvqa.evaluation.families.closed_set.ClosedSetMetric"
+    run = {"samples": 300, "seed": 7, "level": 0.9}
+    old = _with_bootstrap({"_target_": target, "B": 500, "seed": 1}, run)
+    assert old == {"_target_": target, "bootstrap": {"samples": 500, "seed": 1, "level": 0.9}}
+    new = _with_bootstrap({"_target_": target}, run)
+    assert new["bootstrap"] == run
+    plain = {"_target_": "medvqa.evaluation.families.traditional.TraditionalMetric"}
+    assert _with_bootstrap(plain, run) == plain

@@ -296,3 +296,28 @@ def test_judge_headline_gets_intervals_unless_a_judgment_failed() -> None:
     assert not any(k.startswith("test_ood/judge_open_score") for k in out)
     assert not any(k.startswith(("robustness/rr_open", "robustness/diff_open")) for k in out)
     assert "robustness/rr_closed_ci_half" in out
+
+
+def test_one_bootstrap_setting_turns_every_interval_off() -> None:
+    """`evaluation.bootstrap.samples=0`: no interval anywhere, the families' own included (the
+    mcq and closed_set YAML take `bootstrap: ${evaluation.bootstrap}`)."""
+    from medvqa.evaluation.families.mcq import McqMetric
+
+    for samples, has_ci in ((0, False), (50, True)):
+        cfg = compose(["metric=[mcq,closed_set]", f"evaluation.bootstrap.samples={samples}"])
+        families = build_families(cfg.metric)
+        assert {f.bootstrap.samples for f in families} == {samples}
+        (mcq,) = [f for f in families if isinstance(f, McqMetric)]
+        table = pd.DataFrame(
+            {
+                "id": ["a", "b", "c", "d"],
+                "case_id": ["c1", "c1", "c2", "c3"],
+                "answer": ["liver", "lung", "liver", "bone"],
+                "answer_type": ["closed"] * 4,
+                "candidates": [["liver", "lung", "bone"]] * 4,
+                "prediction": ["A", "B", "C", "C"],
+            }
+        )
+        scores = mcq.aggregate(table.join(mcq.per_sample(table)))
+        assert ("mcq_acc_ci_lo" in scores) is has_ci
+        assert scores["mcq_acc"] == pytest.approx(3 / 4)

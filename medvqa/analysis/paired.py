@@ -35,12 +35,14 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from hydra.utils import get_class
 
+from medvqa import plugins
 from medvqa.analysis.aggregate import as_number, method_sort_key
 from medvqa.analysis.tables import USABLE, role
-from medvqa.config import BootstrapSchema
 from medvqa.data import records as R
 from medvqa.evaluation.scoring import SCORES_FILE, RecordedMeans, build_families, paired_delta
+from medvqa.evaluation.statistics import Bootstrap
 from medvqa.record import RESULTS_FILE, read_record
 
 log = logging.getLogger(__name__)
@@ -85,10 +87,8 @@ class _Run:
     def bootstrap(self) -> dict[str, Any] | None:
         """The run's `evaluation.bootstrap` as paired-bootstrap options (None: turned off)."""
         evaluation = (self.record().get("config") or {}).get("evaluation") or {}
-        boot = {**dataclasses.asdict(BootstrapSchema()), **(evaluation.get("bootstrap") or {})}
-        if not boot["samples"]:
-            return None
-        return {"B": int(boot["samples"]), "seed": int(boot["seed"]), "level": float(boot["level"])}
+        recorded = evaluation.get("bootstrap") or {}
+        return Bootstrap.of({**dataclasses.asdict(Bootstrap()), **recorded}).options()
 
     def families(self) -> list[Any]:
         """The recorded per-sample-mean scores, plus the families of the recorded config
@@ -103,8 +103,9 @@ class _Run:
             return self._families
         record = self.record()
         recorded = (record.get("provenance") or {}).get("metrics") or {}
+        evaluation = (record.get("config") or {}).get("evaluation") or {}
         nodes = {
-            name: node
+            name: _with_bootstrap(node, evaluation.get("bootstrap") or {})
             for name, node in ((record.get("config") or {}).get("metric") or {}).items()
             if isinstance(node, Mapping) and "ci_columns" not in (recorded.get(name) or {})
         }
@@ -212,3 +213,22 @@ def paired_differences(frame: pd.DataFrame) -> pd.DataFrame:
                         }
                     )
     return pd.DataFrame(out, columns=COLUMNS)
+
+
+_OLD_BOOTSTRAP_KEYS = {"B": "samples", "seed": "seed", "level": "level"}
+
+
+def _with_bootstrap(node: Mapping[str, Any], run: Mapping[str, Any]) -> dict[str, Any]:
+    """A recorded family node as the family takes it now: a family with a `bootstrap` gets the
+    run's `evaluation.bootstrap`; a record from before the families shared that one setting
+    names its own `B`, `seed`, `level` instead, which still decide its resamples."""
+    node = dict(node)
+    try:
+        takes = "bootstrap" in plugins.parameters(get_class(str(node.get("_target_"))))
+    except Exception:  # an unknown target fails when it is built, with its own message
+        return node
+    if not takes or "bootstrap" in node:
+        return node
+    old = {new: node.pop(key) for key, new in _OLD_BOOTSTRAP_KEYS.items() if key in node}
+    node["bootstrap"] = {**dataclasses.asdict(Bootstrap()), **run, **old}
+    return node

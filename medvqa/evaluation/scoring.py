@@ -27,6 +27,7 @@ from medvqa.atomic import write_file
 from medvqa.data import records as R
 from medvqa.evaluation.families.base import COUNT, MetricFamily, ScoreInfo
 from medvqa.evaluation.robustness import robustness_metrics
+from medvqa.evaluation.statistics import Bootstrap
 
 log = logging.getLogger(__name__)
 
@@ -185,10 +186,7 @@ def counters(metrics: Sequence[MetricFamily]) -> dict[str, float]:
 
 def _bootstrap_options(evaluation_cfg: Any) -> dict[str, Any] | None:
     """`evaluation.bootstrap` as keyword arguments; None when it is off (`samples: 0`)."""
-    boot = evaluation_cfg.bootstrap
-    if not boot.samples:
-        return None
-    return {"B": int(boot.samples), "seed": int(boot.seed), "level": float(boot.level)}
+    return Bootstrap.of(evaluation_cfg.bootstrap).options()
 
 
 def _ci_columns(metrics: Sequence[MetricFamily]) -> dict[str, tuple[str, str]]:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -73,6 +74,30 @@ STATS = ("mean", "cluster_mean")
 # Elements of the (replicates x clusters) index matrix held in memory at once (~32 MiB of
 # doubles); bounds memory for 20k-cluster tables without a Python loop over replicates.
 _CHUNK_ELEMENTS = 1 << 22
+
+
+@dataclass
+class Bootstrap:
+    """Every interval a run reports: the headline scores', RR's and OoD − i.i.d.'s, and those a
+    family computes itself (`mcq_acc_ci_*`, `cs_primary_macro_f1_ci_*`). One setting, the
+    config's `evaluation.bootstrap`, which the families' YAML interpolates; 0 samples: none."""
+
+    samples: int = 2000  # resamples of the cases (clusters)
+    seed: int = 42
+    level: float = 0.95
+
+    @classmethod
+    def of(cls, value: Bootstrap | Mapping[str, Any]) -> Bootstrap:
+        """The settings from a config node (`${evaluation.bootstrap}`) or as they are."""
+        if isinstance(value, Bootstrap):
+            return value
+        return cls(int(value["samples"]), int(value["seed"]), float(value["level"]))
+
+    def options(self) -> dict[str, Any] | None:
+        """As the keywords of this module's functions (`B`, `seed`, `level`); None when off."""
+        if not self.samples:
+            return None
+        return {"B": self.samples, "seed": self.seed, "level": self.level}
 
 
 class BootstrapCI(NamedTuple):

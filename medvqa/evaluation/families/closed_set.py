@@ -49,6 +49,7 @@ from medvqa.data.records import ANSWER, ANSWER_TYPE, CANDIDATES, CASE_ID, ID, PR
 from medvqa.evaluation.answers import closed_choice
 from medvqa.evaluation.families.base import COUNT, ERROR_RATE, MetricFamily, ScoreInfo
 from medvqa.evaluation.statistics import (
+    Bootstrap,
     BootstrapCI,
     cluster_sum_replicates,
     mean_or_nan,
@@ -188,9 +189,8 @@ class ClosedSetMetric(MetricFamily):
         labels: str = "fixed",
         question_field: str = QUESTION_ID,
         abstain_label: str | None = None,
-        B: int = 2000,
-        seed: int = 42,
-        level: float = 0.95,
+        *,
+        bootstrap: Bootstrap | Mapping[str, Any],
         cluster_field: str = CASE_ID,
     ) -> None:
         if labels not in LABEL_SETS:
@@ -200,7 +200,8 @@ class ClosedSetMetric(MetricFamily):
         self.labels = labels
         self.question_field = question_field
         self.abstain_label = abstain_label
-        self.B, self.seed, self.level = int(B), int(seed), float(level)
+        # conf/metric/closed_set.yaml: ${evaluation.bootstrap}, the run's one setting.
+        self.bootstrap = Bootstrap.of(bootstrap)
         self.cluster_field = cluster_field
 
     # ---- per sample ----------------------------------------------------------------------
@@ -331,7 +332,7 @@ class ClosedSetMetric(MetricFamily):
         ci = self._headline_ci(headline, totals, primary)
         return {
             self.column("primary_macro_f1"): headline,
-            **ci.entries(self.column("primary_macro_f1")),
+            **(ci.entries(self.column("primary_macro_f1")) if self.bootstrap.samples else {}),
             self.column("primary_invalid_rate"): mean_or_nan(
                 [point[t]["invalid_rate"] for t in primary]
             ),
@@ -391,7 +392,8 @@ class ClosedSetMetric(MetricFamily):
     ) -> np.ndarray:
         """The headline on each resample of clusters (one draw for all tasks)."""
         blocks = [totals[t][0] for t in primary]
-        reps = cluster_sum_replicates(np.concatenate(blocks, axis=1), self.B, self.seed)
+        boot = self.bootstrap
+        reps = cluster_sum_replicates(np.concatenate(blocks, axis=1), boot.samples, boot.seed)
         per_task, start = [], 0
         for task, block in zip(primary, blocks, strict=True):
             width = block.shape[1]
@@ -405,11 +407,12 @@ class ClosedSetMetric(MetricFamily):
         self, headline: float, totals: Mapping[str, tuple[np.ndarray, int]], primary: Sequence[str]
     ) -> BootstrapCI:
         nan = BootstrapCI(headline, math.nan, math.nan, math.nan)
-        if math.isnan(headline) or not primary or next(iter(totals.values()))[0].shape[0] < 2:
+        few = next(iter(totals.values()))[0].shape[0] < 2
+        if math.isnan(headline) or not primary or few or not self.bootstrap.samples:
             return nan
         reps = self._headline_replicates(totals, primary)
         return percentile_ci(
-            headline, reps, self.level, f"{self.name} {self.column('primary_macro_f1')}"
+            headline, reps, self.bootstrap.level, f"{self.name} {self.column('primary_macro_f1')}"
         )
 
     def paired_delta(
@@ -425,8 +428,8 @@ class ClosedSetMetric(MetricFamily):
 
         Only the headline has a rule here (`score` None or `<prefix>primary_macro_f1`; None
         for any other `score`, and for a side scored without this family's columns); the
-        resamples are this family's own (`B`, `seed`, `level` of its config, as for the
-        headline's interval), so `bootstrap` is unused."""
+        resamples are this family's own (its `bootstrap`, the run's `evaluation.bootstrap`, as
+        for the headline's interval), so the `bootstrap` keywords are unused."""
         if score not in (None, self.column("primary_macro_f1")):
             return None
         needed = [ANSWER, ANSWER_TYPE, CANDIDATES, self.question_field, self.column("choice")]
@@ -448,10 +451,11 @@ class ClosedSetMetric(MetricFamily):
         primary = self._primary(results[0][3])
         heads = [mean_or_nan([r[0][t]["macro_f1"] for t in primary]) for r in results]
         delta = heads[0] - heads[1]
-        if math.isnan(delta) or len(clusters) < 2:
+        if math.isnan(delta) or len(clusters) < 2 or not self.bootstrap.samples:
             return BootstrapCI(delta, math.nan, math.nan, math.nan)
         reps = [self._headline_replicates(r[1], primary) for r in results]
-        return percentile_ci(delta, reps[0] - reps[1], self.level, f"{self.name} paired delta")
+        level = self.bootstrap.level
+        return percentile_ci(delta, reps[0] - reps[1], level, f"{self.name} paired delta")
 
     def _abstention(self, task: str, closed: pd.DataFrame) -> dict[str, float]:
         """Coverage and accuracy on committed rows, for a task whose labels offer abstaining."""

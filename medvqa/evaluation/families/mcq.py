@@ -8,8 +8,8 @@ the questions it is sure of, ``mcq_acc_strict`` (invalid counted as wrong) is re
 Questions have 2-5 options, so chance level differs between pools: the random baseline is the
 mean of 1/k over the pool's questions (all of them, valid or not: it describes the question
 pool, not the model). The 95 % interval of the accuracy resamples **cases** (several questions
-come from one report), B = 2000, seed 42, via :mod:`medvqa.evaluation.statistics`, and is
-reported as ``mcq_acc ± mcq_acc_ci_half`` with the exact bounds in ``_ci_lo`` / ``_ci_hi``.
+come from one report) as the run's `evaluation.bootstrap` says (2000 resamples, seed 42), via
+:mod:`medvqa.evaluation.statistics`, and is reported as ``mcq_acc ± mcq_acc_ci_half`` with the exact bounds in ``_ci_lo`` / ``_ci_hi``.
 
 A reply is resolved to an option by `medvqa.evaluation.answers.resolve_prediction` (the rules
 are listed there); the answer key may be the option's text or its letter
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -28,7 +29,7 @@ import pandas as pd
 from medvqa.data.records import ANSWER, ANSWER_TYPE, CANDIDATES, CASE_ID, PREDICTION
 from medvqa.evaluation.answers import key_option, resolve_prediction
 from medvqa.evaluation.families.base import COUNT, ERROR_RATE, REFERENCE, MetricFamily, ScoreInfo
-from medvqa.evaluation.statistics import cluster_bootstrap, mean_or_nan
+from medvqa.evaluation.statistics import Bootstrap, cluster_bootstrap, mean_or_nan
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +66,9 @@ class McqMetric(MetricFamily):
     }
 
     def __init__(
-        self, B: int = 2000, seed: int = 42, level: float = 0.95, cluster_field: str = CASE_ID
+        self, bootstrap: Bootstrap | Mapping[str, Any], cluster_field: str = CASE_ID
     ) -> None:
-        self.B, self.seed, self.level = int(B), int(seed), float(level)
+        self.bootstrap = Bootstrap.of(bootstrap)  # conf/metric/mcq.yaml: ${evaluation.bootstrap}
         self.cluster_field = cluster_field
 
     def per_sample(self, preds: pd.DataFrame) -> pd.DataFrame:
@@ -129,17 +130,18 @@ class McqMetric(MetricFamily):
         mcq = scored[scored[self.column("invalid")].notna()]
         correct = mcq[self.column("correct")].to_numpy(dtype=float)
         valid = ~np.isnan(correct)
+        boot = self.bootstrap
         ci = cluster_bootstrap(
             correct,
             mcq[self.cluster_field].to_numpy(),
-            B=self.B,
-            seed=self.seed,
-            level=self.level,
+            B=max(boot.samples, 1),
+            seed=boot.seed,
+            level=boot.level,
         )
         acc = self.column("acc")
         return {
             acc: ci.point,
-            **ci.entries(acc),
+            **(ci.entries(acc) if boot.samples else {}),
             self.column("acc_strict"): mean_or_nan(np.where(valid, correct, 0.0)),
             self.column("invalid_rate"): mean_or_nan(
                 mcq[self.column("invalid")].to_numpy(dtype=float)
