@@ -798,3 +798,19 @@ def test_a_family_node_recorded_before_the_one_bootstrap_setting_keeps_its_resam
     assert new["bootstrap"] == run
     plain = {"_target_": "medvqa.evaluation.families.traditional.TraditionalMetric"}
     assert _with_bootstrap(plain, run) == plain
+
+
+def test_runs_before_and_after_the_builders_moved_are_one_run() -> None:
+    """The builders' `_target_` is part of a run's identity: a record naming the old module
+    (`medvqa.models.builders.tiny`) is the same run as one naming `medvqa.zoo.tiny`."""
+    from medvqa.analysis.aggregate import run_identity
+
+    def config(target: str) -> dict:
+        return {"model": {"name": "tiny", "builder": {"_target_": target, "seed": 0}}}
+
+    old = run_identity(config("medvqa.models.builders.tiny.TinyLlavaBuilder"))
+    assert old == run_identity(config("medvqa.zoo.tiny.TinyLlavaBuilder"))
+    assert old["model.builder._target_"] == repr("medvqa.zoo.tiny.TinyLlavaBuilder")
+    # A builder that did not move keeps its name (smollm2_causal is not smollm2).
+    causal = "medvqa.models.builders.smollm2_causal.SmolLM2CausalBuilder"
+    assert run_identity(config(causal))["model.builder._target_"] == repr(causal)

@@ -438,6 +438,8 @@ def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
         for k, v in node.items():
             out.update(_flatten(v, f"{prefix}{k}."))
         return out
+    if prefix.endswith("_target_.") and isinstance(node, str):
+        node = _current_target(node)
     return {prefix[:-1]: repr(node)}
 
 
@@ -450,22 +452,20 @@ MOVED_TARGETS = {
 }
 
 
-def _current_target(key: str, value: str) -> str:
-    if key != "_target_" and not key.endswith("._target_"):
-        return value
+def _current_target(target: str) -> str:
+    """A `_target_` under its current name (`MOVED_TARGETS`)."""
     for old, new in MOVED_TARGETS.items():
-        if value.startswith(repr(old)[:-1]):  # values are repr()s: "'medvqa.…'"
-            return value.replace(old, new, 1)
-    return value
+        if target.startswith(old):
+            return new + target[len(old) :]
+    return target
 
 
 def run_identity(config: Mapping[str, Any]) -> dict[str, str]:
     """The config keys that define what a run computed (paths, loggers, devices left out;
     moved classes under their current names)."""
-    flat = {k: _current_target(k, v) for k, v in _flatten(config).items()}
     return {
         k: v
-        for k, v in flat.items()
+        for k, v in _flatten(config).items()
         if not k.startswith(_HOW_TO_RUN)
         and f"{k}." not in _HOW_TO_RUN  # a group that is null (`eval: null` when training)
         and not k.rsplit(".", 1)[-1].endswith(("dir", "_path", "root"))

@@ -25,7 +25,7 @@ from hydra.utils import instantiate
 from medvqa import plugins
 from medvqa.atomic import write_file
 from medvqa.data import records as R
-from medvqa.evaluation.families.base import COUNT, MetricFamily, ScoreInfo
+from medvqa.evaluation.families.base import COUNT, MetricFamily, ScoreInfo, mean_paired_delta
 from medvqa.evaluation.robustness import robustness_metrics
 from medvqa.evaluation.statistics import Bootstrap
 
@@ -207,8 +207,6 @@ class RecordedMeans:
     def paired_delta(
         self, scored_a: pd.DataFrame, scored_b: pd.DataFrame, score: str, **bootstrap: Any
     ) -> Any:
-        from medvqa.evaluation.families.base import mean_paired_delta
-
         if score not in self.columns:
             return None
         return mean_paired_delta(scored_a, scored_b, *self.columns[score], **bootstrap)
