@@ -1,23 +1,46 @@
-"""GPU throughput of the training and generation paths the main job uses (a benchmark, not a test).
+"""Fine-tuning and generation speed of the real architectures on one GPU (a benchmark, not a test).
 
-On a CUDA machine: for each model (tiny, smollm2_llava), trainer (`trainer=gpu`,
-`trainer=deepspeed_zero2` on 1 device) and method, fine-tune for a few steps and generate, then
-print train samples/s, generation samples/s, peak GPU memory and model FLOPs utilisation
-(MFU = 6 * parameters * trained tokens/s over the GPU's peak dense bf16 FLOP/s). It also checks
-that the parameters are on CUDA while training and generating. Without CUDA it stops with a
-message; `--cpu` runs the same code with `trainer=cpu` to check the script itself.
+Each model preset (`conf/model/<name>.yaml`; LLaVA-Med v1.5 7B and Qwen2.5-VL-7B by default) is
+built from its shipped architecture config (`medvqa/models/architectures/`) with random bf16
+weights directly on the GPU: no hub, no download, the real shapes and kernels. The method is
+applied as a run applies it (`apply_method`), and the project's own training module, collate
+function and Lightning trainer (`trainer=gpu`) fit it on synthetic batches shaped like the data:
+SLAKE (a 336 px image, the SURE prompt's ~35 text tokens, answers of 2-6 tokens) and, for Qwen,
+MIMIC (a 2.5k x 3k radiograph under the preset's pixel cap). Per method and setup it prints:
 
-    python benchmarks/gpu.py                        # everything (minutes on an H100)
-    python benchmarks/gpu.py --models tiny --methods lora --steps 20
+- train samples/s and tokens/s (steady state: warm-up steps excluded, CUDA-synchronised, no
+  Trainer set-up or teardown in the timed window);
+- model-FLOPs MFU: per sample 2N.T forward + 2N.T activation gradients for the frozen language
+  model, 6N.T for its trained weights, the frozen vision tower's forward, the projector, and
+  attention (causal), over the GPU's dense bf16 peak (`model_flops`); hardware-FLOPs utilisation
+  adds what the setup recomputes (checkpointing) or computes for nothing (logits at every
+  position);
+- peak GPU memory; generation rows/s (batch 64, 16 new tokens, greedy, as `GenerationModule`);
+- the activation bytes one decoder layer keeps per token, measured on the GPU by the code
+  `task=plan` measures them with on the CPU (`medvqa.planning.activations.measure_layer`).
+
+    python benchmarks/gpu.py                                   # LLaVA-Med and Qwen2.5-VL-7B
+    python benchmarks/gpu.py --models llava_med --methods lora --setups before tuned
+    python benchmarks/gpu.py --cpu                             # a shrunk shape on the CPU
+
+`--cpu` shrinks the architecture (2 layers, narrow) and runs the same code on the CPU: it checks
+the script (tests/test_gpu_bench.py), its figures mean nothing. `--out FILE` appends one JSON
+line per row as it is measured.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import copy
+import dataclasses
+import gc
+import json
+import logging
+import math
 import sys
-import tempfile
 import time
+from collections.abc import Iterator, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -27,23 +50,530 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from rich.console import Console
 from rich.table import Table
+from torch.utils.data import DataLoader, Dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import medvqa.config  # noqa: E402,F401
-from medvqa.data.shifts import Shift, make_splits  # noqa: E402
-from medvqa.evaluation import generation  # noqa: E402
-from medvqa.models.adapters import apply_method  # noqa: E402
-from medvqa.models.loading import load_vlm, roles  # noqa: E402
-from medvqa.training.datamodule import VQADataModule  # noqa: E402
+import medvqa.config  # noqa: E402,F401  (registers the schemas)
+from medvqa.models.adapters import (  # noqa: E402
+    apply_method,
+    compiled_decoder_layers,
+    enable_gradient_checkpointing,
+)
+from medvqa.models.architectures import image_tokens, load_architecture, smart_resize  # noqa: E402
+from medvqa.models.loading import roles  # noqa: E402
+from medvqa.models.prompting import IGNORE_INDEX  # noqa: E402
+from medvqa.planning.activations import measure_layer  # noqa: E402
+from medvqa.training.datamodule import collate  # noqa: E402
 from medvqa.training.module import VQAModule  # noqa: E402
+from medvqa.training.strategies import ResidentSingleDevice  # noqa: E402
 
-CACHE = Path(os.environ.get("MEDVQA_CACHE", ROOT / ".cache"))
+log = logging.getLogger("benchmarks.gpu")
+
 # Dense bf16 tensor-core peak, FLOP/s (vendor data sheets, without sparsity).
 PEAK_BF16 = {"H100 SXM": 989e12, "H100 NVL": 835e12, "H100 PCIe": 756e12, "H200": 989e12,
              "A100": 312e12, "L40S": 362e12}  # fmt: skip
-METHODS = ("full", "lora", "prompt_tuning", "ia3")
+METHODS = ("lora", "ia3")  # prompt tuning needs the checkpoint's tokenizer (virtual tokens)
+SAMPLES_PER_STEP = 16
+QWEN_7B = "qwen2_5_vl@Qwen/Qwen2.5-VL-7B-Instruct"  # the preset is the 3B checkpoint  # data.batch_size: every setup trains 16 samples per optimiser step
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """How one row trains: the knobs the waste items of the GPU path are about."""
+
+    checkpoint_every: int  # 0: no gradient checkpointing; n: every n-th decoder layer
+    micro_batch: int  # samples per forward; accumulation makes up SAMPLES_PER_STEP
+    label_logits_only: bool = True  # False: float32 logits at every position (transformers)
+    check_finite_every: int = 32  # 1: a host sync every step
+    compile_layers: bool = False  # torch.compile of each decoder layer
+    lora_dropout: float | None = None  # None: the method's (SURE: 0.05); 0.0 is a method change
+
+
+SETUPS: dict[str, Setup] = {
+    # The preset as it was: full checkpointing at batch 16, logits everywhere, a sync per step.
+    "before": Setup(1, 16, label_logits_only=False, check_finite_every=1),
+    "ckpt-16": Setup(1, 16),
+    "ckpt/2-16": Setup(2, 16),
+    "ckpt/2-8": Setup(2, 8),
+    "none-8": Setup(0, 8),
+    "none-4": Setup(0, 4),
+    "ckpt/2-8-compile": Setup(2, 8, compile_layers=True),
+    "none-4-compile": Setup(0, 4, compile_layers=True),
+    "none-8-compile": Setup(0, 8, compile_layers=True),
+    "ckpt/2-8-dropout0": Setup(2, 8, lora_dropout=0.0),
+}
+# Least memory first: a row that runs out of memory comes last.
+DEFAULT_SETUPS = ("before", "ckpt-16", "ckpt/2-16", "ckpt/2-8", "none-4", "none-8")
+
+
+# --- FLOPs -----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class MatmulParams:
+    """Weights that multiply activations, by where they run (embedding tables excluded)."""
+
+    language_frozen: int
+    language_trained: int  # adapters and trained weights of the decoder layers
+    lm_head: int
+    vision: int
+    vision_trained: int
+    projector: int
+    projector_trained: int
+
+
+def matmul_params(model: torch.nn.Module, model_roles: Mapping[str, str]) -> MatmulParams:
+    """Count the Linear/Conv weights of `model` per role (projector before vision: Qwen's merger
+    sits inside its vision module); the rest is the language model."""
+    counts = {f.name: 0 for f in dataclasses.fields(MatmulParams)}
+    for name, module in model.named_modules():
+        if not isinstance(module, torch.nn.Linear | torch.nn.Conv2d | torch.nn.Conv3d):
+            continue
+        weight = module.weight
+        dotted = f".{name}."
+        if f".{model_roles['projector']}." in dotted:
+            role = "projector"
+        elif f".{model_roles['vision']}." in dotted:
+            role = "vision"
+        elif f".{model_roles['lm_head']}." in dotted:
+            counts["lm_head"] += weight.numel()
+            continue
+        else:
+            role = "language"
+        key = f"{role}_trained" if weight.requires_grad else role
+        if role == "language" and not weight.requires_grad:
+            key = "language_frozen"
+        counts[key] += weight.numel()
+    return MatmulParams(**counts)
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """The attention shapes FLOPs need."""
+
+    layers: int
+    attn_width: int  # heads x head_dim of the language model
+    vision_layers: int  # of them with full attention over the image's patches
+    vision_width: int
+    window_layers: int = 0  # Qwen2.5-VL: layers attending within windows of `window` patches
+    window: int = 0
+
+
+def attention_shape(config: Any) -> Shape:
+    text = config.get_text_config(decoder=True)
+    vision = config.vision_config
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    v_layers = int(getattr(vision, "num_hidden_layers", None) or vision.depth)
+    full = getattr(vision, "fullatt_block_indexes", None)
+    window = 0
+    if full is not None:  # windows of window_size pixels, in patches
+        window = (int(vision.window_size) // int(vision.patch_size)) ** 2
+    return Shape(
+        layers=int(text.num_hidden_layers),
+        attn_width=int(text.num_attention_heads * head_dim),
+        vision_layers=len(full) if full is not None else v_layers,
+        vision_width=int(vision.hidden_size),
+        window_layers=v_layers - len(full) if full is not None else 0,
+        window=window,
+    )
+
+
+def model_flops(
+    p: MatmulParams,
+    shape: Shape,
+    tokens: float,
+    tokens_sq: float,
+    labelled: float,
+    patches: float,
+    patches_sq: float,
+    projected: float,
+) -> float:
+    """FLOPs a training step needs for a batch (sums over its samples): `tokens` (and the sum of
+    squared lengths `tokens_sq`) of the language model, `labelled` positions predicting a label,
+    vision `patches` (and `patches_sq`, per image), `projected` tokens through the projector.
+
+    A frozen weight costs 2 (forward) + 2 (gradient of its input) FLOPs per token where a
+    gradient flows through it, a trained one 6 (its own gradient too), a frozen part nothing
+    trains before (the vision tower) 2; attention's QK^T and AV 4·T²·width per layer forward,
+    halved by the causal mask, and twice that backward. The vocabulary projection is needed at
+    the labelled positions only. Nothing recomputed is counted (`recompute_flops`).
+    """
+    lm = 4 * p.language_frozen * tokens + 6 * p.language_trained * tokens
+    head = 4 * p.lm_head * labelled
+    # A gradient reaches the vision tower only if something in or before it trains.
+    vision_grad = p.vision_trained > 0
+    vision = (4 if vision_grad else 2) * p.vision * patches + 6 * p.vision_trained * patches
+    proj_frozen = 4 if vision_grad else 2
+    projector = proj_frozen * p.projector * projected + 6 * p.projector_trained * projected
+    attention = 3 * 2 * shape.layers * shape.attn_width * tokens_sq
+    vision_attention = (
+        4
+        * shape.vision_width
+        * (shape.vision_layers * patches_sq + shape.window_layers * shape.window * patches)
+    )
+    return lm + head + vision + projector + attention + vision_attention
+
+
+def recompute_flops(
+    p: MatmulParams, shape: Shape, setup: Setup, tokens: float, tokens_sq: float, positions: float
+) -> float:
+    """FLOPs a setup spends beyond `model_flops`: the re-forward of checkpointed decoder layers,
+    and the vocabulary projection (forward and input gradient) at `positions` beyond the
+    labelled ones (every position when logits are not restricted to the labels)."""
+    extra = 0.0
+    if setup.checkpoint_every:
+        share = math.ceil(shape.layers / setup.checkpoint_every) / shape.layers
+        forward = 2 * (p.language_frozen + p.language_trained) * tokens
+        forward += 2 * shape.layers * shape.attn_width * tokens_sq
+        extra += share * forward
+    return extra + 4 * p.lm_head * positions
+
+
+# --- synthetic batches -----------------------------------------------------------------------
+
+
+class SyntheticVQA(Dataset):
+    """Samples shaped as the processor of `config`'s family makes them (what `encode` returns):
+    a prompt with one image's placeholder tokens and ~35 text tokens, an answer of 2-6 tokens
+    (labelled, with the end-of-turn token), the image tensors. Token ids are random (the weights
+    are too); lengths vary per sample as real questions do."""
+
+    def __init__(
+        self,
+        config: Any,
+        preprocessor: Mapping[str, Any],
+        n: int,
+        image_size: tuple[int, int],
+        with_answer: bool,
+        seed: int = 0,
+    ) -> None:
+        self.config, self.pre, self.n = config, preprocessor, n
+        self.image_size, self.with_answer, self.seed = image_size, with_answer, seed
+        self.family = config.model_type
+        if self.family not in ("llava", "qwen2_vl", "qwen2_5_vl"):
+            raise ValueError(f"no synthetic sample shape for model_type {self.family!r}")
+        self.vocab = int(config.get_text_config(decoder=True).vocab_size)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        g = torch.Generator().manual_seed(self.seed * 100_003 + i)
+        # The SURE prompt around a SLAKE question: 8-16 question tokens, options on every
+        # other sample (closed questions), the turn markers; 2-6 answer tokens + end of turn.
+        question = int(torch.randint(8, 17, (), generator=g))
+        options = 8 if i % 2 else 0
+        answer = int(torch.randint(2, 7, (), generator=g)) + 1 if self.with_answer else 0
+        text = torch.randint(10, min(self.vocab, 30_000), (40 + question + options,), generator=g)
+        if self.family == "llava":
+            n_image = image_tokens(self.config, self.pre)
+            image = torch.full((n_image,), int(self.config.image_token_index))
+            head, tail = text[:5], text[5 : 5 + 1 + question + options + 4]
+            ids = [head, image, tail]
+            side = int(self.config.vision_config.image_size)
+            extra = {"pixel_values": torch.rand(1, 3, side, side, generator=g)}
+        else:
+            vision = self.config.vision_config
+            factor = vision.patch_size * vision.spatial_merge_size
+            h, w = smart_resize(*self.image_size, factor, *self._pixels())
+            grid = torch.tensor([[1, h // vision.patch_size, w // vision.patch_size]])
+            n_patches = int(grid.prod())
+            n_image = n_patches // vision.spatial_merge_size**2
+            image = torch.full((n_image,), int(self.config.image_token_id))
+            start = torch.tensor([int(self.config.vision_start_token_id)])
+            end = torch.tensor([int(self.config.vision_end_token_id)])
+            head, tail = text[:5], text[5 : 5 + 1 + question + options + 4]
+            ids = [head, start, image, end, tail]
+            depth = 3 * vision.temporal_patch_size * vision.patch_size**2
+            extra = {
+                "pixel_values": torch.rand(n_patches, depth, generator=g),
+                "image_grid_thw": grid,
+            }
+        prompt = torch.cat(ids)
+        answer_ids = torch.randint(10, min(self.vocab, 30_000), (answer,), generator=g)
+        input_ids = torch.cat([prompt, answer_ids])
+        out: dict[str, Any] = {
+            "input_ids": input_ids,
+            "attention_mask": torch.ones_like(input_ids),
+        }
+        if self.with_answer:
+            out["labels"] = torch.cat([torch.full_like(prompt, IGNORE_INDEX), answer_ids])
+        out.update(extra)
+        out["record_ids"] = f"s{i}"
+        return out
+
+    def _pixels(self) -> tuple[int, int]:
+        size = self.pre.get("size") or {}
+        low = int(self.pre.get("min_pixels") or size.get("shortest_edge") or 56 * 56)
+        high = int(self.pre.get("max_pixels") or size.get("longest_edge") or 28 * 28 * 1280)
+        return low, high
+
+
+def loader(data: SyntheticVQA, batch: int, cuda: bool, padding_side: str) -> DataLoader:
+    """The job's loader settings: the project's collate, two workers, pinned memory."""
+    return DataLoader(
+        data,
+        batch_size=batch,
+        collate_fn=partial(collate, pad_token_id=0, padding_side=padding_side),
+        num_workers=2,
+        pin_memory=cuda,
+        persistent_workers=True,
+    )
+
+
+# --- the model ---------------------------------------------------------------------------------
+
+
+def shrink(config: Any) -> Any:
+    """`config` with two narrow layers per tower: the same classes and code paths, CPU-sized."""
+    small = copy.deepcopy(config)
+    text = small.get_text_config(decoder=True)
+    text.num_hidden_layers = 2
+    if getattr(text, "layer_types", None):
+        text.layer_types = list(text.layer_types)[:2]
+    qwen = small.model_type.startswith("qwen")
+    # Qwen's M-RoPE sections must add up to half the head size: keep 128-wide heads there.
+    text.hidden_size, text.num_attention_heads, text.num_key_value_heads = (
+        (128, 1, 1) if qwen else (64, 4, 2)
+    )
+    text.head_dim = text.hidden_size // text.num_attention_heads
+    text.intermediate_size = 2 * text.hidden_size
+    vision = small.vision_config
+    vision.hidden_size, vision.intermediate_size = 64, 128
+    if qwen:
+        vision.depth, vision.num_heads, vision.out_hidden_size = 2, 4, text.hidden_size
+        vision.fullatt_block_indexes = [1]
+    else:
+        vision.num_hidden_layers, vision.num_attention_heads = 2, 4
+    return small
+
+
+def build_model(cfg: Any, device: torch.device, small: bool) -> tuple[Any, Any, Any]:
+    """(model with random weights on `device`, its config, image-token preprocessor fields)."""
+    from transformers import AutoModelForImageTextToText
+
+    config, pre = load_architecture(cfg.model.pretrained)
+    pre = {**pre, **dict(cfg.model.get("processor_kwargs") or {})}
+    if small:
+        config = shrink(config)
+    dtype = getattr(torch, str(cfg.model.dtype))
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForImageTextToText.from_config(
+            config, dtype=dtype, attn_implementation=str(cfg.model.attn_implementation)
+        )
+    return model, config, pre
+
+
+def set_lora_dropout(model: torch.nn.Module, p: float) -> int:
+    """Replace LoRA's dropout modules (peft uses Identity for 0); returns how many changed."""
+    changed = 0
+    for module in model.modules():
+        drops = getattr(module, "lora_dropout", None)
+        if isinstance(drops, torch.nn.ModuleDict):
+            for key in list(drops):
+                drops[key] = torch.nn.Identity() if p == 0 else torch.nn.Dropout(p)
+                changed += 1
+    return changed
+
+
+# --- measuring -------------------------------------------------------------------------------
+
+
+class Meter(L.Callback):
+    """Steady-state clock: starts after `warmup` batches (synchronised), stops at the end of
+    training before the Trainer tears down; sums tokens and squared lengths of timed batches."""
+
+    def __init__(self, warmup: int, cuda: bool) -> None:
+        self.warmup, self.cuda = warmup, cuda
+        self.batches = 0
+        self.start = self.stop = 0.0
+        self.sums = dict.fromkeys(("samples", "tokens", "tokens_sq", "labelled", "positions"), 0.0)
+        self.sums.update(patches=0.0, patches_sq=0.0, projected=0.0)
+        self.patches_per_image: list[int] = []
+        self.peak = float("nan")
+
+    def _sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def on_train_batch_start(self, trainer: L.Trainer, module: Any, batch: Any, i: int) -> None:
+        if self.batches == self.warmup:
+            self._sync()
+            self.start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: L.Trainer, module: Any, out: Any, batch: Any, i: int):
+        if self.batches >= self.warmup:
+            add_batch(self.sums, batch, self.patches_per_image)
+        self.batches += 1
+
+    def on_train_end(self, trainer: L.Trainer, module: Any) -> None:
+        self._sync()
+        self.stop = time.perf_counter()
+        if self.cuda:
+            self.peak = torch.cuda.max_memory_allocated() / 2**30
+
+    @property
+    def seconds(self) -> float:
+        return self.stop - self.start
+
+
+def add_batch(sums: dict[str, float], batch: Mapping[str, Any], patches: list[int]) -> None:
+    """Add one batch's sample, token and patch counts (attention mask and image grid, which
+    are on the host before the transfer; read after the step, so no sync is added)."""
+    lengths = batch["attention_mask"].sum(dim=1).double()
+    sums["samples"] += len(lengths)
+    sums["tokens"] += float(lengths.sum())
+    sums["tokens_sq"] += float((lengths**2).sum())
+    sums["positions"] += float(batch["attention_mask"].numel())  # logits at every position
+    if "labels" in batch:
+        sums["labelled"] += float((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
+    grid = batch.get("image_grid_thw")
+    if grid is not None:  # Qwen: patches per image from the grid, 4 patches per LLM token
+        per_image = grid.prod(dim=1).double()
+        sums["patches"] += float(per_image.sum())
+        sums["patches_sq"] += float((per_image**2).sum())
+        sums["projected"] += float(per_image.sum()) / 4
+    else:  # LLaVA: every image is the tower's full grid (+ CLS), each patch projected
+        images = batch["pixel_values"].shape[0]
+        p = patches[0] if patches else 0
+        sums["patches"] += images * (p + 1)
+        sums["patches_sq"] += images * (p + 1) ** 2
+        sums["projected"] += images * p
+
+
+def train_row(
+    model: torch.nn.Module,
+    cfg: Any,
+    config: Any,
+    pre: Mapping[str, Any],
+    setup: Setup,
+    args: argparse.Namespace,
+    image_size: tuple[int, int],
+) -> dict[str, Any]:
+    """Fit `model` (adapted already) for warm-up + timed steps under `setup`; the figures."""
+    cuda = not args.cpu
+    device = next(model.parameters()).device
+    if setup.checkpoint_every:
+        enable_gradient_checkpointing(model, every_n_layers=setup.checkpoint_every)
+    else:
+        model.gradient_checkpointing_disable()
+    dropout_changed = 0
+    if setup.lora_dropout is not None:
+        dropout_changed = set_lora_dropout(model, setup.lora_dropout)
+    micro = min(setup.micro_batch, args.micro_batch_cap or setup.micro_batch)
+    accumulate = max(1, SAMPLES_PER_STEP // micro) if not args.cpu else 1
+    steps = args.steps
+    n = (args.warmup + steps) * accumulate * micro
+    data = SyntheticVQA(config, pre, n, image_size, with_answer=True)
+    meter = Meter(warmup=args.warmup * accumulate, cuda=cuda)
+    if config.model_type == "llava":
+        meter.patches_per_image.append(image_tokens(config, pre))
+    module = VQAModule.for_method(model, cfg.peft, roles(cfg.model)["projector"])
+    module.label_logits_only = setup.label_logits_only
+    module.check_finite_every = setup.check_finite_every
+    trainer = instantiate(
+        cfg.trainer,
+        devices=1,
+        strategy=ResidentSingleDevice.on(device) if cuda else "auto",
+        max_steps=args.warmup + steps,
+        max_epochs=None,
+        accumulate_grad_batches=accumulate,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[meter],
+    )
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    try:
+        with compiled_decoder_layers(model, setup.compile_layers):
+            trainer.fit(module, train_dataloaders=loader(data, micro, cuda, "right"))
+    finally:
+        if setup.lora_dropout is not None and dropout_changed:
+            set_lora_dropout(model, float(cfg.peft.adapter.lora_dropout))
+    p = matmul_params(model, roles(cfg.model))
+    shape = attention_shape(config)
+    s = meter.sums
+    flops = model_flops(
+        p, shape, s["tokens"], s["tokens_sq"], s["labelled"],
+        s["patches"], s["patches_sq"], s["projected"],
+    )  # fmt: skip
+    beyond = 0.0 if setup.label_logits_only else s["positions"] - s["labelled"]
+    hw = flops + recompute_flops(p, shape, setup, s["tokens"], s["tokens_sq"], beyond)
+    seconds = meter.seconds
+    return {
+        "samples_s": s["samples"] / seconds,
+        "tokens_s": s["tokens"] / seconds,
+        "tflop_sample": flops / max(s["samples"], 1) / 1e12,
+        "model_flops_s": flops / seconds,
+        "hw_flops_s": hw / seconds,
+        "peak_gib": meter.peak,
+        "micro_batch": micro,
+        "accumulate": accumulate,
+        "timed_samples": int(s["samples"]),
+        "tokens_per_sample": s["tokens"] / max(s["samples"], 1),
+    }
+
+
+def generation_row(
+    model: torch.nn.Module,
+    config: Any,
+    pre: Mapping[str, Any],
+    args: argparse.Namespace,
+    image_size: tuple[int, int],
+) -> dict[str, float]:
+    """Greedy generation of `--gen-batch` left-padded prompts, `--new-tokens` each (forced, as
+    random weights could stop early), under bf16 autocast as the predict Trainer runs it;
+    one warm-up batch, then `--gen-batches` timed."""
+    cuda = not args.cpu
+    device = next(model.parameters()).device
+    model.eval()
+    rows = args.gen_batch * (1 + args.gen_batches)
+    data = SyntheticVQA(config, pre, rows, image_size, with_answer=False, seed=1)
+    batches = iter(loader(data, args.gen_batch, cuda, "left"))
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda)
+
+    def run(batch: dict[str, Any]) -> None:
+        batch.pop("record_ids")
+        inputs = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        model.generate(
+            **inputs,
+            max_new_tokens=args.new_tokens,
+            min_new_tokens=args.new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )
+
+    with torch.inference_mode(), autocast:
+        run(next(batches))
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        for _ in range(args.gen_batches):
+            run(next(batches))
+        if cuda:
+            torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan")
+    model.train()
+    return {"gen_rows_s": args.gen_batch * args.gen_batches / seconds, "gen_peak_gib": peak}
+
+
+def layer_activations(config: Any, cfg: Any, device: torch.device) -> float:
+    """KiB per token one decoder layer keeps under this method, measured on `device`."""
+    adapter = None
+    if cfg.peft.adapter is not None:
+        adapter = instantiate(cfg.peft.adapter, _convert_="all")
+    train_weights = "language" in list(cfg.peft.train_modules)
+    measured = measure_layer(config, adapter, train_weights=train_weights, device=device)
+    return measured.per_token / 1024
 
 
 def peak_flops(name: str, override: float | None) -> float | None:
@@ -57,133 +587,148 @@ def peak_flops(name: str, override: float | None) -> float | None:
     return None
 
 
-class Meter(L.Callback):
-    """Counts trained samples and tokens after a warm-up and checks where the weights are."""
-
-    def __init__(self, warmup: int, device_type: str) -> None:
-        self.warmup, self.device_type = warmup, device_type
-        self.samples = self.tokens = 0
-        self.start: float | None = None
-
-    def on_train_batch_start(self, trainer: L.Trainer, module: Any, batch: Any, i: int) -> None:
-        if i == self.warmup:
-            _sync(self.device_type)
-            self.start = time.perf_counter()
-        where = {p.device.type for p in module.parameters() if p.requires_grad}
-        if where != {self.device_type}:
-            raise RuntimeError(f"trainable parameters on {where}, expected {self.device_type}")
-
-    def on_train_batch_end(self, trainer: L.Trainer, module: Any, out: Any, batch: Any, i: int):
-        if self.start is not None:
-            self.samples += int(batch["input_ids"].shape[0])
-            self.tokens += int(batch["attention_mask"].sum())
-
-    def rates(self) -> tuple[float, float]:
-        _sync(self.device_type)
-        elapsed = time.perf_counter() - (self.start or time.perf_counter())
-        return self.samples / max(elapsed, 1e-9), self.tokens / max(elapsed, 1e-9)
-
-
-def _sync(device_type: str) -> None:
-    if device_type == "cuda":
-        torch.cuda.synchronize()
-
-
-def _cfg(model: str, trainer: str, method: str, extra: list[str]) -> Any:
-    overrides = [f"paths.cache_dir={CACHE}", f"model={model}", f"trainer={trainer}",
-                 f"peft={method}", "trainer.devices=1", *extra]  # fmt: skip
+def compose_cfg(model: str, method: str, cpu: bool, overrides: list[str]) -> Any:
+    """The run's config; `model` is a preset, or `preset@hub_id` for another checkpoint of it."""
+    trainer = "cpu" if cpu else "gpu"
+    extra = ["model.dtype=float32"] if cpu else []
+    model, _, pretrained = model.partition("@")
+    if pretrained:
+        extra.append(f"model.pretrained={pretrained}")
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return compose("config", overrides=overrides)
+        return compose(
+            "config",
+            overrides=[
+                f"model={model}",
+                f"trainer={trainer}",
+                f"peft={method}",
+                *extra,
+                *overrides,
+            ],
+        )
 
 
-def measure(model_name: str, trainer_name: str, method: str, args: argparse.Namespace) -> dict:
-    device_type = "cpu" if args.cpu else "cuda"
-    extra = [] if args.cpu else ["model.dtype=bfloat16"]
-    cfg = _cfg(model_name, trainer_name, method, extra + args.overrides)
-    source = instantiate(cfg.dataset)
-    splits = make_splits(source.table(), Shift.from_config(dict(cfg.shift)), seed=0)
-    model, processor = load_vlm(cfg.model)
-    model = apply_method(model, cfg.peft, roles(cfg.model), processor)
-    n_params = sum(p.numel() for p in model.parameters())
-    batch = int(args.batch_size or cfg.data.batch_size)
-    data = VQADataModule(splits.frames, source, processor, batch_size=batch)
-    meter = Meter(warmup=3, device_type=device_type)
-    trainer = instantiate(cfg.trainer, max_steps=args.steps + 3, max_epochs=None,
-                          limit_val_batches=0, logger=False, enable_checkpointing=False,
-                          enable_progress_bar=False, enable_model_summary=False,
-                          callbacks=[meter])  # fmt: skip
-    if device_type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    trainer.fit(
-        VQAModule.for_method(model, cfg.peft, roles(cfg.model)["projector"]), datamodule=data
-    )
-    train_sps, train_tps = meter.rates()
-
-    seen: set[str] = set()
-    original = generation.GenerationModule.predict_step
-
-    def spy(self: Any, batch: Any, i: int) -> Any:
-        seen.update(p.device.type for p in self.model.parameters())
-        return original(self, batch, i)
-
-    generation.GenerationModule.predict_step = spy  # type: ignore[method-assign]
-    frame = splits["test_iid"].head(args.eval_samples)
-    with tempfile.TemporaryDirectory() as tmp:
-        start = time.perf_counter()
-        generation.generate_predictions(
-            model, processor, frame, source, Path(tmp) / "p.jsonl", "bench",
-            batch_size=int(cfg.data.eval_batch_size), max_new_tokens=int(cfg.model.max_new_tokens),
-            trainer_cfg=cfg.trainer,
-        )  # fmt: skip
-        gen_sps = len(frame) / (time.perf_counter() - start)
-    generation.GenerationModule.predict_step = original  # type: ignore[method-assign]
-    if seen != {device_type}:
-        raise RuntimeError(f"generation ran with parameters on {seen}, expected {device_type}")
-    peak = torch.cuda.max_memory_allocated() / 2**30 if device_type == "cuda" else float("nan")
-    return {"params": n_params, "train": train_sps, "tokens": train_tps, "gen": gen_sps,
-            "mem": peak}  # fmt: skip
+def rows_for(model_name: str, args: argparse.Namespace) -> Iterator[dict[str, Any]]:
+    """Every (method, setup) row of one model, then its generation row per method."""
+    device = torch.device("cpu" if args.cpu else "cuda")
+    for method in args.methods:
+        cfg = compose_cfg(model_name, method, args.cpu, args.overrides)
+        model, config, pre = build_model(cfg, device, small=args.cpu)
+        model = apply_method(model, cfg.peft, roles(cfg.model))
+        cases = [("slake", (512, 512))]
+        if config.model_type.startswith("qwen") and args.mimic:
+            cases.append(("mimic", (2544, 3056)))
+        try:
+            kib = layer_activations(config, cfg, device)
+        except Exception as err:  # a figure beside the table: it must not stop the rows
+            log.warning("layer activations of %s: %r", model_name, err)
+            kib = float("nan")
+        for data_name, size in cases:
+            base = {"model": model_name, "method": method, "data": data_name}
+            for name in args.setups:
+                setup = SETUPS[name]
+                if setup.lora_dropout is not None and method != "lora":
+                    continue
+                row = {**base, "setup": name, "setup_fields": dataclasses.asdict(setup)}
+                try:
+                    row.update(train_row(model, cfg, config, pre, setup, args, size))
+                except torch.OutOfMemoryError:
+                    row["error"] = "out of memory"
+                except Exception as err:  # one failing row must not hide the others
+                    row["error"] = repr(err)[:300]
+                row["layer_kib_token"] = kib
+                yield row
+                if not args.cpu:
+                    gc.collect()  # an out-of-memory row's trainer and optimizer state
+                    torch.cuda.empty_cache()
+            gen = {**base, "setup": "generate"}
+            try:
+                gen.update(generation_row(model, config, pre, args, size))
+            except torch.OutOfMemoryError:
+                gen["error"] = "out of memory"
+            except Exception as err:  # one failing row must not hide the others
+                gen["error"] = repr(err)[:300]
+            yield gen
+        del model
+        if not args.cpu:
+            torch.cuda.empty_cache()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["tiny", "smollm2_llava"])
-    parser.add_argument("--trainers", nargs="+", default=["gpu", "deepspeed_zero2"])
+    parser.add_argument("--models", nargs="+", default=["llava_med", QWEN_7B])
     parser.add_argument("--methods", nargs="+", default=list(METHODS))
-    parser.add_argument("--steps", type=int, default=30, help="timed training steps")
-    parser.add_argument("--batch-size", type=int, default=None)
-    parser.add_argument("--eval-samples", type=int, default=256)
+    parser.add_argument("--setups", nargs="+", default=list(DEFAULT_SETUPS), choices=SETUPS)
+    parser.add_argument("--steps", type=int, default=8, help="timed optimiser steps")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed optimiser steps first")
+    parser.add_argument("--micro-batch-cap", type=int, default=None)
+    parser.add_argument("--gen-batch", type=int, default=64)
+    parser.add_argument("--gen-batches", type=int, default=2)
+    parser.add_argument("--new-tokens", type=int, default=16)
+    parser.add_argument("--no-mimic", dest="mimic", action="store_false")
     parser.add_argument("--peak-tflops", type=float, default=None, help="GPU peak bf16 TFLOP/s")
-    parser.add_argument("--cpu", action="store_true", help="trainer=cpu: check the script only")
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. dataset.n_cases=200")
-    args = parser.parse_args()
-    console = Console(width=160)
+    parser.add_argument("--out", type=Path, default=None, help="append a JSON line per row")
+    parser.add_argument("--cpu", action="store_true", help="a shrunk shape on the CPU")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. peft.adapter.r=8")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    console = Console(width=200)
     if args.cpu:
-        args.trainers = ["cpu"]
-        gpu, peak = "cpu (script check, no MFU)", None
+        gpu, peak = "cpu (shrunk shapes: a script check, no figures)", None
+        args.micro_batch_cap = args.micro_batch_cap or 2
+        args.gen_batch, args.gen_batches, args.new_tokens = 2, 1, 2
     elif not torch.cuda.is_available():
-        console.print("benchmarks/gpu.py needs CUDA (torch.cuda.is_available() is False); "
-                      "--cpu checks the script on this machine.")  # fmt: skip
+        console.print("benchmarks/gpu.py needs CUDA; --cpu checks the script on this machine.")
         sys.exit(2)
     else:
         gpu = torch.cuda.get_device_name()
         peak = peak_flops(gpu, args.peak_tflops)
     table = Table(title=f"medvqa on {gpu}; torch {torch.__version__}")
-    for col in ("model", "trainer", "method", "params (M)", "train samples/s", "train tokens/s",
-                "gen samples/s", "peak GPU mem (GiB)", "MFU"):  # fmt: skip
+    columns = ("model", "method", "data", "setup", "µbatch×acc", "samples/s", "tokens/s",
+               "TFLOP/sample", "MFU", "HFU", "peak GiB", "gen rows/s", "KiB/token/layer")  # fmt: skip
+    for col in columns:
         table.add_column(col)
+    rows: list[dict[str, Any]] = []
     for model_name in args.models:
-        for trainer_name in args.trainers:
-            for method in args.methods:
-                try:
-                    r = measure(model_name, trainer_name, method, args)
-                except Exception as err:  # one failing combination must not hide the rest
-                    console.print(f"[red]{model_name}/{trainer_name}/{method}: {err!r}")
-                    continue
-                mfu = 6 * r["params"] * r["tokens"] / peak if peak else float("nan")
-                table.add_row(model_name, trainer_name, method, f"{r['params'] / 1e6:.1f}",
-                              f"{r['train']:.1f}", f"{r['tokens']:.0f}", f"{r['gen']:.1f}",
-                              f"{r['mem']:.2f}", f"{mfu:.2%}")  # fmt: skip
+        for row in rows_for(model_name, args):
+            row["gpu"] = gpu
+            if peak and "model_flops_s" in row:
+                row["mfu"] = row["model_flops_s"] / peak
+                row["hfu"] = row["hw_flops_s"] / peak
+            rows.append(row)
+            if args.out is not None:
+                with args.out.open("a") as fh:
+                    fh.write(json.dumps(row) + "\n")
+            console.print(_line(row))
+            table.add_row(*_cells(row))
     console.print(table)
+    return rows
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return (
+        "—"
+        if value is None or (isinstance(value, float) and math.isnan(value))
+        else format(value, spec)
+    )
+
+
+def _cells(r: Mapping[str, Any]) -> list[str]:
+    shape = f"{r['micro_batch']}×{r['accumulate']}" if "micro_batch" in r else ""
+    if "error" in r:
+        return [r["model"], r["method"], r["data"], r["setup"], shape, r["error"][:40],
+                *[""] * 7]  # fmt: skip
+    return [r["model"], r["method"], r["data"], r["setup"], shape,
+            _fmt(r.get("samples_s"), ".2f"), _fmt(r.get("tokens_s"), ".0f"),
+            _fmt(r.get("tflop_sample"), ".2f"), _fmt(r.get("mfu"), ".1%"), _fmt(r.get("hfu"), ".1%"),
+            _fmt(r.get("peak_gib", r.get("gen_peak_gib")), ".1f"), _fmt(r.get("gen_rows_s"), ".1f"),
+            _fmt(r.get("layer_kib_token"), ".0f")]  # fmt: skip
+
+
+def _line(r: Mapping[str, Any]) -> str:
+    keys = ("samples_s", "mfu", "hfu", "peak_gib", "gen_rows_s", "error")
+    return f"{r['model']}/{r['method']}/{r['data']}/{r['setup']}: " + ", ".join(
+        f"{k}={r[k]:.3g}" if isinstance(r[k], float) else f"{k}={r[k]}" for k in keys if k in r
+    )
 
 
 if __name__ == "__main__":

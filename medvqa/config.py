@@ -212,8 +212,8 @@ _RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("data.eval_batch_size", _at_least(1), "needs a whole number >= 1 (data.eval_batch_size=64)"),
     (
         "data.num_workers",
-        _at_least(0),
-        "needs a whole number >= 0 (data.num_workers=0: no workers)",
+        _at_least(0, None),
+        "needs a whole number >= 0 (data.num_workers=0: no workers), or null (from the cores)",
     ),
     (
         "trainer.max_epochs",
@@ -261,6 +261,12 @@ _RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
         "needs a whole number of batches >= 1, a fraction of an epoch in (0.0, 1.0], or null",
     ),
     ("model.max_new_tokens", _at_least(1), "needs a whole number >= 1 (model.max_new_tokens=16)"),
+    (
+        "model.gradient_checkpointing",
+        lambda v: isinstance(v, bool) or _at_least(1)(v) or v == "auto",
+        "needs true (every decoder layer), false, a whole number n >= 1 (every n-th layer) "
+        "or auto (the least that fits the GPU)",
+    ),
     ("peft.lr", _positive_number, "needs a learning rate > 0 (e.g. peft.lr=3e-4)"),
     ("peft.projector_lr", _non_negative_number, "needs a learning rate >= 0"),
     ("peft.weight_decay", _non_negative_number, "needs a number >= 0"),

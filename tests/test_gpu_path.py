@@ -7,13 +7,21 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from medvqa.evaluation import generation
 from medvqa.evaluation.generation import generate_predictions
 from medvqa.models.loading import load_vlm
 from medvqa.record import read_record
-from medvqa.training.strategies import DeepSpeedStrategy, is_deepspeed, prediction_strategy
+from medvqa.training.strategies import (
+    DeepSpeedStrategy,
+    ResidentDDP,
+    ResidentSingleDevice,
+    is_deepspeed,
+    prediction_strategy,
+    resident,
+)
 from tests.conftest import SMALL, compose, run_main
 
 pytest.importorskip("deepspeed", reason="deepspeed is in the dev extra")
@@ -31,13 +39,31 @@ def test_deepspeed_is_recognised_in_every_form() -> None:
     assert is_deepspeed({"_target_": "lightning.pytorch.strategies.DeepSpeedStrategy"})
     assert not is_deepspeed("ddp") and not is_deepspeed("auto")
     assert not is_deepspeed({"_target_": "lightning.pytorch.strategies.DDPStrategy"})
-    assert prediction_strategy("deepspeed_stage_2", devices=-1) == "ddp"
-    assert prediction_strategy("deepspeed_stage_2", devices=4) == "ddp"
-    assert prediction_strategy("deepspeed_stage_2", devices=1, num_nodes=2) == "ddp"
-    assert prediction_strategy("deepspeed_stage_2", devices=1) == "auto"
+    # Generation under DeepSpeed: DDP, or one device; both keep the model on its device.
+    for devices, nodes in ((-1, 1), (4, 1), (1, 2)):
+        ddp = prediction_strategy("deepspeed_stage_2", devices=devices, num_nodes=nodes)
+        assert isinstance(ddp, ResidentDDP)
+    single = prediction_strategy("deepspeed_stage_2", devices=1, accelerator="gpu")
+    assert isinstance(single, ResidentSingleDevice) and single.root_device.type == "cuda"
     assert (
         prediction_strategy("ddp_find_unused_parameters_true") == "ddp_find_unused_parameters_true"
     )
+
+
+def test_a_jobs_trainers_keep_the_model_on_its_devices() -> None:
+    """ "auto" and "ddp" become their resident twins (the model stays on the device between the
+    job's Trainers); the GPU index of a one-device trainer is kept; anything else is left."""
+    assert isinstance(resident("auto", "gpu", 2), ResidentDDP)
+    assert isinstance(resident("ddp", "cpu", 1), ResidentDDP)
+    assert isinstance(resident("auto", "cpu", 1, num_nodes=2), ResidentDDP)
+    assert resident("auto", "gpu", [3]).root_device == torch.device("cuda", 3)
+    assert resident("auto", "cuda", "1,").root_device == torch.device("cuda", 1)
+    assert resident("auto", "gpu", 1).root_device == torch.device("cuda", 0)
+    assert resident("auto", "cpu", 1).root_device == torch.device("cpu")
+    assert resident("auto", "gpu", -1) == "auto"  # how many: known only where it runs
+    assert resident("fsdp", "gpu", 2) == "fsdp"
+    spec = {"_target_": "medvqa.training.strategies.DeepSpeedStrategy"}
+    assert resident(spec, "gpu", 4) is spec
 
 
 def test_the_shipped_deepspeed_trainer_reduces_and_accumulates_gradients_in_fp32() -> None:

@@ -14,6 +14,7 @@ import pytest
 from medvqa.planning.memory import (
     CUDA_RESERVE_GIB,
     GIB,
+    LABELLED_TOKENS,
     LOSS_BYTES_PER_LOGIT,
     TEXT_TOKENS,
     ZERO_ALLGATHER_BUCKET,
@@ -81,8 +82,10 @@ def test_the_architecture_is_counted_by_hand() -> None:
 
 
 def test_lora_on_one_gpu_equals_a_hand_computation(plan_cache: Path) -> None:
-    """The preset (checkpointing on), batch 16, one 80 GB GPU."""
-    plan = _plan(["peft=lora", "trainer=gpu"], plan_cache, gpu_gib=79.2)
+    """Checkpointing every layer, batch 16, one 80 GB GPU."""
+    plan = _plan(
+        ["peft=lora", "trainer=gpu", "model.gradient_checkpointing=true"], plan_cache, gpu_gib=79.2
+    )
     s = plan.setup
     assert (s.params, s.trainable) == (ALL_PARAMS + LORA, LORA + PROJECTOR)
     assert (s.image_tokens, s.tokens, s.micro_batch, s.checkpointing) == (576, TOKENS, 16, True)
@@ -97,7 +100,8 @@ def test_lora_on_one_gpu_equals_a_hand_computation(plan_cache: Path) -> None:
         "activations": LAYERS * 2 * H * tokens
         + lora_layer_bytes_per_token() * tokens
         + per_forward,
-        "loss": tokens * (VOCAB * LOSS_BYTES_PER_LOGIT + 8 * H),
+        # logits at the answer positions only: 16 rows x (their union: at most 16 x 16)
+        "loss": 16 * min(TOKENS, 16 * LABELLED_TOKENS) * (VOCAB * LOSS_BYTES_PER_LOGIT + 8 * H),
     }
     for term, expected in by_hand.items():
         assert getattr(plan, term) == pytest.approx(expected, rel=0.10), term
@@ -106,6 +110,27 @@ def test_lora_on_one_gpu_equals_a_hand_computation(plan_cache: Path) -> None:
     assert plan.fits and plan.training < 40 * GIB
     # the measured layer is the hand count (the LoRA layer's saved tensors, exactly)
     assert s.layer.per_token == pytest.approx(lora_layer_bytes_per_token(), rel=0.01)
+
+
+def test_auto_checkpointing_is_the_least_that_fits_and_is_counted_by_hand(
+    plan_cache: Path,
+) -> None:
+    """`model.gradient_checkpointing=auto` (the presets): off where it fits, else every 4th,
+    every 2nd, every layer; a layer not checkpointed keeps all its activations."""
+    chosen = {
+        gib: _plan(["peft=lora", "trainer=gpu"], plan_cache, gpu_gib=gib).setup.checkpoint_every
+        for gib in (40.0, 79.2, 141.0, 400.0)
+    }
+    # The layer measured on the CPU (365 KiB/token; 251 on an H100, where a GPU machine measures
+    # it): every layer on 80 GB, every 4th on an H200's 141 GB, none on 400 GB.
+    assert chosen == {40.0: 1, 79.2: 1, 141.0: 4, 400.0: 0}, chosen
+    plan = _plan(["peft=lora", "trainer=gpu", "model.gradient_checkpointing=4"], plan_cache)
+    s = plan.setup
+    assert (s.checkpoint_every, s.checkpointed_layers) == (4, LAYERS // 4)
+    tokens = 16 * TOKENS
+    full_layer = lora_layer_bytes_per_token() * tokens + 2 * R * LORA_IN_OUT
+    by_hand = (LAYERS - 8) * full_layer + 8 * 2 * H * tokens + full_layer
+    assert plan.activations == pytest.approx(by_hand, rel=0.10)
 
 
 def test_lora_without_checkpointing_at_batch_16_is_refused_with_the_fixes(plan_cache: Path) -> None:

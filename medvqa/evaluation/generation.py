@@ -38,7 +38,7 @@ from medvqa.hashing import Hasher
 from medvqa.interrupts import stage
 from medvqa.models.prompting import PLAIN, PromptTemplate
 from medvqa.models.saving import weights_fingerprint
-from medvqa.training.datamodule import META_KEY, VQADataset, make_loader
+from medvqa.training.datamodule import META_KEY, VQADataset, loader_options, make_loader
 from medvqa.training.strategies import prediction_strategy
 
 log = logging.getLogger(__name__)
@@ -186,7 +186,7 @@ class GenerationData(L.LightningDataModule):
         model_id: str,
         batch_size: int,
         image_mode: str = "image",
-        num_workers: int = 0,
+        num_workers: int | None = 0,
         prompt: PromptTemplate = PLAIN,
     ) -> None:
         super().__init__()
@@ -231,7 +231,7 @@ class GenerationData(L.LightningDataModule):
             self.batch_size,
             shuffle=False,
             padding_side="left",
-            num_workers=self.num_workers,
+            **loader_options(self.trainer, self.num_workers),
         )
 
     def records(self, answers: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
@@ -291,7 +291,10 @@ def prediction_trainer(trainer_cfg: Any = None) -> L.Trainer:
     options = OmegaConf.to_container(OmegaConf.create(trainer_cfg), resolve=True)
     assert isinstance(options, dict)
     options["strategy"] = prediction_strategy(
-        options.get("strategy", "auto"), options.get("devices", 1), options.get("num_nodes", 1)
+        options.get("strategy", "auto"),
+        options.get("devices", 1),
+        options.get("num_nodes", 1),
+        options.get("accelerator", "cpu"),
     )
     return instantiate(options, **fixed)
 
@@ -307,7 +310,7 @@ def generate_predictions(
     max_new_tokens: int = 16,
     image_mode: str = "image",
     trainer_cfg: Any = None,
-    num_workers: int = 0,
+    num_workers: int | None = 0,
     model_id: str | None = None,
     prompt: PromptTemplate = PLAIN,
 ) -> pd.DataFrame | None:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -199,8 +200,28 @@ def cast_trainable(model: torch.nn.Module, dtype: torch.dtype) -> int:
     return changed
 
 
-def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
-    """Recompute activations in the backward pass (non-reentrant `torch.utils.checkpoint`).
+AUTO = "auto"
+
+
+def checkpoint_every(setting: Any) -> int | None:
+    """`model.gradient_checkpointing` as the decoder layers to checkpoint: 0 (false: none), n
+    (every n-th layer; true: 1, every layer), or None for "auto" (the least that fits the GPU,
+    decided by the memory plan before the fit: `tasks.plan.check_fits`)."""
+    if isinstance(setting, bool):
+        return int(setting)
+    if isinstance(setting, str) and setting.strip().lower() == AUTO:
+        return None
+    if isinstance(setting, int) and setting >= 0:
+        return setting
+    raise ValueError(
+        f"model.gradient_checkpointing={setting!r}: choose true (every decoder layer), false, "
+        f"a whole number n >= 1 (every n-th layer), or {AUTO} (the least that fits the GPU)"
+    )
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module, every_n_layers: int = 1) -> None:
+    """Recompute activations in the backward pass (non-reentrant `torch.utils.checkpoint`), of
+    every `every_n_layers`-th decoder layer (1: all; the others keep their activations).
 
     Call it after `apply_method`, before fitting (prompt tuning may replace the embedding
     module). Non-reentrant checkpointing back-propagates into the adapters of a checkpointed
@@ -213,8 +234,44 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
     kwargs = {"use_reentrant": False}
     # transformers renamed it; gradient_checkpointing_enable is the deprecated alias.
     if hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    else:
+        model.activation_checkpointing_enable(
+            activation_checkpointing_kwargs=kwargs, every_n_layers=every_n_layers
+        )
+    elif every_n_layers == 1:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    else:
+        raise RuntimeError(
+            "checkpointing every n-th layer needs transformers' activation_checkpointing_enable "
+            "(5.23 or later)"
+        )
     model.disable_input_require_grads()
-    log.info("gradient checkpointing on (non-reentrant)")
+    log.info("gradient checkpointing on (non-reentrant, every %d layer(s))", every_n_layers)
+
+
+def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """The language model's decoder layers (through peft's wrapper)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.get_decoder().layers
+
+
+@contextmanager
+def compiled_decoder_layers(model: torch.nn.Module, enabled: bool = True) -> Iterator[None]:
+    """`torch.compile` each decoder layer while the block runs (`model.compile_layers`), eager
+    again after it: generation's growing KV cache would recompile them at every length.
+
+    The layers share their code, so they share their compiled graphs (parameters are inputs);
+    shapes are dynamic, as sequence lengths vary from batch to batch. The first steps compile
+    (tens of seconds on a GPU).
+    """
+    if not enabled:
+        yield
+        return
+    layers = decoder_layers(model)
+    for layer in layers:
+        layer.compile(dynamic=True)
+    log.info("torch.compile: %d decoder layers", len(layers))
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer._compiled_call_impl = None  # where nn.Module.compile keeps the compiled call

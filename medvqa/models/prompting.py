@@ -171,9 +171,14 @@ def answer_text(
     answer: str,
     with_image: bool = True,
     system: str | None = None,
+    prompt: str | None = None,
 ) -> str:
-    """What the template renders after the generation prompt for `answer` (incl. end marker)."""
-    prompt = prompt_text(processor, question, with_image, system)
+    """What the template renders after the generation prompt for `answer` (incl. end marker).
+
+    `prompt`: `prompt_text` of the same arguments, when the caller has it already (the
+    template is then rendered once more, not twice)."""
+    if prompt is None:
+        prompt = prompt_text(processor, question, with_image, system)
     messages = [
         *build_messages(virtual_prefix(processor) + question, with_image, system),
         {"role": "assistant", "content": [{"type": "text", "text": answer}]},
@@ -212,7 +217,7 @@ def encode(
     out: dict[str, torch.Tensor] = {"input_ids": input_ids[0]}
     out.update({k: v[0] for k, v in per_token.items()})
     if answer is not None:
-        suffix = answer_text(processor, question, answer, image is not None, system)
+        suffix = answer_text(processor, question, answer, image is not None, system, prompt=text)
         ans = processor.tokenizer(suffix, add_special_tokens=False, return_tensors="pt")
         ans_ids = ans["input_ids"][0]
         out["input_ids"] = torch.cat([out["input_ids"], ans_ids])

@@ -37,8 +37,15 @@ class ModelSchema:
     # "flash_attention_2" (needs the flash-attn package and a CUDA GPU) or "eager".
     attn_implementation: str = "sdpa"
     # Recompute activations in the backward pass: far less activation memory for a 7B model,
-    # for about one extra forward pass per step.
-    gradient_checkpointing: bool = False
+    # for about one extra forward pass per step. true (every decoder layer), false, n (every
+    # n-th layer: the others keep their activations), or auto (on a GPU, the least the memory
+    # plan finds to fit, off / every 4th / 2nd / every layer; elsewhere every layer).
+    gradient_checkpointing: Any = False
+    # torch.compile the language model's decoder layers for the fit (not for generation): fused
+    # elementwise kernels (norms, activations, the adapters' casts); the first steps compile.
+    # Compiled dropout draws its masks from another generator: reproducible, but other numbers
+    # than an eager run's.
+    compile_layers: bool = False
     # A named chat template (medvqa.models.prompting.CHAT_TEMPLATES, e.g. llava_med) replacing
     # the processor's own, for checkpoints saved without the one the model was trained with.
     chat_template: str | None = None

@@ -67,6 +67,7 @@ def measure_layer(
     dtype: torch.dtype = torch.bfloat16,
     trainable_dtype: torch.dtype = torch.float32,
     autocast: torch.dtype | None = torch.bfloat16,
+    device: torch.device | str = "cpu",
 ) -> LayerActivations:
     """Measure one decoder layer of `config`'s language model on the CPU, under autocast to
     `autocast` (the trainer's mixed precision; None: none, e.g. "32-true").
@@ -84,7 +85,9 @@ def measure_layer(
             from peft import inject_adapter_in_model
 
             model = inject_adapter_in_model(copy.deepcopy(adapter), model)
-    model.to_empty(device="cpu")  # uninitialised: which tensors are saved does not need values
+    # Uninitialised: which tensors are saved does not need values. On a GPU the attention kernel
+    # (and so what it saves) may differ: benchmarks/gpu.py measures there with the same code.
+    model.to_empty(device=device)
     for name, param in model.named_parameters():
         trained = train_weights or (adapter is not None and _is_adapter(name))
         param.requires_grad_(trained)
@@ -138,11 +141,14 @@ def _saved_bytes(
         layer.register_forward_pre_hook(lambda *_: inside.__setitem__(0, True)),
         layer.register_forward_hook(lambda *_: inside.__setitem__(0, False)),
     ]
-    embeds = torch.zeros(1, tokens, hidden, dtype=dtype, requires_grad=True)
-    mask = torch.ones(1, tokens, dtype=torch.long)
+    device = next(model.parameters()).device
+    embeds = torch.zeros(1, tokens, hidden, dtype=dtype, device=device, requires_grad=True)
+    mask = torch.ones(1, tokens, dtype=torch.long, device=device)
     try:
         with (
-            torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None),
+            torch.autocast(
+                device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None
+            ),
             torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor),
         ):
             model(inputs_embeds=embeds, attention_mask=mask, use_cache=False)

@@ -11,14 +11,16 @@ it into a `Plan`. The terms, per GPU, for a step of training:
 - optimizer: AdamW's two moments in float32 (ZeRO-2: 1/N of them and of its fp32 master copy;
   offloaded to the host with `offload_optimizer`);
 - activations: micro-batch x tokens x (layers x measured bytes per token per layer) plus the
-  per-forward part (autocast's weight copies), or under checkpointing each layer's input hidden
-  state plus one layer recomputed; and the loss: float32 logits over the whole vocabulary at
-  every position (transformers' causal-LM loss upcasts them), with their gradient;
+  per-forward part (autocast's weight copies), or for a checkpointed layer its input hidden
+  state, plus one layer recomputed at a time (checkpointing every n-th layer: the others keep
+  everything); and the loss: float32 logits over the whole vocabulary at
+  the positions that predict a label (`training.module.causal_lm_loss`: the union over the
+  micro-batch of each row's answer positions), with their gradient;
 - a fixed reserve for the CUDA context, cuBLAS and NCCL workspaces and allocator slack.
 
 Generation needs the weights, the KV cache of `eval_batch` sequences and one layer's prefill.
-The host holds each rank's copy of the model as loaded (every rank loads it on the CPU, and
-Lightning moves the module back there after each Trainer) plus a process's libraries.
+The host holds each rank's copy of the model as loaded (every rank loads it on the CPU before its
+first Trainer moves it to the GPU) plus a process's libraries.
 The reserve and per-process figures are estimates; every other term is counted.
 """
 
@@ -49,6 +51,9 @@ ZERO_ALLGATHER_BUCKET = 200_000_000
 # A change the plan suggests must leave this share of the GPU unused: the estimate's reserve
 # and per-process terms are not measured, and the allocator fragments.
 SUGGESTED_SHARE = 0.9
+# Labelled (answer) tokens per sample the plan assumes: the loss projects onto the vocabulary the
+# union over a micro-batch of the rows' answer positions (SLAKE's answers: ~5 tokens).
+LABELLED_TOKENS = 16
 # Bytes per element of transformers' causal-LM loss per vocabulary entry and token at its peak:
 # bf16 logits (kept in the output), their float32 upcast, log-softmax's saved float32 output and
 # the float32 gradient coming back (ForCausalLMLoss: logits.float(), cross_entropy).
@@ -79,12 +84,21 @@ class Setup:
     accumulate: int
     eval_batch: int
     max_new_tokens: int
-    checkpointing: bool
+    checkpoint_every: int  # 0: no gradient checkpointing; n: every n-th decoder layer (1: all)
     strategy: str  # "single", "ddp" or "zero2"
     devices: int  # per node
     nodes: int = 1
     offload_optimizer: bool = False
     gpu_gib: float = DEFAULT_GPU_GIB
+
+    @property
+    def checkpointing(self) -> bool:
+        return self.checkpoint_every > 0
+
+    @property
+    def checkpointed_layers(self) -> int:
+        """Layers that keep only their input (transformers checkpoints layer i if i % n == 0)."""
+        return math.ceil(self.layers / self.checkpoint_every) if self.checkpointing else 0
 
     @property
     def world_size(self) -> int:
@@ -152,17 +166,19 @@ def estimate(s: Setup) -> Plan:
     tokens = s.micro_batch * s.tokens
     layer = s.layer
     full_layer = layer.per_token * tokens + layer.per_forward
-    if s.checkpointing:
-        activations = s.layers * layer.hidden_bytes * tokens + full_layer
-    else:
-        activations = s.layers * full_layer
-    loss = tokens * (s.vocab * LOSS_BYTES_PER_LOGIT + s.hidden * 8)
+    kept = s.checkpointed_layers
+    activations = (s.layers - kept) * full_layer + kept * layer.hidden_bytes * tokens
+    if kept:
+        activations += full_layer  # the layer being recomputed
+    positions = s.micro_batch * min(s.tokens, s.micro_batch * LABELLED_TOKENS)
+    loss = positions * (s.vocab * LOSS_BYTES_PER_LOGIT + s.hidden * 8)
     reserve = CUDA_RESERVE_GIB * GIB
     generation = _generation(s) + reserve
     host = s.params * s.dtype_bytes + s.trainable * max(0, s.trainable_bytes - s.dtype_bytes)
-    # Lightning's teardown moves the optimizer's state to the CPU after each fit: AdamW's
-    # moments (under ZeRO-2 this rank's share; its fp32 master copy stays where it is).
-    host += optimizer if not sharded else s.trainable * 8 / s.world_size
+    # Lightning's DeepSpeed teardown moves this rank's share of AdamW's moments to the CPU after
+    # the fit (its fp32 master copy stays where it is); the other strategies keep the model and
+    # the optimizer's state on the GPU (`training.strategies.KeepOnDevice`).
+    host += s.trainable * 8 / s.world_size if sharded else 0.0
     host += HOST_PROCESS_GIB * GIB
     return Plan(s, weights, gradients, optimizer, activations, loss, reserve, generation, host)
 
@@ -200,9 +216,9 @@ def fixes(s: Setup, max_devices: int = 8, max_nodes: int = 4) -> list[Fix]:
             found.append(Fix(what, tuple(overrides), plan))
         return _comfortable(plan)
 
-    ckpt = dataclasses.replace(s, checkpointing=True)
-    ckpt_override = [] if s.checkpointing else ["model.gradient_checkpointing=true"]
-    if not s.checkpointing:
+    ckpt = dataclasses.replace(s, checkpoint_every=1)
+    ckpt_override = [] if s.checkpoint_every == 1 else ["model.gradient_checkpointing=true"]
+    if s.checkpoint_every != 1:
         consider("gradient checkpointing", ckpt_override, ckpt)
     for base, extra in ((s, []), (ckpt, ckpt_override)):
         for micro in _smaller(base.micro_batch):
@@ -233,6 +249,25 @@ def fixes(s: Setup, max_devices: int = 8, max_nodes: int = 4) -> list[Fix]:
         )
         consider(what, [*ckpt_override, *overrides], setup)
     return found
+
+
+# What `model.gradient_checkpointing=auto` tries, least recompute first: off, every 4th, every
+# 2nd, every layer (benchmarks/gpu.py: LLaVA-Med LoRA at batch 16 on an H100 trains 10.7
+# samples/s checkpointing every layer, 12.7 every 2nd).
+AUTO_CHECKPOINTING = (0, 4, 2, 1)
+
+
+def checkpointing_label(every: int) -> str:
+    return {0: "off", 1: "on"}.get(every, f"every {every} layers")
+
+
+def least_checkpointing(s: Setup) -> int:
+    """The least checkpointing (`AUTO_CHECKPOINTING`) with which `s` fits with
+    `SUGGESTED_SHARE` of the GPU; every layer (1) where none does (the plan then refuses it)."""
+    for every in AUTO_CHECKPOINTING:
+        if _comfortable(estimate(dataclasses.replace(s, checkpoint_every=every))):
+            return every
+    return 1
 
 
 def _comfortable(plan: Plan) -> bool:

@@ -21,7 +21,16 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
-from medvqa.planning.memory import GIB, TEXT_TOKENS, Plan, describe, estimate, fixes, headline
+from medvqa.planning.memory import (
+    GIB,
+    TEXT_TOKENS,
+    Plan,
+    checkpointing_label,
+    describe,
+    estimate,
+    fixes,
+    headline,
+)
 from medvqa.planning.memory import refusal as refusal_text
 from medvqa.planning.setup import PlanError, build_setup
 from medvqa.tracking import log_metrics
@@ -54,23 +63,26 @@ def plan(
     return metrics
 
 
-def check_fits(cfg: DictConfig) -> None:
+def check_fits(cfg: DictConfig) -> int | None:
     """The pre-flight check `train_eval` runs on CUDA before loading anything: refuse a run the
-    plan says cannot fit on this machine's GPUs. A model whose architecture is unknown offline
-    (no local checkpoint, no shipped config) is let through with a warning."""
+    plan says cannot fit on this machine's GPUs; return the checkpointing it planned with (for
+    `model.gradient_checkpointing=auto`, the least that fits). A model whose architecture is
+    unknown offline (no local checkpoint, no shipped config) is let through with a warning
+    (None)."""
     from medvqa.models.architectures import UnknownArchitectureError
 
     try:
         result = estimate(build_setup(cfg))
     except UnknownArchitectureError as err:
         log.warning("memory pre-flight skipped: %s", err)
-        return
+        return None
     if not result.fits:
         raise PlanError(
             refusal_text(result, fixes(result.setup))
             + "\n(task=plan prints the whole plan; task.check_memory=false skips this check.)"
         )
     log.info("memory pre-flight: %s", headline(result))
+    return result.setup.checkpoint_every
 
 
 def print_plan(result: Plan, console: Console | None = None) -> None:
@@ -96,7 +108,7 @@ def print_plan(result: Plan, console: Console | None = None) -> None:
             "activations",
             result.activations,
             f"micro-batch {s.micro_batch} x {s.tokens} tokens ({s.image_tokens} image), "
-            f"{s.layers} layers, checkpointing {'on' if s.checkpointing else 'off'}",
+            f"{s.layers} layers, checkpointing {checkpointing_label(s.checkpoint_every)}",
         ),
         ("loss", result.loss, f"float32 logits over {s.vocab} entries"),
         ("reserve", result.reserve, "CUDA context, workspaces (estimate)"),

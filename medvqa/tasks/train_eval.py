@@ -22,7 +22,13 @@ from medvqa.evaluation.generation import generate_splits
 from medvqa.evaluation.lengths import generation_length
 from medvqa.evaluation.scoring import Scoring, prefixed, scores_path, split_metrics
 from medvqa.interrupts import stage
-from medvqa.models.adapters import apply_method, build_adapter_config, enable_gradient_checkpointing
+from medvqa.models.adapters import (
+    apply_method,
+    build_adapter_config,
+    checkpoint_every,
+    compiled_decoder_layers,
+    enable_gradient_checkpointing,
+)
 from medvqa.models.loading import load_vlm, roles
 from medvqa.models.saving import load_trainable, save_trainable, trained_before
 from medvqa.provenance import add_metrics, add_model
@@ -34,7 +40,7 @@ from medvqa.training.checkpoints import AtomicCheckpointIO, set_aside_stale
 from medvqa.training.datamodule import VQADataModule
 from medvqa.training.hardware import check_precision, check_trainer
 from medvqa.training.module import VQAModule
-from medvqa.training.strategies import is_deepspeed
+from medvqa.training.strategies import is_deepspeed, resident
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +94,9 @@ def train_eval(
     if tuned:  # before any data or model is loaded
         check_trainer(cfg.trainer)
         check_precision(cfg.trainer, cfg.model)
+    planned = None  # the plan's checkpointing (model.gradient_checkpointing=auto decides there)
     if fit and check_memory and str(cfg.trainer.accelerator) in GPU_ACCELERATORS:
-        check_fits(cfg)  # the memory plan (task=plan) says it fits this machine's GPUs
+        planned = check_fits(cfg)  # the memory plan (task=plan) says it fits this machine's GPUs
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
     roles_ = roles(cfg.model)
     build_adapter_config(cfg.peft.adapter, cfg.peft.adapter_scope, roles_)  # fail fast on typos
@@ -111,7 +118,7 @@ def train_eval(
             batch_size=int(cfg.data.eval_batch_size),
             max_new_tokens=generation_length(cfg.model, source),
             trainer_cfg=cfg.trainer,
-            num_workers=int(cfg.data.num_workers),
+            num_workers=cfg.data.num_workers,
             prompt=prompt,
         )
         shared = Path(cfg.paths.cache_dir) / SHARED_PREDICTIONS
@@ -150,7 +157,16 @@ def train_eval(
             global_step = int(previous["global_step"])
         elif fit:
             global_step = _fit(
-                cfg, model, roles_, processor, splits.frames, source, prompt, out_dir, loggers
+                cfg,
+                model,
+                roles_,
+                processor,
+                splits.frames,
+                source,
+                prompt,
+                out_dir,
+                loggers,
+                planned,
             )
             if is_global_zero():
                 save_trainable(
@@ -205,10 +221,16 @@ def _fit(
     prompt: Any,
     out_dir: Path,
     loggers: Sequence[Logger],
+    planned: int | None = None,
 ) -> int:
-    """Fine-tune `model` in place (resuming from `cfg.ckpt_path`); returns the optimiser steps."""
-    if cfg.model.gradient_checkpointing:
-        enable_gradient_checkpointing(model)
+    """Fine-tune `model` in place (resuming from `cfg.ckpt_path`); returns the optimiser steps.
+    `planned`: the checkpointing the memory plan chose (None: it did not run)."""
+    every = checkpoint_every(cfg.model.gradient_checkpointing)
+    if every is None:  # auto: the plan's choice, or every layer where no plan ran
+        every = 1 if planned is None else planned
+        log.info("gradient checkpointing (auto): %s", "off" if not every else f"every {every}")
+    if every:
+        enable_gradient_checkpointing(model, every_n_layers=every)
     module = VQAModule.for_method(model, cfg.peft, roles_["projector"])
     datamodule = VQADataModule(
         frames,
@@ -216,7 +238,7 @@ def _fit(
         processor,
         batch_size=int(cfg.data.batch_size),
         eval_batch_size=int(cfg.data.eval_batch_size),
-        num_workers=int(cfg.data.num_workers),
+        num_workers=cfg.data.num_workers,
         seed=int(cfg.seed),
         image_mode=str(cfg.data.train_image),
         prompt=prompt,
@@ -226,11 +248,20 @@ def _fit(
         set_aside_stale(callbacks, cfg.ckpt_path)
     trainer: L.Trainer = instantiate(
         cfg.trainer,
+        strategy=resident(
+            cfg.trainer.strategy,
+            cfg.trainer.accelerator,
+            cfg.trainer.devices,
+            cfg.trainer.num_nodes,
+        ),
         logger=list(loggers) or False,
         callbacks=callbacks,
         default_root_dir=str(out_dir),
         plugins=[AtomicCheckpointIO()],  # DeepSpeed writes its own (atomically: strategies.py)
     )
-    with stage("fit", trainer):
+    with (
+        stage("fit", trainer),
+        compiled_decoder_layers(model, bool(cfg.model.compile_layers)),
+    ):
         trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
     return int(trainer.global_step)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Iterator, Mapping
 from functools import partial
 from typing import Any
@@ -31,6 +32,36 @@ log = logging.getLogger(__name__)
 
 META_KEY = "record_ids"
 IMAGE_MODES = ("image", "none", "blank")
+# `data.num_workers=null` gives a GPU rank at most this many loader processes (one core each).
+MAX_AUTO_WORKERS = 8
+
+
+def auto_workers(trainer: L.Trainer | None) -> int:
+    """Loader processes for one rank when `data.num_workers` is null: none on a CPU trainer (the
+    model's own threads use every core), else the cores this rank may use less one for the rank
+    itself, at most MAX_AUTO_WORKERS. The cores are the process's CPU affinity (SLURM's
+    cpus_per_task, a cgroup or taskset limit) shared by the ranks on this machine."""
+    if trainer is None or not is_gpu(trainer):
+        return 0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    per_rank = min(cores or 1, (os.cpu_count() or 1) // max(1, trainer.num_devices))
+    slurm = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    if slurm.isdigit():
+        per_rank = min(per_rank, int(slurm))
+    return max(0, min(MAX_AUTO_WORKERS, per_rank - 1))
+
+
+def is_gpu(trainer: L.Trainer | None) -> bool:
+    """Whether the trainer's accelerator is a GPU (batches then go through pinned memory)."""
+    return trainer is not None and trainer.accelerator.__class__.__name__ != "CPUAccelerator"
+
+
+def loader_options(trainer: L.Trainer | None, num_workers: int | None) -> dict[str, Any]:
+    """`make_loader`'s per-machine options for a loader built under `trainer`: the worker count
+    (`num_workers`, or `auto_workers` for None) and page-locked batches on a GPU, which the
+    host-to-device copy then reads without staging them."""
+    workers = auto_workers(trainer) if num_workers is None else int(num_workers)
+    return {"num_workers": workers, "pin_memory": is_gpu(trainer)}
 
 
 class VQADataset(Dataset):
@@ -234,6 +265,7 @@ def make_loader(
     shuffle: bool,
     padding_side: str,
     num_workers: int = 0,
+    pin_memory: bool = False,
     seed: int = 0,
     num_replicas: int = 1,
     rank: int = 0,
@@ -254,6 +286,7 @@ def make_loader(
         "generator": torch.Generator().manual_seed(seed),
         "num_workers": num_workers,
         "persistent_workers": num_workers > 0,
+        "pin_memory": pin_memory,
         "collate_fn": partial(collate, pad_token_id=pad_id, padding_side=padding_side),
     }
     if shuffle:
@@ -272,7 +305,7 @@ class VQADataModule(L.LightningDataModule):
         processor: Any,
         batch_size: int = DataSchema.batch_size,
         eval_batch_size: int = DataSchema.eval_batch_size,
-        num_workers: int = DataSchema.num_workers,
+        num_workers: int | None = DataSchema.num_workers,
         seed: int = 0,
         image_mode: str = "image",
         prompt: PromptTemplate = PLAIN,
@@ -350,8 +383,8 @@ class VQADataModule(L.LightningDataModule):
             self.batch_size,
             shuffle=True,
             padding_side="right",
-            num_workers=self.num_workers,
             seed=self.seed,
+            **loader_options(self.trainer, self.num_workers),
             **(shares or {}),
         )
         assert isinstance(loader, ResumableLoader)
@@ -365,5 +398,5 @@ class VQADataModule(L.LightningDataModule):
             self.eval_batch_size,
             shuffle=False,
             padding_side="right",
-            num_workers=self.num_workers,
+            **loader_options(self.trainer, self.num_workers),
         )

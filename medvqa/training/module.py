@@ -2,16 +2,63 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any
 
 import lightning as L
 import torch
+import torch.nn.functional as F
 from transformers import get_cosine_schedule_with_warmup
 
 from medvqa.models.adapters import role_parameters
+from medvqa.models.prompting import IGNORE_INDEX
 from medvqa.training.datamodule import META_KEY
 from medvqa.training.spec import PeftSchema
+
+# Training steps between two checks that the loss stayed finite: each check reads a flag back
+# from the GPU (and reduces it over the ranks), which stalls the host until the GPU has caught up.
+FINITE_CHECK_EVERY = 32
+NO_STEP = 2**62  # "no non-finite loss yet", the identity of the ranks' min-reduction
+# Devices AdamW runs its fused kernel on (tests add "cpu", where torch has one too, to run the
+# GPU path's optimizer and clipping; CPU runs keep the foreach kernel their figures came from).
+FUSED_DEVICES: tuple[str, ...] = ("cuda",)
+
+
+def accepts_logits_to_keep(model: torch.nn.Module) -> bool:
+    """Whether `model`'s forward takes `logits_to_keep` (every transformers causal/VLM head does;
+    peft's wrappers pass keyword arguments through to the model they wrap)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "logits_to_keep" in inspect.signature(base.forward).parameters
+
+
+def causal_lm_loss(model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
+    """transformers' causal-LM loss (mean token cross-entropy of `labels` shifted by one), with
+    the vocabulary projection computed only at the positions that predict a label.
+
+    transformers computes float32 logits over the whole vocabulary at every position (~610 for
+    a LLaVA sample, 576 of them image tokens) for the ~5 answer tokens that carry a label: 3-6 GB
+    per batch, and their gradient, for nothing. `logits_to_keep` (a tensor of positions) makes
+    the model project only the union over the batch of the positions whose next token is a label;
+    the loss is then transformers' own formula on those (equal to float tolerance,
+    tests/test_training_speed.py). A batch without labels, or a model whose forward lacks
+    `logits_to_keep`, gets the model's own loss.
+    """
+    labels = inputs.get("labels")
+    if labels is None or not accepts_logits_to_keep(model):
+        return model(**inputs, use_cache=False).loss
+    targets = labels[:, 1:]  # position p predicts token p + 1 (transformers' shift)
+    keep = (targets != IGNORE_INDEX).any(dim=0).nonzero().squeeze(1)
+    rest = {k: v for k, v in inputs.items() if k != "labels"}
+    logits = model(**rest, logits_to_keep=keep, use_cache=False).logits.float()
+    picked = targets[:, keep]
+    total = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]),
+        picked.reshape(-1).to(logits.device),
+        ignore_index=IGNORE_INDEX,
+        reduction="sum",
+    )
+    return total / (targets != IGNORE_INDEX).sum()
 
 
 class Diverged(RuntimeError):
@@ -46,6 +93,8 @@ class VQAModule(L.LightningModule):
         *,
         projector_lr: float | None,
         projector: str | None = None,
+        label_logits_only: bool = True,
+        check_finite_every: int = FINITE_CHECK_EVERY,
     ) -> None:
         super().__init__()
         if projector_lr is not None and projector is None:
@@ -59,6 +108,13 @@ class VQAModule(L.LightningModule):
         self.warmup_ratio = warmup_ratio
         self.projector_lr = projector_lr
         self.projector = projector
+        # False: transformers' loss from logits at every position (the benchmark's "before").
+        self.label_logits_only = label_logits_only
+        self.check_finite_every = max(1, int(check_finite_every))
+        # On the device: the first optimiser step whose loss was not finite (NO_STEP: none yet)
+        # and that loss; read back only at the checks (`_check_finite`).
+        self._bad_step: torch.Tensor | None = None
+        self._bad_loss: torch.Tensor | None = None
         self.save_hyperparameters(ignore=["model"])
         # Checkpoints hold only the trained weights (the frozen base is reloaded from
         # `model.pretrained`), so loading them must not demand the frozen keys.
@@ -88,17 +144,62 @@ class VQAModule(L.LightningModule):
 
     def _loss(self, batch: dict[str, Any]) -> torch.Tensor:
         inputs = {k: v for k, v in batch.items() if k != META_KEY}
-        return self.model(**inputs).loss
+        if self.label_logits_only:
+            return causal_lm_loss(self.model, inputs)
+        return self.model(**inputs, use_cache=False).loss
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         loss = self._loss(batch)
-        # Every rank takes the same decision: a rank that stopped alone would leave the others
-        # waiting in the gradient all-reduce until the process group times out (30 minutes).
-        finite = bool(torch.isfinite(loss.detach()))
-        if not self.trainer.strategy.reduce_boolean_decision(finite, all=True):
-            raise Diverged(self.global_step, float(loss.detach()))
+        self._note_finite(loss.detach())
+        if self._check_due(batch_idx):
+            self._check_finite()
         self.log("train/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
         return loss
+
+    def _note_finite(self, loss: torch.Tensor) -> None:
+        """Record on the device (no host sync) the first step whose loss is not finite."""
+        if self._bad_step is None or self._bad_step.device != loss.device:
+            self._bad_step = torch.full((), NO_STEP, dtype=torch.long, device=loss.device)
+            self._bad_loss = torch.zeros((), dtype=torch.float32, device=loss.device)
+        first = ~torch.isfinite(loss) & (self._bad_step == NO_STEP)
+        self._bad_step = torch.where(first, self.global_step, self._bad_step)
+        self._bad_loss = torch.where(first, loss.float(), self._bad_loss)
+
+    def _check_due(self, batch_idx: int) -> bool:
+        """Every `check_finite_every` batches, and wherever weights may be kept or training ends:
+        the epoch's last batch, the last step, a step that a checkpoint callback saves after."""
+        trainer = self.trainer
+        if (batch_idx + 1) % self.check_finite_every == 0 or trainer.is_last_batch:
+            return True
+        if 0 < trainer.max_steps <= self.global_step + 1:
+            return True
+        for callback in trainer.checkpoint_callbacks:
+            every = int(getattr(callback, "_every_n_train_steps", 0) or 0)
+            if every and (self.global_step + 1) % every == 0:
+                return True
+        return False
+
+    def _check_finite(self) -> None:
+        """Stop every rank if any rank's loss was not finite since training began.
+
+        Every rank takes the same decision (the earliest bad step over the ranks, one
+        min-reduction): a rank that stopped alone would leave the others waiting in the
+        gradient all-reduce until the process group times out (30 minutes).
+        """
+        if self._bad_step is None:
+            return
+        step = self._bad_step.clone()
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(step, op=torch.distributed.ReduceOp.MIN)
+        first = int(step)
+        if first != NO_STEP:
+            assert self._bad_loss is not None
+            mine = int(self._bad_step) != NO_STEP
+            raise Diverged(first, float(self._bad_loss) if mine else float("nan"))
+
+    def on_validation_start(self) -> None:
+        # Mid-epoch validation (val_check_interval) may be followed by a checkpoint.
+        self._check_finite()
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         loss = self._loss(batch)
@@ -140,10 +241,38 @@ class VQAModule(L.LightningModule):
             return DeepSpeedCPUAdam(
                 groups, lr=self.lr, weight_decay=self.weight_decay, adamw_mode=True
             )
-        fused = all(p.is_cuda for group in groups for p in group["params"])
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        fused = scaler is None and all(
+            p.device.type in FUSED_DEVICES for group in groups for p in group["params"]
+        )
         return torch.optim.AdamW(
             groups, lr=self.lr, weight_decay=self.weight_decay, fused=fused or None
         )
+
+    def configure_gradient_clipping(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        """Clip as Lightning does, also for the fused AdamW.
+
+        Lightning's mixed-precision plugin refuses to clip for any optimizer that can unscale
+        gradients itself (fused AdamW), because under float16 it would clip scaled gradients.
+        Under bfloat16 there is no scaler and nothing to unscale: the gradients are clipped here
+        with the same torch function Lightning calls. (This refusal stopped every training job
+        on a GPU at its first step: `trainer=gpu` clips at 1.0.)
+        """
+        fused = bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        if not gradient_clip_val or not fused or scaler is not None:
+            self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+            return
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        if gradient_clip_algorithm == "value":
+            torch.nn.utils.clip_grad_value_(params, float(gradient_clip_val))
+        else:
+            torch.nn.utils.clip_grad_norm_(params, float(gradient_clip_val))
 
     def configure_optimizers(self) -> dict[str, Any]:
         groups = self.param_groups()

@@ -71,7 +71,10 @@ class DataSchema:
 
     batch_size: int = 16
     eval_batch_size: int = 64
-    num_workers: int = 0
+    # Loader processes per rank; null: from the cores the rank has (SLURM's cpus_per_task, the
+    # machine's shared by the local ranks) less one, at most 8, on a GPU trainer; none on a CPU
+    # one (training.datamodule.auto_workers). Answers and weights do not depend on it.
+    num_workers: int | None = None
     # What the model sees (baselines change these): "image", "none" (no image, no image
     # tokens) or "blank" (a black image of the same size).
     train_image: str = "image"

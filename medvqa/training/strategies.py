@@ -11,15 +11,17 @@ tower then returns no hidden states and generation fails from the second call on
 from __future__ import annotations
 
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 from hydra.utils import get_class
+from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from lightning.pytorch.strategies import DeepSpeedStrategy as LightningDeepSpeed
 
 from medvqa.atomic import replace_dir
-from medvqa.cluster import device_count
+from medvqa.cluster import GPU_ACCELERATORS, device_count
 
 # Floating dtype names DeepSpeed's config accepts for communication and gradient accumulation.
 DEEPSPEED_DTYPES = ("fp32", "bf16", "fp16")
@@ -82,6 +84,67 @@ class DeepSpeedStrategy(LightningDeepSpeed):
         self.barrier("medvqa-checkpoint-renamed")
 
 
+class KeepOnDevice:
+    """A strategy whose teardown leaves the model and the optimizer state on the device.
+
+    Lightning's teardown moves the module and the optimizer state back to the host after every
+    fit and predict. A job runs several Trainers on one model (zero-shot answers, the fit, the
+    tuned answers, the extra image modes): a 7B model crossed the bus 15 GB at a time twice per
+    Trainer, the host kept a full copy (and, after full fine-tuning, the AdamW moments) and the
+    next Trainer moved it all back. With this, the next Trainer finds the model where it is.
+    """
+
+    def teardown(self) -> None:
+        module = self.lightning_module  # type: ignore[attr-defined]
+        self.optimizers = []  # type: ignore[attr-defined]  # (their state stays put; the fit is over)
+        if module is None:
+            super().teardown()  # type: ignore[misc]
+            return
+        module.cpu = lambda: module  # shadows nn.Module.cpu during Lightning's teardown only
+        try:
+            super().teardown()  # type: ignore[misc]
+        finally:
+            del module.cpu
+
+
+class ResidentSingleDevice(KeepOnDevice, SingleDeviceStrategy):
+    """One device; the model stays on it after each Trainer (KeepOnDevice)."""
+
+    @classmethod
+    def on(cls, device: torch.device | str) -> ResidentSingleDevice:
+        return cls(device=torch.device(device))
+
+
+class ResidentDDP(KeepOnDevice, DDPStrategy):
+    """DDP over the run's devices; each rank's model stays on its device after each Trainer."""
+
+
+def resident(strategy: Any, accelerator: Any, devices: Any, num_nodes: Any = 1) -> Any:
+    """The strategy a job's Trainers run under: Lightning's default ("auto") and "ddp" become the
+    same choice that keeps the model on its device (`KeepOnDevice`): one device, or DDP over
+    several (on the CPU too, where two gloo ranks test the GPU path's DDP). Any other strategy,
+    and "auto" with a device count known only where it runs (-1, "auto"), is left to Lightning."""
+    if not isinstance(strategy, str) or strategy not in ("auto", "ddp"):
+        return strategy
+    count = device_count(devices)
+    if strategy == "ddp" or (count or 0) > 1 or int(num_nodes) > 1:
+        return ResidentDDP()
+    if count is None:
+        return strategy
+    gpu = str(accelerator) in GPU_ACCELERATORS
+    index = _device_index(devices) if gpu else None
+    return ResidentSingleDevice.on(torch.device("cuda", index) if gpu else "cpu")
+
+
+def _device_index(devices: Any) -> int:
+    """The GPU index of a one-device `trainer.devices`: [k] or "k," picks GPU k, 1 the first."""
+    if isinstance(devices, str) and "," in devices:
+        return int(next(d for d in devices.split(",") if d.strip()))
+    if isinstance(devices, Sequence) and not isinstance(devices, str):
+        return int(devices[0])
+    return 0
+
+
 def _strategy_class(strategy: Any) -> type | None:
     """The class of a `trainer.strategy` object spec (`_target_`) or instance; None for a
     registry name, or a target that does not import here (the trainer says so when built)."""
@@ -110,10 +173,13 @@ def needs_cuda(strategy: Any) -> bool:
     return is_deepspeed(strategy) and bool(getattr(_strategy_class(strategy), "cuda_only", True))
 
 
-def prediction_strategy(strategy: Any, devices: Any = 1, num_nodes: int = 1) -> Any:
-    """The strategy generation runs under: the run's own, except DeepSpeed, which becomes DDP on
-    the same devices (the process group the fit made is reused; precision stays the run's), or
-    Lightning's single-device default where the run has one device."""
-    if not is_deepspeed(strategy):
-        return strategy
-    return "auto" if device_count(devices) == 1 and int(num_nodes) == 1 else "ddp"
+def prediction_strategy(
+    strategy: Any, devices: Any = 1, num_nodes: int = 1, accelerator: Any = "cpu"
+) -> Any:
+    """The strategy generation runs under: the run's own (`resident`), except DeepSpeed, which
+    becomes DDP on the same devices (the process group the fit made is reused; precision stays
+    the run's), or the single-device one where the run has one device."""
+    if is_deepspeed(strategy):
+        single = device_count(devices) == 1 and int(num_nodes) == 1
+        strategy = "auto" if single else "ddp"
+    return resident(strategy, accelerator, devices, num_nodes)

@@ -1,0 +1,386 @@
+"""The GPU path's speed fixes, shown on the CPU (benchmarks/gpu.py measures them on a GPU).
+
+- the loss from logits at the labelled positions only equals transformers' loss and gradients;
+- training builds no KV cache;
+- fused AdamW clips under bf16 (Lightning refused it: every GPU fit stopped at its first step);
+- the finiteness check reads the device every N steps and still names the first bad step;
+- the single-device strategy leaves the model on its device after a Trainer;
+- the benchmark's FLOP count matches the hand computation for LLaVA-Med's real shapes, and the
+  benchmark script runs end to end on a shrunk shape.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import sys
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+
+from medvqa.models.adapters import apply_method
+from medvqa.models.loading import load_vlm, roles
+from medvqa.training import module as training_module
+from medvqa.training.datamodule import META_KEY, VQADataset, make_loader
+from medvqa.training.module import Diverged, VQAModule, causal_lm_loss
+from medvqa.training.strategies import ResidentSingleDevice
+from tests.conftest import ROOT, compose
+from tests.test_families import model_cfg
+
+
+def _quiet_trainer(**kwargs) -> L.Trainer:
+    options = {
+        "accelerator": "cpu",
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+    }
+    return L.Trainer(**{**options, **kwargs})
+
+
+@pytest.fixture(scope="module")
+def source(cache_dir: Path):
+    from medvqa.data.sources.synthetic import SyntheticVQA
+
+    return SyntheticVQA(cache_dir, n_cases=6, image_size=32, questions_per_image=2)
+
+
+def _batch(processor, source, rows: int = 4) -> dict:
+    dataset = VQADataset(source.table().head(rows), source, processor, with_answer=True)
+    loader = make_loader(dataset, rows, shuffle=False, padding_side="right")
+    batch = next(iter(loader))
+    batch.pop(META_KEY)
+    return batch
+
+
+@pytest.mark.parametrize("name", ["llava_med", "qwen2_vl", "medgemma", "smolvlm", "paligemma"])
+def test_label_position_loss_equals_the_full_loss_and_its_gradients(
+    name: str, cache_dir: Path, source
+) -> None:
+    cfg = compose(["peft=lora"], cache_dir)
+    spec = model_cfg(name, cache_dir)
+    model, processor = load_vlm(spec)
+    model = apply_method(model, cfg.peft, roles(spec), processor)
+    model.train()
+    batch = _batch(processor, source)
+    # Labels sit at different positions per row (answers and questions differ in length).
+    assert len({int((row != -100).nonzero()[0]) for row in batch["labels"]}) > 1
+
+    def loss_and_grads(full: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        model.zero_grad()
+        torch.manual_seed(0)  # the same dropout masks for both
+        loss = model(**batch).loss if full else causal_lm_loss(model, dict(batch))
+        loss.backward()
+        grads = [p.grad.clone() for p in model.parameters() if p.requires_grad]
+        return loss.detach(), grads
+
+    full, full_grads = loss_and_grads(True)
+    mine, my_grads = loss_and_grads(False)
+    assert torch.isfinite(full)
+    torch.testing.assert_close(mine, full, rtol=1e-5, atol=1e-6)
+    for a, b in zip(my_grads, full_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_label_position_loss_projects_only_labelled_positions(cache_dir: Path, source) -> None:
+    spec = model_cfg("llava_med", cache_dir)
+    model, processor = load_vlm(spec)
+    batch = _batch(processor, source)
+    seen: dict[str, object] = {}
+    head = model.get_output_embeddings()
+
+    def record(module: torch.nn.Module, args: object, out: torch.Tensor) -> None:
+        seen["shape"] = out.shape
+
+    handle = head.register_forward_hook(record)
+    original = model.forward
+
+    @functools.wraps(original)  # the same signature: logits_to_keep is seen
+    def spy(*args, **kwargs):
+        seen["use_cache"] = kwargs.get("use_cache")
+        return original(*args, **kwargs)
+
+    model.forward = spy
+    try:
+        causal_lm_loss(model, dict(batch))
+    finally:
+        handle.remove()
+        del model.forward
+    labelled = int((batch["labels"][:, 1:] != -100).any(dim=0).sum())
+    assert seen["shape"][1] == labelled < batch["input_ids"].shape[1] // 2
+    assert seen["use_cache"] is False  # no KV cache while training
+
+
+def test_a_batch_without_labels_gets_the_models_own_loss() -> None:
+    class Plain(torch.nn.Module):
+        def forward(self, input_ids, use_cache=None):
+            return type("Out", (), {"loss": input_ids.float().sum()})()
+
+    assert float(causal_lm_loss(Plain(), {"input_ids": torch.ones(2, 3)})) == 6.0
+
+
+class _Quadratic(torch.nn.Module):
+    """A model whose loss needs clipping: large inputs, a loss of their square."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 1)
+
+    def forward(self, input_ids: torch.Tensor, **_: object) -> object:
+        return type("Out", (), {"loss": (self.lin(input_ids.float()) ** 2).mean()})()
+
+
+def _fit_quadratic(clip: float | None, fused: bool, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(training_module, "FUSED_DEVICES", ("cuda", "cpu") if fused else ("cuda",))
+    torch.manual_seed(0)
+    model = _Quadratic()
+    rows = [{"input_ids": torch.randn(4) * 10} for _ in range(8)]
+    trainer = _quiet_trainer(precision="bf16-mixed", max_steps=3, gradient_clip_val=clip)
+    trainer.fit(
+        VQAModule(model, lr=0.1, projector_lr=None),
+        torch.utils.data.DataLoader(rows, batch_size=2),
+    )
+    assert bool(trainer.optimizers[0].defaults.get("fused")) is fused
+    return model.lin.weight.detach().clone()
+
+
+def test_fused_adamw_clips_gradients_under_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lightning's AMP plugin raised for any clipping with a fused optimizer; torch has a fused
+    AdamW on the CPU too, so the GPU path's optimizer runs here."""
+    fused = _fit_quadratic(0.01, True, monkeypatch)
+    foreach = _fit_quadratic(0.01, False, monkeypatch)
+    unclipped = _fit_quadratic(None, True, monkeypatch)
+    torch.testing.assert_close(fused, foreach)  # clipped as Lightning clips
+    assert not torch.allclose(fused, unclipped)
+
+
+class _NaNAt(torch.nn.Module):
+    """Finite losses until optimiser step `step`, NaN from then on."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(1))
+        self.step, self.calls = step, 0
+
+    def forward(self, **_: object) -> object:
+        bad = self.calls >= self.step
+        self.calls += 1
+        return type("Out", (), {"loss": self.w * (float("nan") if bad else 1.0)})()
+
+
+def test_a_non_finite_loss_is_found_at_the_next_check_with_its_own_step() -> None:
+    loader = torch.utils.data.DataLoader([{"input_ids": torch.ones(3)}] * 40, batch_size=1)
+    module = VQAModule(_NaNAt(5), projector_lr=None, check_finite_every=8)
+    trainer = _quiet_trainer(max_steps=40)
+    with pytest.raises(Diverged) as err:
+        trainer.fit(module, train_dataloaders=loader)
+    assert err.value.step == 5 and math.isnan(err.value.loss)
+    assert trainer.global_step == 7  # stopped at the check after batch 8, not at the end
+
+
+def test_the_last_step_is_checked_whatever_the_interval() -> None:
+    loader = torch.utils.data.DataLoader([{"input_ids": torch.ones(3)}] * 40, batch_size=1)
+    module = VQAModule(_NaNAt(2), projector_lr=None, check_finite_every=1000)
+    with pytest.raises(Diverged) as err:
+        _quiet_trainer(max_steps=3).fit(module, train_dataloaders=loader)
+    assert err.value.step == 2
+
+
+def test_the_single_device_strategy_keeps_the_model_where_it_is() -> None:
+    """Lightning's teardown calls `.cpu()` on the module (15 GB over the bus per Trainer for a
+    7B model); the resident strategy does not. On the CPU a spy stands in for the move."""
+    moved: list[str] = []
+
+    class Spy(VQAModule):
+        def cpu(self):  # type: ignore[override]
+            moved.append("cpu")
+            return super().cpu()
+
+    loader = torch.utils.data.DataLoader([{"input_ids": torch.ones(3)}] * 2, batch_size=1)
+    for strategy, expected in (("auto", ["cpu"]), (ResidentSingleDevice.on("cpu"), [])):
+        moved.clear()
+        _quiet_trainer(max_steps=1, strategy=strategy).fit(
+            Spy(_NaNAt(10**6), projector_lr=None), train_dataloaders=loader
+        )
+        assert moved == expected
+
+
+def _bench():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_gpu", ROOT / "benchmarks" / "gpu.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench  # its dataclasses look their module up there
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_model_flops_of_llava_med_lora_by_hand(cache_dir: Path) -> None:
+    """LLaVA-Med v1.5 (Mistral-7B + CLIP-L/336) with the shipped LoRA, built on the meta device:
+    the benchmark's FLOPs per SLAKE-shaped sample equal the formula written out by hand."""
+    from medvqa.models.architectures import load_architecture, meta_model
+
+    bench = _bench()
+    cfg = compose(["model=llava_med", "peft=lora"], cache_dir)
+    config, _ = load_architecture(cfg.model.pretrained)
+    model = apply_method(meta_model(config), cfg.peft, roles(cfg.model))
+    p = bench.matmul_params(model, roles(cfg.model))
+    # Mistral-7B: 32 layers of q,o 4096x4096, k,v 1024x4096, gate,up,down 4096x14336.
+    layer = 2 * 4096 * 4096 + 2 * 1024 * 4096 + 3 * 4096 * 14336
+    assert p.language_frozen == 32 * layer
+    # LoRA r=16 on the seven projections: A is 16 x in, B is out x 16.
+    lora = 16 * (2 * (4096 + 4096) + 2 * (4096 + 1024) + 2 * (4096 + 14336) + (14336 + 4096))
+    assert p.language_trained == 32 * lora
+    assert p.lm_head == 32064 * 4096
+    assert p.projector_trained == 1024 * 4096 + 4096 * 4096  # two Linear layers, trained
+    # CLIP-L/14-336: 24 layers of 4 x 1024^2 + 2 x 1024 x 4096, and the 14x14 patch conv.
+    assert p.vision == 24 * (4 * 1024**2 + 2 * 1024 * 4096) + 1024 * 3 * 14 * 14
+    tokens, labelled, patches = 610, 5, 577
+    flops = bench.model_flops(
+        p, bench.attention_shape(config), tokens, tokens**2, labelled, patches, patches**2, 576
+    )
+    by_hand = (
+        4 * p.language_frozen * tokens  # forward + input gradient of the frozen weights
+        + 6 * p.language_trained * tokens  # LoRA: forward, input and weight gradients
+        + 4 * p.lm_head * labelled
+        + 2 * p.vision * patches  # frozen tower, nothing trains before it
+        + 6 * p.projector_trained * 576
+        + 6 * 32 * 4096 * tokens**2  # causal attention, forward + backward
+        + 4 * 24 * 1024 * patches**2
+    )
+    assert flops == by_hand
+    assert 17.5e12 < flops < 18.5e12  # ~18 TFLOP per sample, as the issue estimated
+
+
+def test_the_gpu_benchmark_runs_on_a_shrunk_shape(tmp_path: Path) -> None:
+    bench = _bench()
+    out = tmp_path / "rows.jsonl"
+    rows = bench.main(
+        ["--cpu", "--models", "llava_med", "--methods", "lora", "--setups", "before", "none-4",
+         "--steps", "1", "--warmup", "1", "--out", str(out)]
+    )  # fmt: skip
+    assert [r["setup"] for r in rows] == ["before", "none-4", "generate"]
+    assert all("error" not in r for r in rows), rows
+    for row in rows[:2]:
+        assert row["samples_s"] > 0 and row["timed_samples"] == 2
+        assert row["tflop_sample"] > 0 and 500 < row["tokens_per_sample"] < 700
+        assert row["hw_flops_s"] >= row["model_flops_s"]
+    assert rows[0]["hw_flops_s"] > rows[0]["model_flops_s"]  # recompute and full logits
+    assert rows[2]["gen_rows_s"] > 0
+    assert len(out.read_text().splitlines()) == 3
+
+
+def test_loader_workers_change_neither_the_trained_weights_nor_the_answers(
+    tiny_model_dir: Path, cache_dir: Path, tmp_path: Path
+) -> None:
+    """`data.num_workers` is how to run, not what is computed (GPU runs now default to
+    several): the same weights and the same answers with loader processes or without."""
+    from hydra.utils import instantiate
+
+    from medvqa.data.shifts import Shift, make_splits
+    from medvqa.evaluation.generation import generate_predictions
+    from medvqa.training.datamodule import VQADataModule
+    from tests.test_numerics import _lora
+
+    outcomes = []
+    for workers in (0, 2):
+        L.seed_everything(0)  # the adapters' initial values
+        cfg, model, processor = _lora(tiny_model_dir, cache_dir)
+        source = instantiate(cfg.dataset)
+        splits = make_splits(source.table(), Shift.from_config(dict(cfg.shift)), seed=0)
+        data = VQADataModule(
+            splits.frames, source, processor, batch_size=4, num_workers=workers, seed=5
+        )
+        _quiet_trainer(max_steps=3, limit_val_batches=0).fit(
+            VQAModule.for_method(model, cfg.peft, roles(cfg.model)["projector"]), datamodule=data
+        )
+        weights = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+        answers = generate_predictions(
+            model, processor, splits["test_iid"].head(6), source,
+            tmp_path / f"p{workers}.jsonl", "test_iid", batch_size=3, num_workers=workers,
+        )  # fmt: skip
+        outcomes.append((weights, answers["prediction"].tolist()))
+    (w0, a0), (w2, a2) = outcomes
+    assert w0.keys() == w2.keys() and all(torch.equal(w0[k], w2[k]) for k in w0)
+    assert a0 == a2
+
+
+def test_auto_workers_follow_the_cores_a_gpu_rank_has(monkeypatch: pytest.MonkeyPatch) -> None:
+    from medvqa.training import datamodule
+
+    class CUDAAccelerator:  # the class name is what is read
+        pass
+
+    def trainer(devices: int, accelerator: object) -> object:
+        return type("T", (), {"accelerator": accelerator, "num_devices": devices})()
+
+    monkeypatch.setattr(datamodule.os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(
+        datamodule.os, "sched_getaffinity", lambda pid: set(range(64)), raising=False
+    )
+    monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
+    gpu = CUDAAccelerator()
+    assert datamodule.auto_workers(trainer(1, gpu)) == 8  # capped
+    assert datamodule.auto_workers(trainer(16, gpu)) == 3  # 64 cores shared by 16 ranks
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "4")
+    assert datamodule.auto_workers(trainer(1, gpu)) == 3
+    monkeypatch.setattr(datamodule.os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert datamodule.auto_workers(trainer(1, gpu)) == 0  # one core: the rank's own
+    cpu = _quiet_trainer(max_steps=1)
+    assert datamodule.auto_workers(cpu) == 0 and datamodule.auto_workers(None) == 0
+    options = datamodule.loader_options(trainer(1, gpu), None)
+    assert options == {"num_workers": 0, "pin_memory": True}
+    assert datamodule.loader_options(cpu, 3) == {"num_workers": 3, "pin_memory": False}
+
+
+def test_a_training_example_renders_its_prompt_twice_not_three_times(
+    cache_dir: Path, source
+) -> None:
+    """The generation prompt once, the prompt with its answer once (it rendered the prompt a
+    second time to find where the answer starts)."""
+    from medvqa.models.prompting import encode
+
+    _, processor = load_vlm(model_cfg("llava_med", cache_dir))
+    calls: list[bool] = []
+    render = processor.apply_chat_template
+
+    def counting(*args, **kwargs):
+        calls.append(bool(kwargs.get("add_generation_prompt")))
+        return render(*args, **kwargs)
+
+    processor.apply_chat_template = counting
+    row = source.table().iloc[0]
+    features = encode(processor, row["question"], source.load_image(row["image"], row["id"]), "yes")
+    assert calls == [True, False]
+    assert (features["labels"] != -100).sum() > 0
+
+
+def test_compiled_decoder_layers_train_the_same_weights_and_are_eager_after(
+    tiny_model_dir: Path, cache_dir: Path
+) -> None:
+    """`model.compile_layers=true`: the fit runs compiled layers (the same numbers to float
+    tolerance, without dropout: compiled dropout draws its masks from another generator) and
+    generation afterwards runs them eager again."""
+    from medvqa.models.adapters import compiled_decoder_layers, decoder_layers
+    from tests.test_numerics import _loader, _lora
+
+    trained = []
+    for compiled in (False, True):
+        L.seed_everything(0)
+        cfg, model, processor = _lora(tiny_model_dir, cache_dir, "peft.adapter.lora_dropout=0.0")
+        layers = decoder_layers(model)
+        with compiled_decoder_layers(model, compiled):
+            assert all((layer._compiled_call_impl is not None) == compiled for layer in layers)
+            _quiet_trainer(max_steps=2).fit(
+                VQAModule.for_method(model, cfg.peft, roles(cfg.model)["projector"]),
+                train_dataloaders=_loader(cfg, processor),
+            )
+        assert all(layer._compiled_call_impl is None for layer in layers)
+        trained.append({n: p.detach() for n, p in model.named_parameters() if p.requires_grad})
+    eager, compiled_weights = trained
+    for name, value in eager.items():
+        torch.testing.assert_close(compiled_weights[name], value, rtol=1e-4, atol=1e-5)
