@@ -2,9 +2,10 @@
 
 Not a test (tests/test_plan.py checks the numbers against hand computations). For each preset
 (conf/model/*.yaml with a hub checkpoint) and method, at the SURE study's settings (batch 32 per
-optimiser step, the preset's checkpointing), the plan's peak GiB per GPU on one GPU under
-trainer=gpu and, where that does not fit, the first change task=plan names (10 % to spare);
-plus the activations one decoder layer keeps per token (measured on this CPU). Prints a
+optimiser step, the preset's checkpointing: auto, the least that fits), the plan's peak GiB per
+GPU on one GPU under trainer=gpu and, where that does not fit, the first change task=plan names
+(10 % to spare); plus the activations one decoder layer keeps per token (measured on this
+machine: on the CPU an upper bound of a GPU's). Prints a
 Markdown table (docs/gpus.md#what-fits). About a minute on 2 cores (layer measurements are
 cached under --cache).
 """
@@ -19,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from medvqa.planning.memory import GIB, estimate, fixes  # noqa: E402
+from medvqa.planning.memory import GIB, checkpointing_label, estimate, fixes  # noqa: E402
 from medvqa.planning.setup import build_setup  # noqa: E402
 from tests.conftest import compose  # noqa: E402
 
@@ -35,9 +36,9 @@ def main() -> None:
     cache = args.cache or Path(tempfile.mkdtemp(prefix="medvqa-plan-"))
     print(
         "| model | params | tokens/sample | method | trained | KiB/token/layer "
-        "| 1 GPU, GiB | fits | else |"
+        "| checkpointing | 1 GPU, GiB | fits | else |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for model in PRESETS:
         for method in METHODS:
             cfg = compose(
@@ -60,7 +61,7 @@ def main() -> None:
             print(
                 f"| {model} | {s.params / 1e9:.2f} B | {s.tokens} | {method} "
                 f"| {s.trainable / 1e6:.0f} M | {s.layer.per_token / 1024:.0f} "
-                f"| {plan.peak / GIB:.1f} | {'yes' if plan.fits else 'no'} | {instead} |",
+                f"| {checkpointing_label(s.checkpoint_every)} | {plan.peak / GIB:.1f} | {'yes' if plan.fits else 'no'} | {instead} |",
                 flush=True,
             )
 

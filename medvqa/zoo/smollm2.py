@@ -27,7 +27,8 @@ from medvqa.zoo.tiny import pretrain_stage
 
 log = logging.getLogger(__name__)
 
-BUILDER_VERSION = 1
+# 2: pre-trained with the loss at the labelled positions only (other rounding: other weights).
+BUILDER_VERSION = 2
 IMAGE_TOKEN = "<image>"
 # SmolLM2's own template renders `message['content']` as a string, so it cannot take content
 # lists with image parts. This is the same ChatML, without the default system prompt (it costs
