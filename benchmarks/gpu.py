@@ -5,7 +5,8 @@ built from its shipped architecture config (`medvqa/models/architectures/`) with
 weights directly on the GPU: no hub, no download, the real shapes and kernels. The method is
 applied as a run applies it (`apply_method`), and the project's own training module, collate
 function and Lightning trainer (`trainer=gpu`) fit it on synthetic batches shaped like the data:
-SLAKE (a 336 px image, the SURE prompt's ~35 text tokens, answers of 2-6 tokens) and, for Qwen,
+SLAKE (a 512 px image: LLaVA's 336 px crop, Qwen's 324 tokens; the SURE prompt's ~35 text
+tokens; answers of 2-6 tokens) and, for Qwen,
 MIMIC (a 2.5k x 3k radiograph under the preset's pixel cap). Per method and setup it prints:
 
 - train samples/s and tokens/s (steady state: warm-up steps excluded, CUDA-synchronised, no
@@ -20,11 +21,12 @@ MIMIC (a 2.5k x 3k radiograph under the preset's pixel cap). Per method and setu
   `task=plan` measures them with on the CPU (`medvqa.planning.activations.measure_layer`).
 
     python benchmarks/gpu.py                                   # LLaVA-Med and Qwen2.5-VL-7B
-    python benchmarks/gpu.py --models llava_med --methods lora --setups before tuned
+    python benchmarks/gpu.py --models llava_med --methods lora --setups before ckpt/2-16 none-8
+    python benchmarks/gpu.py --setups none-4-compile --warmup 10   # compiled rows: warm up longer
     python benchmarks/gpu.py --cpu                             # a shrunk shape on the CPU
 
 `--cpu` shrinks the architecture (2 layers, narrow) and runs the same code on the CPU: it checks
-the script (tests/test_gpu_bench.py), its figures mean nothing. `--out FILE` appends one JSON
+the script (tests/test_training_speed.py), its figures mean nothing. `--out FILE` appends one JSON
 line per row as it is measured.
 """
 

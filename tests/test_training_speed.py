@@ -384,3 +384,32 @@ def test_compiled_decoder_layers_train_the_same_weights_and_are_eager_after(
     eager, compiled_weights = trained
     for name, value in eager.items():
         torch.testing.assert_close(compiled_weights[name], value, rtol=1e-4, atol=1e-5)
+
+
+def test_every_split_is_generated_with_one_prediction_trainer(
+    tiny_model_dir: Path, cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One Trainer for a job's generation (before: one per split, each moving the model)."""
+    from hydra.utils import instantiate
+
+    from medvqa.evaluation import generation
+    from tests.test_numerics import _spec
+
+    made: list[L.Trainer] = []
+    original = generation.prediction_trainer
+
+    def counting(trainer_cfg=None):
+        made.append(original(trainer_cfg))
+        return made[-1]
+
+    monkeypatch.setattr(generation, "prediction_trainer", counting)
+    cfg = compose(["dataset.n_cases=60"], cache_dir)
+    source = instantiate(cfg.dataset)
+    model, processor = load_vlm(_spec(tiny_model_dir))
+    table = source.table()
+    frames = {"test_iid": table.head(3), "test_ood": table.tail(3)}
+    out = generation.generate_splits(
+        model, processor, source, frames, tmp_path / "p.jsonl", batch_size=3, max_new_tokens=2
+    )
+    assert out is not None and [len(out[s]) for s in frames] == [3, 3]
+    assert len(made) == 1

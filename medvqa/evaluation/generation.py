@@ -313,11 +313,14 @@ def generate_predictions(
     num_workers: int | None = 0,
     model_id: str | None = None,
     prompt: PromptTemplate = PLAIN,
+    trainer: L.Trainer | None = None,
 ) -> pd.DataFrame | None:
     """Generate answers for `frame` into `out_path` (resuming), return this split's records.
 
     Every rank must call it (each generates its shard); only global rank 0 gets the records,
-    the other ranks get None. `model_id`: the weights' fingerprint, if the caller has it.
+    the other ranks get None. `model_id`: the weights' fingerprint, if the caller has it;
+    `trainer`: a `prediction_trainer` to reuse (a job generates every split and image mode with
+    one), else one is made from `trainer_cfg`.
     """
     model_id = model_id or weights_fingerprint(model)
     data = GenerationData(
@@ -332,7 +335,7 @@ def generate_predictions(
         num_workers,
         prompt,
     )
-    trainer = prediction_trainer(trainer_cfg)
+    trainer = trainer or prediction_trainer(trainer_cfg)
     module = GenerationModule(model, processor.tokenizer, max_new_tokens)
     with stage(f"generate {split} -> {out_path.name}"):
         trainer.predict(module, datamodule=data, return_predictions=False)
@@ -352,9 +355,11 @@ def generate_splits(
     frames: Mapping[str, pd.DataFrame],
     out_path: Path,
     shared_dir: Path | None = None,
+    trainer: L.Trainer | None = None,
     **settings: Any,
 ) -> dict[str, pd.DataFrame] | None:
-    """`generate_predictions` for every split in `frames` (None on ranks other than 0).
+    """`generate_predictions` for every split in `frames` (None on ranks other than 0), with one
+    prediction Trainer (`trainer`, or one made from `settings["trainer_cfg"]`).
 
     With `shared_dir`, the file is shared between the jobs of a sweep: answers of the same
     weights to the same rows with the same prompt and settings are copied in instead of being
@@ -373,9 +378,18 @@ def generate_splits(
             out_path.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(shared, out_path)
             log.info("reusing the answers of the same weights and prompts from %s", shared)
+    trainer = trainer or prediction_trainer(settings.get("trainer_cfg"))
     out = {
         split: generate_predictions(
-            model, processor, frame, source, out_path, split, model_id=model_id, **settings
+            model,
+            processor,
+            frame,
+            source,
+            out_path,
+            split,
+            model_id=model_id,
+            trainer=trainer,
+            **settings,
         )
         for split, frame in frames.items()
     }

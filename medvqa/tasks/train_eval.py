@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 from medvqa.cluster import GPU_ACCELERATORS
 from medvqa.distributed import is_global_zero
 from medvqa.evaluation.baselines import chance_scores
-from medvqa.evaluation.generation import generate_splits
+from medvqa.evaluation.generation import generate_splits, prediction_trainer
 from medvqa.evaluation.lengths import generation_length
 from medvqa.evaluation.scoring import Scoring, prefixed, scores_path, split_metrics
 from medvqa.interrupts import stage
@@ -112,6 +112,7 @@ def train_eval(
         prompt = instantiate(cfg.prompt)  # one template for training and generation
         generate = partial(
             generate_splits,
+            trainer=prediction_trainer(cfg.trainer),  # one for every split and image mode
             processor=processor,
             source=source,
             frames=frames,
