@@ -51,6 +51,7 @@ wheelhouse: | $(BIN)/python  ## wheelhouse/ for air-gapped GPU nodes, torch exce
 bench: install  ## throughput figures (not tests): see benchmarks/
 	$(BIN)/python benchmarks/throughput.py
 	$(BIN)/python benchmarks/lightning_overhead.py
+	$(BIN)/python benchmarks/loader.py
 	$(BIN)/python benchmarks/smollm2_throughput.py
 	$(BIN)/python benchmarks/dataset_tables.py
 	$(BIN)/python benchmarks/evaluation.py

@@ -61,6 +61,7 @@ def test_a_jobs_trainers_keep_the_model_on_its_devices() -> None:
     assert resident("auto", "gpu", 1).root_device == torch.device("cuda", 0)
     assert resident("auto", "cpu", 1).root_device == torch.device("cpu")
     assert resident("auto", "gpu", -1) == "auto"  # how many: known only where it runs
+    assert resident("auto", "auto", 1) == "auto"  # which device: Lightning's choice
     assert resident("fsdp", "gpu", 2) == "fsdp"
     spec = {"_target_": "medvqa.training.strategies.DeepSpeedStrategy"}
     assert resident(spec, "gpu", 4) is spec

@@ -208,10 +208,12 @@ def test_the_single_device_strategy_keeps_the_model_where_it_is() -> None:
         assert moved == expected
 
 
-def _bench():
+def _bench(script: str = "gpu"):
+    """A benchmark script (benchmarks/<script>.py) as a module."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("bench_gpu", ROOT / "benchmarks" / "gpu.py")
+    path = ROOT / "benchmarks" / f"{script}.py"
+    spec = importlib.util.spec_from_file_location(f"bench_{script}", path)
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = bench  # its dataclasses look their module up there
@@ -413,3 +415,10 @@ def test_every_split_is_generated_with_one_prediction_trainer(
     )
     assert out is not None and [len(out[s]) for s in frames] == [3, 3]
     assert len(made) == 1
+
+
+def test_the_loader_benchmark_runs_the_training_loaders_path() -> None:
+    bench = _bench("loader")
+    rates = bench.main(["--images", str(2 * bench.BATCH), "--workers", "0", "1"])
+    assert set(rates) == set(bench.SHAPES)
+    assert all(len(r) == 2 and min(r) > 0 for r in rates.values())

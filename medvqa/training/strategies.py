@@ -123,8 +123,11 @@ def resident(strategy: Any, accelerator: Any, devices: Any, num_nodes: Any = 1) 
     """The strategy a job's Trainers run under: Lightning's default ("auto") and "ddp" become the
     same choice that keeps the model on its device (`KeepOnDevice`): one device, or DDP over
     several (on the CPU too, where two gloo ranks test the GPU path's DDP). Any other strategy,
-    and "auto" with a device count known only where it runs (-1, "auto"), is left to Lightning."""
+    and "auto" with a device count known only where it runs (-1, "auto"), is left to Lightning;
+    so is any accelerator but the CPU and a GPU (`accelerator=auto` picks its device itself)."""
     if not isinstance(strategy, str) or strategy not in ("auto", "ddp"):
+        return strategy
+    if str(accelerator) not in (*GPU_ACCELERATORS, "cpu"):
         return strategy
     count = device_count(devices)
     if strategy == "ddp" or (count or 0) > 1 or int(num_nodes) > 1:
