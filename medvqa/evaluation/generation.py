@@ -225,7 +225,15 @@ class GenerationData(L.LightningDataModule):
         # without rows (prediction_trainer turns it off).
         mine = set(todo[self.trainer.global_rank :: self.trainer.world_size])
         rows = self.frame.loc[self.frame[R.ID].isin(mine)]
-        dataset = VQADataset(rows, self.source, self.processor, False, self.image_mode, self.prompt)
+        dataset = VQADataset(
+            rows,
+            self.source,
+            self.processor,
+            False,
+            self.image_mode,
+            self.prompt,
+            split_frame=self.frame,  # `shuffled` pairs within the whole split, not this shard
+        )
         return make_loader(
             dataset,
             self.batch_size,

@@ -16,6 +16,7 @@ from functools import partial
 from typing import Any
 
 import lightning as L
+import numpy as np
 import pandas as pd
 import torch
 from PIL import Image
@@ -31,9 +32,37 @@ from medvqa.training.spec import DataSchema
 log = logging.getLogger(__name__)
 
 META_KEY = "record_ids"
-IMAGE_MODES = ("image", "none", "blank")
+IMAGE_MODES = ("image", "none", "blank", "shuffled")
+# The draw of `shuffled_partners`: a constant, so every run and method pairs a split's rows with
+# the same images (their answers compare row by row).
+SHUFFLE_SEED = 0
 # `data.num_workers=null` gives a GPU rank at most this many loader processes (one core each).
 MAX_AUTO_WORKERS = 8
+
+
+def shuffled_partners(frame: pd.DataFrame, seed: int = SHUFFLE_SEED) -> dict[str, int]:
+    """For each row id of `frame`, the position in `frame` of the row whose image it is shown in
+    the `shuffled` image mode: a row drawn at random (seeded) among the rows of other cases, so
+    the image is real and from the same split but never of the question's own case (a case's
+    rows often share an image or a patient). Drawn with replacement; a split of one case has no
+    such row, an error names it."""
+    if frame.empty:
+        return {}
+    cases = frame[R.CASE_ID].astype(str).to_numpy()
+    order = np.argsort(cases, kind="stable")  # each case's rows are one block of `order`
+    sorted_cases = cases[order]
+    starts = np.searchsorted(sorted_cases, sorted_cases, side="left")
+    ends = np.searchsorted(sorted_cases, sorted_cases, side="right")
+    others = len(frame) - (ends - starts)
+    if (others == 0).any():
+        raise ValueError(
+            f"image mode 'shuffled' needs rows of at least two cases; these {len(frame)} rows "
+            f"are all of case {sorted_cases[0]!r}. Drop 'shuffled' from data.extra_eval_images."
+        )
+    draws = np.random.default_rng(seed).integers(0, others)  # among the rows of other cases
+    picked = np.where(draws < starts, draws, draws + (ends - starts))
+    ids = frame[R.ID].astype(str).to_numpy()
+    return {ids[order[k]]: int(order[picked[k]]) for k in range(len(frame))}
 
 
 def auto_workers(trainer: L.Trainer | None) -> int:
@@ -69,7 +98,9 @@ class VQADataset(Dataset):
 
     `with_answer=True` gives training examples (prompt + answer, labels on the answer);
     `False` gives generation prompts. `image_mode`: "image"; "none" (no image and no image
-    tokens: the no-image baseline); "blank" (a black image of the same size: the blind test).
+    tokens: the no-image baseline); "blank" (a black image of the same size: the blind test);
+    "shuffled" (the image of another case's row of the same split, `shuffled_partners`, drawn
+    from `split_frame`, the whole split, when `frame` is a shard of it).
     `prompt`: the protocol's template (system turn, closed options) every row goes through.
     """
 
@@ -81,6 +112,7 @@ class VQADataset(Dataset):
         with_answer: bool,
         image_mode: str = "image",
         prompt: PromptTemplate = PLAIN,
+        split_frame: pd.DataFrame | None = None,
     ) -> None:
         if image_mode not in IMAGE_MODES:
             raise ValueError(f"image_mode must be one of {IMAGE_MODES}, got {image_mode!r}")
@@ -90,18 +122,29 @@ class VQADataset(Dataset):
         self.with_answer = with_answer
         self.image_mode = image_mode
         self.prompt = prompt
+        self.split_frame = (self.frame if split_frame is None else split_frame).reset_index(
+            drop=True
+        )
+        self.partners = shuffled_partners(self.split_frame) if image_mode == "shuffled" else {}
 
     def __len__(self) -> int:
         return len(self.frame)
 
+    def _image(self, row: pd.Series) -> Image.Image:
+        """The image of `row` as the model sees it (with its transform shift, if any)."""
+        image = self.source.load_image(row[R.IMAGE], row[R.ID])
+        spec = row.get(IMAGE_TRANSFORM)
+        if isinstance(spec, str):  # transform shifts (corruption, Kvasir augments)
+            image = apply_transform(image, spec, str(row[R.ID]), str(row[R.IMAGE_ID]))
+        return image
+
     def __getitem__(self, i: int) -> dict[str, Any]:
         row = self.frame.iloc[i]
         image = None
-        if self.image_mode != "none":
-            image = self.source.load_image(row[R.IMAGE], row[R.ID])
-            spec = row.get(IMAGE_TRANSFORM)
-            if isinstance(spec, str):  # transform shifts (corruption, Kvasir augments)
-                image = apply_transform(image, spec, str(row[R.ID]), str(row[R.IMAGE_ID]))
+        if self.image_mode == "shuffled":  # another case's image, as its own question saw it
+            image = self._image(self.split_frame.iloc[self.partners[str(row[R.ID])]])
+        elif self.image_mode != "none":
+            image = self._image(row)
             if self.image_mode == "blank":
                 image = Image.new("RGB", image.size)
         features: dict[str, Any] = encode(

@@ -80,7 +80,8 @@ class DataSchema:
     train_image: str = "image"
     eval_image: str = "image"
     # Further evaluations with other image modes, recorded as `<mode>/...` plus
-    # `delta_<mode>/... = main - <mode>` (e.g. [blank]: the blind ablation).
+    # `delta_<mode>/... = main - <mode>` (e.g. [blank]: the blind ablation; [shuffled]: another
+    # case's image from the same split, the same for every run: how much the answers use it).
     extra_eval_images: list[str] = dataclasses.field(default_factory=list)
     limit: dict[str, int | None] = dataclasses.field(
         default_factory=lambda: {"train": None, "val": None, "test_iid": None, "test_ood": None}
