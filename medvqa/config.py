@@ -431,6 +431,18 @@ def _field_problems(cfg: DictConfig) -> list[str]:
                 f"{key}={field}: the records have no field {field!r}; {listed}. Set {key} to "
                 "one of them"
             )
+    modes = [
+        _plain(OmegaConf.select(cfg, "data.train_image")),
+        _plain(OmegaConf.select(cfg, "data.eval_image")),
+        *(_plain(OmegaConf.select(cfg, "data.extra_eval_images")) or []),
+    ]
+    mismatch = OmegaConf.select(cfg, "data.mismatch_field")
+    if "mismatched" in modes and mismatch not in fields:
+        problems.append(
+            f"data.mismatch_field={mismatch}: the image mode 'mismatched' shows a row the image "
+            f"of a row with another value of it, and the records have no field {mismatch!r}; "
+            f"{listed}. Set data.mismatch_field to one of them"
+        )
     return problems
 
 

@@ -51,7 +51,7 @@ def test_every_other_case_can_be_drawn() -> None:
 
 
 def test_a_split_of_one_case_has_no_partner_and_says_so() -> None:
-    with pytest.raises(ValueError, match="at least two cases"):
+    with pytest.raises(ValueError, match="at least two values"):
         shuffled_partners(_rows(["a", "a", "a"]))
     assert shuffled_partners(_rows([])) == {}
 
@@ -68,7 +68,7 @@ def test_a_shard_shows_the_image_its_row_gets_in_the_whole_split(cache_dir: Path
     split = source.table().head(24)
     _, processor = load_vlm(model_cfg("llava_med", cache_dir))
     whole = VQADataset(split, source, processor, False, "shuffled")
-    shard = VQADataset(split.iloc[1::3], source, processor, False, "shuffled", split_frame=split)
+    shard = VQADataset(split.iloc[1::3], source, processor, False, "shuffled", pool=split)
     sighted = VQADataset(split, source, processor, False, "image")
     for k, row in enumerate(shard.frame.itertuples()):
         i = split.index.get_loc(split.index[split[R.ID] == getattr(row, R.ID)][0])
@@ -80,15 +80,42 @@ def test_a_shard_shows_the_image_its_row_gets_in_the_whole_split(cache_dir: Path
         assert torch.equal(shard[k]["input_ids"], sighted[i]["input_ids"])  # its own question
 
 
-def test_a_run_reports_the_shuffled_image_delta(
-    tmp_path: Path, cache_dir: Path, tiny_model_dir: Path
+def test_mismatched_partners_differ_in_the_field() -> None:
+    frame = _rows([f"c{i}" for i in range(12)]).assign(modality=["CT"] * 8 + ["MRI"] * 3 + ["X"])
+    partners = shuffled_partners(frame, by="modality")
+    for rid, position in partners.items():
+        own = frame.loc[frame[R.ID] == rid, "modality"].item()
+        assert frame["modality"].iloc[position] != own
+    with pytest.raises(ValueError, match=r"data\.mismatch_field"):
+        shuffled_partners(frame, by="organ")
+
+
+def test_mismatched_needs_a_field_the_dataset_has(cache_dir: Path) -> None:
+    from medvqa.config import check_config
+    from medvqa.errors import ConfigError
+
+    ok = compose(["data.extra_eval_images=[mismatched]"], cache_dir)
+    check_config(ok)  # the synthetic dataset has a modality column
+    bad = compose(["data.extra_eval_images=[mismatched]", "data.mismatch_field=organ"], cache_dir)
+    with pytest.raises(ConfigError, match=r"data\.mismatch_field=organ"):
+        check_config(bad)
+
+
+@pytest.mark.parametrize("mode", ["shuffled", "mismatched"])
+def test_a_run_reports_the_delta_of_another_rows_image(
+    mode: str, tmp_path: Path, cache_dir: Path, tiny_model_dir: Path
 ) -> None:
-    args = ["debug=smoke", "logger=csv", "data.extra_eval_images=[blank,shuffled]"]
+    """Both modes through a whole run. The demo's shift tests OoD on X-rays only: their
+    mismatched (other-modality) images come from the i.i.d. split, since the partners are drawn
+    from every test split of the job."""
+    args = ["debug=smoke", "logger=csv", f"data.extra_eval_images=[{mode}]"]
     proc = run_main(args, tmp_path, cache_dir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = json.loads((tmp_path / "results.json").read_text())["metrics"]
     for split in ("test_iid", "test_ood"):
-        sighted, other = metrics[f"{split}/closed_acc"], metrics[f"shuffled/{split}/closed_acc"]
-        assert metrics[f"delta_shuffled/{split}/closed_acc"] == pytest.approx(sighted - other)
-    answers = pd.read_json(tmp_path / "predictions_shuffled.jsonl", lines=True)
+        sighted, other = metrics[f"{split}/closed_acc"], metrics[f"{mode}/{split}/closed_acc"]
+        assert metrics[f"delta_{mode}/{split}/closed_acc"] == pytest.approx(sighted - other)
+    answers = pd.read_json(tmp_path / f"predictions_{mode}.jsonl", lines=True)
     assert len(answers) == metrics["test_iid/n"] + metrics["test_ood/n"]
+    # One modality in the OoD split: drawn within it, mismatched rows would have no partner.
+    assert answers.loc[answers["split"] == "test_ood", "modality"].nunique() == 1

@@ -39,6 +39,7 @@ from medvqa.interrupts import stage
 from medvqa.models.prompting import PLAIN, PromptTemplate
 from medvqa.models.saving import weights_fingerprint
 from medvqa.training.datamodule import META_KEY, VQADataset, loader_options, make_loader
+from medvqa.training.spec import DataSchema
 from medvqa.training.strategies import prediction_strategy
 
 log = logging.getLogger(__name__)
@@ -188,9 +189,15 @@ class GenerationData(L.LightningDataModule):
         image_mode: str = "image",
         num_workers: int | None = 0,
         prompt: PromptTemplate = PLAIN,
+        mismatch_field: str = DataSchema.mismatch_field,
+        pool: pd.DataFrame | None = None,
     ) -> None:
         super().__init__()
         self.frame = frame
+        self.mismatch_field = mismatch_field
+        # The rows the partner-image modes draw from: this whole split (not a rank's shard) or
+        # what the caller gives (`mismatched`: every test split of the job).
+        self.pool = frame if pool is None else pool
         self.prompt = prompt
         self.source = source
         self.processor = processor
@@ -232,7 +239,8 @@ class GenerationData(L.LightningDataModule):
             False,
             self.image_mode,
             self.prompt,
-            split_frame=self.frame,  # `shuffled` pairs within the whole split, not this shard
+            pool=self.pool,
+            mismatch_field=self.mismatch_field,
         )
         return make_loader(
             dataset,
@@ -322,6 +330,8 @@ def generate_predictions(
     model_id: str | None = None,
     prompt: PromptTemplate = PLAIN,
     trainer: L.Trainer | None = None,
+    mismatch_field: str = DataSchema.mismatch_field,
+    pool: pd.DataFrame | None = None,
 ) -> pd.DataFrame | None:
     """Generate answers for `frame` into `out_path` (resuming), return this split's records.
 
@@ -342,6 +352,8 @@ def generate_predictions(
         image_mode,
         num_workers,
         prompt,
+        mismatch_field,
+        pool,
     )
     trainer = trainer or prediction_trainer(trainer_cfg)
     module = GenerationModule(model, processor.tokenizer, max_new_tokens)
@@ -387,6 +399,8 @@ def generate_splits(
             shutil.copyfile(shared, out_path)
             log.info("reusing the answers of the same weights and prompts from %s", shared)
     trainer = trainer or prediction_trainer(settings.get("trainer_cfg"))
+    # Another modality's image may only exist in another split (a modality shift's OoD split).
+    pool = pd.concat(frames.values()) if settings.get("image_mode") == "mismatched" else None
     out = {
         split: generate_predictions(
             model,
@@ -397,6 +411,7 @@ def generate_splits(
             split,
             model_id=model_id,
             trainer=trainer,
+            pool=pool,
             **settings,
         )
         for split, frame in frames.items()
@@ -430,6 +445,8 @@ def prediction_key(
     what = {
         k: v for k, v in settings.items() if k in ("max_new_tokens", "image_mode", "batch_size")
     }
+    if settings.get("image_mode") == "mismatched":  # which rows' images it shows
+        what["mismatch_field"] = settings.get("mismatch_field", DataSchema.mismatch_field)
     prompt = settings.get("prompt", PLAIN)
     key.update(
         {

@@ -121,6 +121,7 @@ def train_eval(
             trainer_cfg=cfg.trainer,
             num_workers=cfg.data.num_workers,
             prompt=prompt,
+            mismatch_field=str(cfg.data.mismatch_field),
         )
         shared = Path(cfg.paths.cache_dir) / SHARED_PREDICTIONS
         eval_image = str(cfg.data.eval_image)
@@ -243,6 +244,7 @@ def _fit(
         seed=int(cfg.seed),
         image_mode=str(cfg.data.train_image),
         prompt=prompt,
+        mismatch_field=str(cfg.data.mismatch_field),
     )
     callbacks = instantiate_group(cfg.callbacks)
     if is_global_zero():

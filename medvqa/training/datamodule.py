@@ -32,23 +32,34 @@ from medvqa.training.spec import DataSchema
 log = logging.getLogger(__name__)
 
 META_KEY = "record_ids"
-IMAGE_MODES = ("image", "none", "blank", "shuffled")
+IMAGE_MODES = ("image", "none", "blank", "shuffled", "mismatched")
 # The draw of `shuffled_partners`: a constant, so every run and method pairs a split's rows with
 # the same images (their answers compare row by row).
 SHUFFLE_SEED = 0
+# The image modes that show a row another row's image, and what the other row must differ in
+# ("mismatched": the metadata column `data.mismatch_field` names, e.g. the modality).
+PARTNER_MODES = ("shuffled", "mismatched")
 # `data.num_workers=null` gives a GPU rank at most this many loader processes (one core each).
 MAX_AUTO_WORKERS = 8
 
 
-def shuffled_partners(frame: pd.DataFrame, seed: int = SHUFFLE_SEED) -> dict[str, int]:
+def shuffled_partners(
+    frame: pd.DataFrame, seed: int = SHUFFLE_SEED, by: str = R.CASE_ID
+) -> dict[str, int]:
     """For each row id of `frame`, the position in `frame` of the row whose image it is shown in
     the `shuffled` image mode: a row drawn at random (seeded) among the rows of other cases, so
     the image is real and from the same split but never of the question's own case (a case's
-    rows often share an image or a patient). Drawn with replacement; a split of one case has no
-    such row, an error names it."""
+    rows often share an image or a patient). `by`: the column the other row must differ in (the
+    `mismatched` mode: another modality). Drawn with replacement; a split with one value of
+    `by` has no such row, an error says so."""
     if frame.empty:
         return {}
-    cases = frame[R.CASE_ID].astype(str).to_numpy()
+    if by not in frame.columns:
+        raise ValueError(
+            f"the image of a row of another {by!r} needs the column {by!r}; the rows have "
+            f"{sorted(map(str, frame.columns))}. Set data.mismatch_field to one of them."
+        )
+    cases = frame[by].astype(str).to_numpy()
     order = np.argsort(cases, kind="stable")  # each case's rows are one block of `order`
     sorted_cases = cases[order]
     starts = np.searchsorted(sorted_cases, sorted_cases, side="left")
@@ -56,8 +67,9 @@ def shuffled_partners(frame: pd.DataFrame, seed: int = SHUFFLE_SEED) -> dict[str
     others = len(frame) - (ends - starts)
     if (others == 0).any():
         raise ValueError(
-            f"image mode 'shuffled' needs rows of at least two cases; these {len(frame)} rows "
-            f"are all of case {sorted_cases[0]!r}. Drop 'shuffled' from data.extra_eval_images."
+            f"the image of a row of another {by!r} needs rows of at least two values of it; "
+            f"these {len(frame)} rows all have {sorted_cases[0]!r}. Drop that image mode from "
+            "data.extra_eval_images."
         )
     draws = np.random.default_rng(seed).integers(0, others)  # among the rows of other cases
     picked = np.where(draws < starts, draws, draws + (ends - starts))
@@ -99,8 +111,10 @@ class VQADataset(Dataset):
     `with_answer=True` gives training examples (prompt + answer, labels on the answer);
     `False` gives generation prompts. `image_mode`: "image"; "none" (no image and no image
     tokens: the no-image baseline); "blank" (a black image of the same size: the blind test);
-    "shuffled" (the image of another case's row of the same split, `shuffled_partners`, drawn
-    from `split_frame`, the whole split, when `frame` is a shard of it).
+    "shuffled" (the image of another case's row, `shuffled_partners`, drawn from `pool`: the
+    whole split when `frame` is a shard of it; by default `frame`); "mismatched" (the same, from
+    a row of another value of `mismatch_field`, e.g. another modality: generation draws it from
+    all of the job's test splits, as an OoD split may hold one modality).
     `prompt`: the protocol's template (system turn, closed options) every row goes through.
     """
 
@@ -112,7 +126,8 @@ class VQADataset(Dataset):
         with_answer: bool,
         image_mode: str = "image",
         prompt: PromptTemplate = PLAIN,
-        split_frame: pd.DataFrame | None = None,
+        pool: pd.DataFrame | None = None,
+        mismatch_field: str = DataSchema.mismatch_field,
     ) -> None:
         if image_mode not in IMAGE_MODES:
             raise ValueError(f"image_mode must be one of {IMAGE_MODES}, got {image_mode!r}")
@@ -122,10 +137,9 @@ class VQADataset(Dataset):
         self.with_answer = with_answer
         self.image_mode = image_mode
         self.prompt = prompt
-        self.split_frame = (self.frame if split_frame is None else split_frame).reset_index(
-            drop=True
-        )
-        self.partners = shuffled_partners(self.split_frame) if image_mode == "shuffled" else {}
+        self.pool = (self.frame if pool is None else pool).reset_index(drop=True)
+        by = {"shuffled": R.CASE_ID, "mismatched": mismatch_field}.get(image_mode)
+        self.partners = {} if by is None else shuffled_partners(self.pool, by=by)
 
     def __len__(self) -> int:
         return len(self.frame)
@@ -141,8 +155,8 @@ class VQADataset(Dataset):
     def __getitem__(self, i: int) -> dict[str, Any]:
         row = self.frame.iloc[i]
         image = None
-        if self.image_mode == "shuffled":  # another case's image, as its own question saw it
-            image = self._image(self.split_frame.iloc[self.partners[str(row[R.ID])]])
+        if self.image_mode in PARTNER_MODES:  # another row's image, as its own question saw it
+            image = self._image(self.pool.iloc[self.partners[str(row[R.ID])]])
         elif self.image_mode != "none":
             image = self._image(row)
             if self.image_mode == "blank":
@@ -352,9 +366,11 @@ class VQADataModule(L.LightningDataModule):
         seed: int = 0,
         image_mode: str = "image",
         prompt: PromptTemplate = PLAIN,
+        mismatch_field: str = DataSchema.mismatch_field,
     ) -> None:
         super().__init__()
         self.frames = dict(frames)
+        self.mismatch_field = mismatch_field
         self.source = source
         self.processor = processor
         self.batch_size = batch_size
@@ -415,7 +431,13 @@ class VQADataModule(L.LightningDataModule):
 
     def _dataset(self, split: str) -> VQADataset:
         return VQADataset(
-            self.frames[split], self.source, self.processor, True, self.image_mode, self.prompt
+            self.frames[split],
+            self.source,
+            self.processor,
+            True,
+            self.image_mode,
+            self.prompt,
+            mismatch_field=self.mismatch_field,
         )
 
     def train_dataloader(self) -> DataLoader:

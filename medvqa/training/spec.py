@@ -83,6 +83,9 @@ class DataSchema:
     # `delta_<mode>/... = main - <mode>` (e.g. [blank]: the blind ablation; [shuffled]: another
     # case's image from the same split, the same for every run: how much the answers use it).
     extra_eval_images: list[str] = dataclasses.field(default_factory=list)
+    # The image mode "mismatched" shows a row the image of a row with another value of this
+    # metadata column (the same split, never the same value): another modality by default.
+    mismatch_field: str = "modality"
     limit: dict[str, int | None] = dataclasses.field(
         default_factory=lambda: {"train": None, "val": None, "test_iid": None, "test_ood": None}
     )
