@@ -422,3 +422,31 @@ def test_the_loader_benchmark_runs_the_training_loaders_path() -> None:
     rates = bench.main(["--images", str(2 * bench.BATCH), "--workers", "0", "1"])
     assert set(rates) == set(bench.SHAPES)
     assert all(len(r) == 2 and min(r) > 0 for r in rates.values())
+
+
+def test_label_positions_are_found_before_the_batch_goes_to_the_device(
+    tiny_model_dir: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`nonzero` on a GPU tensor waits for the GPU (a host sync every step): the positions are
+    taken from the host's labels in `on_before_batch_transfer` and the loss receives them."""
+    from tests.test_numerics import _loader, _lora
+
+    seen: list[tuple[str, bool]] = []
+    real_positions, real_loss = training_module.label_positions, training_module.causal_lm_loss
+
+    def positions(labels):
+        seen.append(("positions", labels.device.type == "cpu"))
+        return real_positions(labels)
+
+    def loss(model, inputs, positions=None):
+        seen.append(("loss", positions is not None and "label_positions" not in inputs))
+        return real_loss(model, inputs, positions)
+
+    monkeypatch.setattr(training_module, "label_positions", positions)
+    monkeypatch.setattr(training_module, "causal_lm_loss", loss)
+    cfg, model, processor = _lora(tiny_model_dir, cache_dir)
+    _quiet_trainer(max_steps=2).fit(
+        VQAModule.for_method(model, cfg.peft, roles(cfg.model)["projector"]),
+        train_dataloaders=_loader(cfg, processor),
+    )
+    assert seen == [("positions", True), ("loss", True)] * 2

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -149,11 +150,11 @@ def _measured(
     Mistral-7B keeps 251 KiB per token, on the CPU 365 KiB), else on the CPU (an upper bound)."""
     import transformers
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = _local_gpu() if torch.cuda.is_available() else torch.device("cpu")
     text = config.get_text_config(decoder=True).to_dict()
     key = Hasher().update(
         {
-            "device": device,
+            "device": device.type,
             "text": text,
             "adapter": None if adapter is None else adapter.to_dict(),
             "train_weights": train_weights,
@@ -169,6 +170,13 @@ def _measured(
     )
     write_file(path, lambda tmp: tmp.write_text(json.dumps(layer.__dict__)))
     return layer
+
+
+def _local_gpu() -> torch.device:
+    """This rank's GPU: every rank plans before Lightning picks its device, and measuring on the
+    first GPU from every rank would leave a CUDA context of each rank there."""
+    local = os.environ.get("LOCAL_RANK") or os.environ.get("SLURM_LOCALID") or "0"
+    return torch.device("cuda", int(local) % max(1, torch.cuda.device_count()))
 
 
 def _devices(trainer_cfg: Any, devices: int | None) -> tuple[int, int]:

@@ -23,6 +23,8 @@ NO_STEP = 2**62  # "no non-finite loss yet", the identity of the ranks' min-redu
 # Devices AdamW runs its fused kernel on (tests add "cpu", where torch has one too, to run the
 # GPU path's optimizer and clipping; CPU runs keep the foreach kernel their figures came from).
 FUSED_DEVICES: tuple[str, ...] = ("cuda",)
+# Where `on_before_batch_transfer` puts the batch's `label_positions`.
+POSITIONS_KEY = "label_positions"
 
 
 def accepts_logits_to_keep(model: torch.nn.Module) -> bool:
@@ -32,7 +34,16 @@ def accepts_logits_to_keep(model: torch.nn.Module) -> bool:
     return "logits_to_keep" in inspect.signature(base.forward).parameters
 
 
-def causal_lm_loss(model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
+def label_positions(labels: torch.Tensor) -> torch.Tensor:
+    """The positions whose next token is a label in some row of the batch (the union over the
+    rows), ascending. Computed on the host before the batch goes to the GPU
+    (`VQAModule.on_before_batch_transfer`): `nonzero` on a GPU tensor waits for the GPU."""
+    return (labels[:, 1:] != IGNORE_INDEX).any(dim=0).nonzero().squeeze(1)
+
+
+def causal_lm_loss(
+    model: torch.nn.Module, inputs: dict[str, Any], positions: torch.Tensor | None = None
+) -> torch.Tensor:
     """transformers' causal-LM loss (mean token cross-entropy of `labels` shifted by one), with
     the vocabulary projection computed only at the positions that predict a label.
 
@@ -42,13 +53,14 @@ def causal_lm_loss(model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tens
     the model project only the union over the batch of the positions whose next token is a label;
     the loss is then transformers' own formula on those (equal to float tolerance,
     tests/test_training_speed.py). A batch without labels, or a model whose forward lacks
-    `logits_to_keep`, gets the model's own loss.
+    `logits_to_keep`, gets the model's own loss. `positions`: `label_positions(labels)`, if the
+    caller has it (on the GPU nothing here then waits for the device).
     """
     labels = inputs.get("labels")
     if labels is None or not accepts_logits_to_keep(model):
         return model(**inputs, use_cache=False).loss
     targets = labels[:, 1:]  # position p predicts token p + 1 (transformers' shift)
-    keep = (targets != IGNORE_INDEX).any(dim=0).nonzero().squeeze(1)
+    keep = label_positions(labels) if positions is None else positions.to(labels.device)
     rest = {k: v for k, v in inputs.items() if k != "labels"}
     logits = model(**rest, logits_to_keep=keep, use_cache=False).logits.float()
     picked = targets[:, keep]
@@ -142,10 +154,16 @@ class VQAModule(L.LightningModule):
         # from_pretrained() leaves modules in eval mode; dropout (e.g. LoRA's) must be active.
         self.model.train()
 
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        # Still on the host: where the labels are is known without waiting for the GPU.
+        if self.label_logits_only and isinstance(batch, dict) and "labels" in batch:
+            batch[POSITIONS_KEY] = label_positions(batch["labels"])
+        return batch
+
     def _loss(self, batch: dict[str, Any]) -> torch.Tensor:
-        inputs = {k: v for k, v in batch.items() if k != META_KEY}
+        inputs = {k: v for k, v in batch.items() if k not in (META_KEY, POSITIONS_KEY)}
         if self.label_logits_only:
-            return causal_lm_loss(self.model, inputs)
+            return causal_lm_loss(self.model, inputs, batch.get(POSITIONS_KEY))
         return self.model(**inputs, use_cache=False).loss
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
