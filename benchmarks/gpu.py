@@ -60,10 +60,11 @@ sys.path.insert(0, str(ROOT))
 import medvqa.config  # noqa: E402,F401  (registers the schemas)
 from medvqa.models.adapters import (  # noqa: E402
     apply_method,
+    build_adapter_config,
     compiled_decoder_layers,
     enable_gradient_checkpointing,
 )
-from medvqa.models.architectures import image_tokens, load_architecture, smart_resize  # noqa: E402
+from medvqa.models.architectures import image_tokens, load_architecture, qwen_resize  # noqa: E402
 from medvqa.models.loading import roles  # noqa: E402
 from medvqa.models.prompting import IGNORE_INDEX  # noqa: E402
 from medvqa.planning.activations import measure_layer  # noqa: E402
@@ -144,10 +145,8 @@ def matmul_params(model: torch.nn.Module, model_roles: Mapping[str, str]) -> Mat
             continue
         else:
             role = "language"
-        key = f"{role}_trained" if weight.requires_grad else role
-        if role == "language" and not weight.requires_grad:
-            key = "language_frozen"
-        counts[key] += weight.numel()
+        frozen = "language_frozen" if role == "language" else role
+        counts[f"{role}_trained" if weight.requires_grad else frozen] += weight.numel()
     return MatmulParams(**counts)
 
 
@@ -277,18 +276,17 @@ class SyntheticVQA(Dataset):
             side = int(self.config.vision_config.image_size)
             extra = {"pixel_values": torch.rand(1, 3, side, side, generator=g)}
         else:
-            vision = self.config.vision_config
-            factor = vision.patch_size * vision.spatial_merge_size
-            h, w = smart_resize(*self.image_size, factor, *self._pixels())
-            grid = torch.tensor([[1, h // vision.patch_size, w // vision.patch_size]])
+            patch, merge, _, resize = qwen_resize(self.config, self.pre)
+            h, w = resize(*self.image_size)
+            grid = torch.tensor([[1, h // patch, w // patch]])
             n_patches = int(grid.prod())
-            n_image = n_patches // vision.spatial_merge_size**2
+            n_image = n_patches // merge**2
             image = torch.full((n_image,), int(self.config.image_token_id))
             start = torch.tensor([int(self.config.vision_start_token_id)])
             end = torch.tensor([int(self.config.vision_end_token_id)])
             head, tail = text[:5], text[5 : 5 + 1 + question + options + 4]
             ids = [head, start, image, end, tail]
-            depth = 3 * vision.temporal_patch_size * vision.patch_size**2
+            depth = 3 * self.config.vision_config.temporal_patch_size * patch**2
             extra = {
                 "pixel_values": torch.rand(n_patches, depth, generator=g),
                 "image_grid_thw": grid,
@@ -305,12 +303,6 @@ class SyntheticVQA(Dataset):
         out.update(extra)
         out["record_ids"] = f"s{i}"
         return out
-
-    def _pixels(self) -> tuple[int, int]:
-        size = self.pre.get("size") or {}
-        low = int(self.pre.get("min_pixels") or size.get("shortest_edge") or 56 * 56)
-        high = int(self.pre.get("max_pixels") or size.get("longest_edge") or 28 * 28 * 1280)
-        return low, high
 
 
 def loader(data: SyntheticVQA, batch: int, cuda: bool, padding_side: str) -> DataLoader:
@@ -569,10 +561,9 @@ def generation_row(
 
 
 def layer_activations(config: Any, cfg: Any, device: torch.device) -> float:
-    """KiB per token one decoder layer keeps under this method, measured on `device`."""
-    adapter = None
-    if cfg.peft.adapter is not None:
-        adapter = instantiate(cfg.peft.adapter, _convert_="all")
+    """KiB per token one decoder layer keeps under this method, measured on `device` with the
+    adapter `task=plan` measures it with (plain module names: the layer is the language model's)."""
+    adapter = build_adapter_config(cfg.peft.adapter, None, roles(cfg.model))
     train_weights = "language" in list(cfg.peft.train_modules)
     measured = measure_layer(config, adapter, train_weights=train_weights, device=device)
     return measured.per_token / 1024

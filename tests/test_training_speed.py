@@ -314,18 +314,16 @@ def test_loader_workers_change_neither_the_trained_weights_nor_the_answers(
 def test_auto_workers_follow_the_cores_a_gpu_rank_has(monkeypatch: pytest.MonkeyPatch) -> None:
     from medvqa.training import datamodule
 
-    class CUDAAccelerator:  # the class name is what is read
-        pass
-
-    def trainer(devices: int, accelerator: object) -> object:
-        return type("T", (), {"accelerator": accelerator, "num_devices": devices})()
+    def trainer(devices: int, device: torch.device) -> object:
+        strategy = type("S", (), {"root_device": device})()
+        return type("T", (), {"strategy": strategy, "num_devices": devices})()
 
     monkeypatch.setattr(datamodule.os, "cpu_count", lambda: 64)
     monkeypatch.setattr(
         datamodule.os, "sched_getaffinity", lambda pid: set(range(64)), raising=False
     )
     monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
-    gpu = CUDAAccelerator()
+    gpu = torch.device("cuda", 0)
     assert datamodule.auto_workers(trainer(1, gpu)) == 8  # capped
     assert datamodule.auto_workers(trainer(16, gpu)) == 3  # 64 cores shared by 16 ranks
     monkeypatch.setenv("SLURM_CPUS_PER_TASK", "4")

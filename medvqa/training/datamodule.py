@@ -93,8 +93,8 @@ def auto_workers(trainer: L.Trainer | None) -> int:
 
 
 def is_gpu(trainer: L.Trainer | None) -> bool:
-    """Whether the trainer's accelerator is a GPU (batches then go through pinned memory)."""
-    return trainer is not None and trainer.accelerator.__class__.__name__ != "CPUAccelerator"
+    """Whether the trainer's device is a CUDA GPU (batches then go through pinned memory)."""
+    return trainer is not None and trainer.strategy.root_device.type == "cuda"
 
 
 def loader_options(trainer: L.Trainer | None, num_workers: int | None) -> dict[str, Any]:

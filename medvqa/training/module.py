@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import inspect
 import math
+from functools import cache
 from typing import Any
 
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.plugins.precision import Precision
+from lightning.pytorch.utilities import GradClipAlgorithmType
 from transformers import get_cosine_schedule_with_warmup
 
 from medvqa.models.adapters import role_parameters
@@ -31,7 +34,12 @@ def accepts_logits_to_keep(model: torch.nn.Module) -> bool:
     """Whether `model`'s forward takes `logits_to_keep` (every transformers causal/VLM head does;
     peft's wrappers pass keyword arguments through to the model they wrap)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "logits_to_keep" in inspect.signature(base.forward).parameters
+    return _takes_logits_to_keep(type(base))
+
+
+@cache  # asked at every step: read each class's signature once
+def _takes_logits_to_keep(cls: type) -> bool:
+    return "logits_to_keep" in inspect.signature(cls.forward).parameters
 
 
 def label_positions(labels: torch.Tensor) -> torch.Tensor:
@@ -277,20 +285,18 @@ class VQAModule(L.LightningModule):
 
         Lightning's mixed-precision plugin refuses to clip for any optimizer that can unscale
         gradients itself (fused AdamW), because under float16 it would clip scaled gradients.
-        Under bfloat16 there is no scaler and nothing to unscale: the gradients are clipped here
-        with the same torch function Lightning calls. (This refusal stopped every training job
-        on a GPU at its first step: `trainer=gpu` clips at 1.0.)
+        Under bfloat16 there is no scaler and nothing to unscale: the gradients are clipped
+        by Lightning's base precision plugin. (This refusal stopped every training job on a GPU
+        at its first step: `trainer=gpu` clips at 1.0.)
         """
         fused = bool(getattr(optimizer, "_step_supports_amp_scaling", False))
-        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
-        if not gradient_clip_val or not fused or scaler is not None:
+        plugin = self.trainer.precision_plugin
+        if not gradient_clip_val or not fused or getattr(plugin, "scaler", None) is not None:
             self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
             return
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        if gradient_clip_algorithm == "value":
-            torch.nn.utils.clip_grad_value_(params, float(gradient_clip_val))
-        else:
-            torch.nn.utils.clip_grad_norm_(params, float(gradient_clip_val))
+        # Lightning's own clipping, without the mixed-precision plugin's refusal in front of it.
+        algorithm = GradClipAlgorithmType(gradient_clip_algorithm or GradClipAlgorithmType.NORM)
+        Precision.clip_gradients(plugin, optimizer, float(gradient_clip_val), algorithm)
 
     def configure_optimizers(self) -> dict[str, Any]:
         groups = self.param_groups()

@@ -277,8 +277,14 @@ def smart_resize(
     return h_bar, w_bar
 
 
-def _qwen(config: Any, pre: Mapping[str, Any], image_size: ImageSize | None) -> tuple[int, int]:
-    # Qwen2VLImageProcessor: min_pixels/max_pixels (older files) override size's shortest/longest_edge.
+def qwen_resize(
+    config: Any, pre: Mapping[str, Any]
+) -> tuple[int, int, int, Callable[[int, int], ImageSize]]:
+    """Qwen2-VL's image processing for `config`/`pre`: (patch, merge, max_pixels, resize), where
+    resize(height, width) is the (height, width) the processor resizes a picture to.
+
+    Qwen2VLImageProcessor: min_pixels/max_pixels (older files) override size's
+    shortest/longest_edge."""
     vision = config.vision_config
     size = pre.get("size") or {}
     min_pixels = int(pre.get("min_pixels") or size.get("shortest_edge") or QWEN_MIN_PIXELS)
@@ -286,11 +292,21 @@ def _qwen(config: Any, pre: Mapping[str, Any], image_size: ImageSize | None) -> 
     patch = int(pre.get("patch_size") or vision.patch_size)
     merge = int(pre.get("merge_size") or vision.spatial_merge_size)
     factor = patch * merge  # one LLM token per merge x merge patches
+
+    def resize(height: int, width: int) -> ImageSize:
+        return smart_resize(height, width, factor, min_pixels, max_pixels)
+
+    return patch, merge, max_pixels, resize
+
+
+def _qwen(config: Any, pre: Mapping[str, Any], image_size: ImageSize | None) -> tuple[int, int]:
+    patch, merge, max_pixels, resize = qwen_resize(config, pre)
+    factor = patch * merge
     if image_size is None:
         # smart_resize keeps h*w <= max_pixels with both sides multiples of factor: this bound is
         # reached by a square of side sqrt(max_pixels) when that is a multiple of factor.
         return max_pixels // factor**2, 2
-    height, width = smart_resize(*image_size, factor, min_pixels, max_pixels)
+    height, width = resize(*image_size)
     return (height // factor) * (width // factor), 2
 
 
@@ -418,5 +434,6 @@ __all__ = [
     "image_tokens",
     "load_architecture",
     "meta_model",
+    "qwen_resize",
     "read_preprocessor",
 ]
