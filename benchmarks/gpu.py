@@ -63,9 +63,10 @@ from medvqa.models.adapters import (  # noqa: E402
     build_adapter_config,
     compiled_decoder_layers,
     enable_gradient_checkpointing,
+    merged_adapters,
 )
 from medvqa.models.architectures import image_tokens, load_architecture, qwen_resize  # noqa: E402
-from medvqa.models.loading import roles  # noqa: E402
+from medvqa.models.loading import apply_liger_kernels, roles  # noqa: E402
 from medvqa.models.prompting import IGNORE_INDEX  # noqa: E402
 from medvqa.planning.activations import measure_layer  # noqa: E402
 from medvqa.training.datamodule import collate  # noqa: E402
@@ -106,6 +107,7 @@ SETUPS: dict[str, Setup] = {
     "none-4-compile": Setup(0, 4, compile_layers=True),
     "none-8-compile": Setup(0, 8, compile_layers=True),
     "ckpt/2-8-dropout0": Setup(2, 8, lora_dropout=0.0),
+    "none-8-dropout0": Setup(0, 8, lora_dropout=0.0),
 }
 # Least memory first: a row that runs out of memory comes last.
 DEFAULT_SETUPS = ("before", "ckpt-16", "ckpt/2-16", "ckpt/2-8", "none-4", "none-8")
@@ -521,10 +523,12 @@ def generation_row(
     pre: Mapping[str, Any],
     args: argparse.Namespace,
     image_size: tuple[int, int],
+    merge: bool = False,
 ) -> dict[str, float]:
     """Greedy generation of `--gen-batch` left-padded prompts, `--new-tokens` each (forced, as
     random weights could stop early), under bf16 autocast as the predict Trainer runs it;
-    one warm-up batch, then `--gen-batches` timed."""
+    one warm-up batch, then `--gen-batches` timed. `merge`: adapters folded into the weights
+    (`model.merge_adapters`), as `GenerationModule` does."""
     cuda = not args.cpu
     device = next(model.parameters()).device
     model.eval()
@@ -544,7 +548,7 @@ def generation_row(
             pad_token_id=0,
         )
 
-    with torch.inference_mode(), autocast:
+    with torch.inference_mode(), autocast, merged_adapters(model, merge):
         run(next(batches))
         if cuda:
             torch.cuda.synchronize()
@@ -558,6 +562,29 @@ def generation_row(
     peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan")
     model.train()
     return {"gen_rows_s": args.gen_batch * args.gen_batches / seconds, "gen_peak_gib": peak}
+
+
+def liger_check(
+    model: torch.nn.Module, config: Any, pre: Mapping[str, Any], device: torch.device
+) -> dict[str, Any]:
+    """Apply Liger's kernels as `model.liger_kernels` does, checking on one batch (no dropout,
+    bf16 autocast) that the loss is the eager model's to bf16 tolerance: the rows that follow
+    run with Liger, and say so."""
+    data = SyntheticVQA(config, pre, 4, (512, 512), with_answer=True)
+    batch = collate([data[i] for i in range(len(data))], pad_token_id=0, padding_side="right")
+    batch.pop("record_ids", None)
+    inputs = {k: v.to(device) for k, v in batch.items() if isinstance(v, torch.Tensor)}
+
+    def loss() -> float:
+        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16):
+            return float(model(**inputs).loss)
+
+    model.eval()
+    before = loss()
+    apply_liger_kernels(model)
+    after = loss()
+    model.train()
+    return {"liger": True, "liger_loss_eager": before, "liger_loss": after}
 
 
 def layer_activations(config: Any, cfg: Any, device: torch.device) -> float:
@@ -606,6 +633,9 @@ def rows_for(model_name: str, args: argparse.Namespace) -> Iterator[dict[str, An
     for method in args.methods:
         cfg = compose_cfg(model_name, method, args.cpu, args.overrides)
         model, config, pre = build_model(cfg, device, small=args.cpu)
+        liger: dict[str, Any] = {}
+        if args.liger:
+            liger = liger_check(model, config, pre, device)
         model = apply_method(model, cfg.peft, roles(cfg.model))
         cases = [("slake", (512, 512))]
         if config.model_type.startswith("qwen") and args.mimic:
@@ -616,7 +646,7 @@ def rows_for(model_name: str, args: argparse.Namespace) -> Iterator[dict[str, An
             log.warning("layer activations of %s: %r", model_name, err)
             kib = float("nan")
         for data_name, size in cases:
-            base = {"model": model_name, "method": method, "data": data_name}
+            base = {"model": model_name, "method": method, "data": data_name, **liger}
             for name in args.setups:
                 setup = SETUPS[name]
                 if setup.lora_dropout is not None and method != "lora":
@@ -633,14 +663,15 @@ def rows_for(model_name: str, args: argparse.Namespace) -> Iterator[dict[str, An
                 if not args.cpu:
                     gc.collect()  # an out-of-memory row's trainer and optimizer state
                     torch.cuda.empty_cache()
-            gen = {**base, "setup": "generate"}
-            try:
-                gen.update(generation_row(model, config, pre, args, size))
-            except torch.OutOfMemoryError:
-                gen["error"] = "out of memory"
-            except Exception as err:  # one failing row must not hide the others
-                gen["error"] = repr(err)[:300]
-            yield gen
+            for merge in (False, True) if args.gen_batches else ():
+                gen = {**base, "setup": "generate-merged" if merge else "generate"}
+                try:
+                    gen.update(generation_row(model, config, pre, args, size, merge))
+                except torch.OutOfMemoryError:
+                    gen["error"] = "out of memory"
+                except Exception as err:  # one failing row must not hide the others
+                    gen["error"] = repr(err)[:300]
+                yield gen
         del model
         if not args.cpu:
             torch.cuda.empty_cache()
@@ -655,12 +686,15 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--warmup", type=int, default=2, help="untimed optimiser steps first")
     parser.add_argument("--micro-batch-cap", type=int, default=None)
     parser.add_argument("--gen-batch", type=int, default=64)
-    parser.add_argument("--gen-batches", type=int, default=2)
+    parser.add_argument("--gen-batches", type=int, default=2, help="timed; 0: no generation rows")
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--no-mimic", dest="mimic", action="store_false")
     parser.add_argument("--peak-tflops", type=float, default=None, help="GPU peak bf16 TFLOP/s")
     parser.add_argument("--out", type=Path, default=None, help="append a JSON line per row")
     parser.add_argument("--cpu", action="store_true", help="a shrunk shape on the CPU")
+    parser.add_argument(
+        "--liger", action="store_true", help="Liger's kernels (model.liger_kernels)"
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. peft.adapter.r=8")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
@@ -707,10 +741,11 @@ def _fmt(value: Any, spec: str) -> str:
 
 def _cells(r: Mapping[str, Any]) -> list[str]:
     shape = f"{r['micro_batch']}×{r['accumulate']}" if "micro_batch" in r else ""
+    setup = r["setup"] + ("+liger" if r.get("liger") else "")
     if "error" in r:
-        return [r["model"], r["method"], r["data"], r["setup"], shape, r["error"][:40],
+        return [r["model"], r["method"], r["data"], setup, shape, r["error"][:40],
                 *[""] * 7]  # fmt: skip
-    return [r["model"], r["method"], r["data"], r["setup"], shape,
+    return [r["model"], r["method"], r["data"], setup, shape,
             _fmt(r.get("samples_s"), ".2f"), _fmt(r.get("tokens_s"), ".0f"),
             _fmt(r.get("tflop_sample"), ".2f"), _fmt(r.get("mfu"), ".1%"), _fmt(r.get("hfu"), ".1%"),
             _fmt(r.get("peak_gib", r.get("gen_peak_gib")), ".1f"), _fmt(r.get("gen_rows_s"), ".1f"),
@@ -718,8 +753,10 @@ def _cells(r: Mapping[str, Any]) -> list[str]:
 
 
 def _line(r: Mapping[str, Any]) -> str:
-    keys = ("samples_s", "mfu", "hfu", "peak_gib", "gen_rows_s", "error")
-    return f"{r['model']}/{r['method']}/{r['data']}/{r['setup']}: " + ", ".join(
+    keys = ("samples_s", "mfu", "hfu", "peak_gib", "gen_rows_s", "liger_loss_eager", "liger_loss",
+            "error")  # fmt: skip
+    setup = r["setup"] + ("+liger" if r.get("liger") else "")
+    return f"{r['model']}/{r['method']}/{r['data']}/{setup}: " + ", ".join(
         f"{k}={r[k]:.3g}" if isinstance(r[k], float) else f"{k}={r[k]}" for k in keys if k in r
     )
 

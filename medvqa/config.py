@@ -332,6 +332,14 @@ def _value_problems(cfg: DictConfig) -> list[str]:
             f"trainer.min_epochs={min_epochs}: above trainer.max_epochs={max_epochs}; lower it "
             "or raise trainer.max_epochs"
         )
+    if _plain(OmegaConf.select(cfg, "model.liger_kernels")) and _plain(
+        OmegaConf.select(cfg, "model.compile_layers")
+    ):
+        problems.append(
+            "model.liger_kernels=true with model.compile_layers=true: torch.compile cannot trace "
+            "Liger's Triton kernels in the decoder layers (measured on an H100); choose one "
+            "(compiled layers were the faster, docs/gpus.md#speed-measured-on-an-h100)"
+        )
     limits = _plain(OmegaConf.select(cfg, "data.limit")) or {}
     for split, cap in limits.items():
         if split not in SPLITS:

@@ -265,15 +265,15 @@ def test_the_gpu_benchmark_runs_on_a_shrunk_shape(tmp_path: Path) -> None:
         ["--cpu", "--models", "llava_med", "--methods", "lora", "--setups", "before", "none-4",
          "--steps", "1", "--warmup", "1", "--out", str(out)]
     )  # fmt: skip
-    assert [r["setup"] for r in rows] == ["before", "none-4", "generate"]
+    assert [r["setup"] for r in rows] == ["before", "none-4", "generate", "generate-merged"]
     assert all("error" not in r for r in rows), rows
     for row in rows[:2]:
         assert row["samples_s"] > 0 and row["timed_samples"] == 2
         assert row["tflop_sample"] > 0 and 500 < row["tokens_per_sample"] < 700
         assert row["hw_flops_s"] >= row["model_flops_s"]
     assert rows[0]["hw_flops_s"] > rows[0]["model_flops_s"]  # recompute and full logits
-    assert rows[2]["gen_rows_s"] > 0
-    assert len(out.read_text().splitlines()) == 3
+    assert rows[2]["gen_rows_s"] > 0 and rows[3]["gen_rows_s"] > 0
+    assert len(out.read_text().splitlines()) == 4
 
 
 def test_loader_workers_change_neither_the_trained_weights_nor_the_answers(
@@ -448,3 +448,118 @@ def test_label_positions_are_found_before_the_batch_goes_to_the_device(
         train_dataloaders=_loader(cfg, processor),
     )
     assert seen == [("positions", True), ("loss", True)] * 2
+
+
+def _randomise_adapters(model: torch.nn.Module) -> None:
+    """LoRA's B starts at zero (a merge would add nothing): give every adapter weight a value."""
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name or "ia3_" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.05 + (1.0 if "ia3_" in name else 0))
+
+
+@pytest.mark.parametrize("method", ["lora", "ia3"])
+def test_merged_adapters_compute_the_same_and_give_the_weights_back_bit_for_bit(
+    tiny_model_dir: Path, cache_dir: Path, source, method: str
+) -> None:
+    """`model.merge_adapters`: generation runs on base weights with the adapters folded in (a
+    copy), then the very tensors the model trained are back, unmerged and still trainable."""
+    from medvqa.models.adapters import mergeable_layers, merged_adapters
+    from tests.test_numerics import _spec
+
+    cfg = compose([f"peft={method}"], cache_dir)
+    model, processor = load_vlm(_spec(tiny_model_dir))
+    model = apply_method(model, cfg.peft, roles(cfg.model), processor)
+    _randomise_adapters(model)
+    model.eval()
+    layers = mergeable_layers(model)
+    assert layers
+    before = {id(p): (p.data_ptr(), p.detach().clone()) for p in model.parameters()}
+    batch = _batch(processor, source)
+    with torch.no_grad():
+        unmerged = model(**batch).logits
+        with merged_adapters(model) as n:
+            assert n == len(layers) and all(layer.merged for layer in layers)
+            for layer in layers:  # the adapters are in (copies of) the weights, not beside them
+                weight = layer.get_base_layer().weight
+                assert not torch.equal(weight, before[id(weight)][1])
+            merged = model(**batch).logits
+    torch.testing.assert_close(merged, unmerged, rtol=1e-4, atol=1e-4)
+    assert not any(layer.merged for layer in mergeable_layers(model))
+    for p in model.parameters():
+        storage, copy = before[id(p)]
+        assert p.data_ptr() == storage and torch.equal(p, copy)  # the very tensor, unchanged
+    model.train()
+    loss = model(**_batch(processor, source), use_cache=False).loss
+    loss.backward()  # the adapters train again
+    assert all(p.grad is not None for n, p in model.named_parameters() if p.requires_grad)
+
+
+def test_merged_generation_gives_the_unmerged_answers_keyed_apart(
+    tiny_model_dir: Path, cache_dir: Path, source, tmp_path: Path
+) -> None:
+    """The same answers (float32) through the prediction loop, the weights unchanged after it;
+    bf16 answers may differ by rounding, so a merged run's answers are keyed apart, unless the
+    model has no adapter to merge (the zero-shot base's shared answers)."""
+    from medvqa.evaluation.generation import generate_predictions, prediction_key
+    from tests.test_numerics import _lora, _spec
+
+    _, model, processor = _lora(tiny_model_dir, cache_dir)
+    _randomise_adapters(model)
+    weights = {n: p.detach().clone() for n, p in model.named_parameters()}
+    frame = source.table().head(6)
+    answers = [
+        generate_predictions(
+            model, processor, frame, source, tmp_path / f"p{merge}.jsonl", "test_iid",
+            batch_size=3, max_new_tokens=4, merge_adapters=merge,
+        )["prediction"].tolist()
+        for merge in (False, True)
+    ]  # fmt: skip
+    assert answers[0] == answers[1]
+    assert all(torch.equal(p, weights[n]) for n, p in model.named_parameters())
+    frames = {"test_iid": frame}
+    keys = [prediction_key("w", model, processor, frames, {"merge_adapters": m}) for m in (0, 1)]
+    assert keys[0] != keys[1]
+    base, base_processor = load_vlm(_spec(tiny_model_dir))
+    assert (
+        len(
+            {
+                prediction_key("w", base, base_processor, frames, {"merge_adapters": m})
+                for m in (0, 1)
+            }
+        )
+        == 1
+    )
+
+
+def test_liger_kernels_are_refused_without_a_gpu_or_the_package_and_with_compiled_layers(
+    tiny_model_dir: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`model.liger_kernels`: Triton kernels, CUDA only; the one call transformers' Trainer
+    makes (`_apply_liger_kernel_to_instance`), without Liger's fused cross-entropy (the loss
+    is medvqa's own); torch.compile cannot trace them, so the pair is refused up front."""
+    import types
+
+    from medvqa.config import ConfigError, check_config
+    from medvqa.models import loading
+    from tests.test_numerics import _spec
+
+    spec = _spec(tiny_model_dir, liger_kernels=True)
+    with pytest.raises(RuntimeError, match="CUDA GPUs; this machine has none"):
+        load_vlm(spec)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setitem(sys.modules, "liger_kernel", None)
+    with pytest.raises(ImportError, match="pip install liger-kernel"):
+        load_vlm(spec)
+    calls = []
+    fake = types.ModuleType("liger_kernel.transformers")
+    fake._apply_liger_kernel_to_instance = lambda model, **kw: calls.append((model, kw))
+    monkeypatch.setitem(sys.modules, "liger_kernel", types.ModuleType("liger_kernel"))
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers", fake)
+    model, _ = load_vlm(spec)
+    assert calls == [(model, {"cross_entropy": False, "fused_linear_cross_entropy": False})]
+    assert loading.apply_liger_kernels  # the one place the call is made
+    cfg = compose(["model.liger_kernels=true", "model.compile_layers=true"], cache_dir)
+    with pytest.raises(ConfigError, match=r"liger_kernels=true with model\.compile_layers=true"):
+        check_config(cfg)

@@ -17,6 +17,7 @@ import json
 import logging
 import shutil
 from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from medvqa.data.records import PREDICTION
 from medvqa.distributed import is_global_zero
 from medvqa.hashing import Hasher
 from medvqa.interrupts import stage
+from medvqa.models.adapters import mergeable_layers, merged_adapters
 from medvqa.models.prompting import PLAIN, PromptTemplate
 from medvqa.models.saving import weights_fingerprint
 from medvqa.training.datamodule import META_KEY, VQADataset, loader_options, make_loader
@@ -149,11 +151,29 @@ class GenerationModule(L.LightningModule):
     a model reloaded from a run all generate through the same predict loop.
     """
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, max_new_tokens: int) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        max_new_tokens: int,
+        merge_adapters: bool = False,
+    ) -> None:
         super().__init__()
         self.model = model
         self.tokenizer = tokenizer
         self.max_new_tokens = max_new_tokens
+        self.merge_adapters = merge_adapters
+        self._merged: ExitStack | None = None
+
+    def on_predict_start(self) -> None:
+        # Here, not around trainer.predict: the strategy has put the weights on the device.
+        self._merged = ExitStack()
+        self._merged.enter_context(merged_adapters(self.model, self.merge_adapters))
+
+    def on_predict_end(self) -> None:
+        if self._merged is not None:
+            self._merged.close()
+            self._merged = None
 
     def predict_step(self, batch: dict[str, Any], batch_idx: int) -> list[tuple[str, str]]:
         ids = batch.pop(META_KEY)
@@ -332,13 +352,15 @@ def generate_predictions(
     trainer: L.Trainer | None = None,
     mismatch_field: str = DataSchema.mismatch_field,
     pool: pd.DataFrame | None = None,
+    merge_adapters: bool = False,
 ) -> pd.DataFrame | None:
     """Generate answers for `frame` into `out_path` (resuming), return this split's records.
 
     Every rank must call it (each generates its shard); only global rank 0 gets the records,
     the other ranks get None. `model_id`: the weights' fingerprint, if the caller has it;
     `trainer`: a `prediction_trainer` to reuse (a job generates every split and image mode with
-    one), else one is made from `trainer_cfg`.
+    one), else one is made from `trainer_cfg`; `merge_adapters`: fold LoRA/(IA)³ into the base
+    weights while generating (`model.merge_adapters`), the weights unchanged afterwards.
     """
     model_id = model_id or weights_fingerprint(model)
     data = GenerationData(
@@ -356,9 +378,12 @@ def generate_predictions(
         pool,
     )
     trainer = trainer or prediction_trainer(trainer_cfg)
-    module = GenerationModule(model, processor.tokenizer, max_new_tokens)
+    module = GenerationModule(model, processor.tokenizer, max_new_tokens, merge_adapters)
     with stage(f"generate {split} -> {out_path.name}"):
-        trainer.predict(module, datamodule=data, return_predictions=False)
+        try:
+            trainer.predict(module, datamodule=data, return_predictions=False)
+        finally:  # an exception skips on_predict_end: the weights come back all the same
+            module.on_predict_end()
     log.info("%s: generated %d of %d answers", split, data.n_todo, len(frame))
     trainer.strategy.barrier("medvqa-predictions")  # every rank's shard is complete
     if not trainer.is_global_zero:
@@ -447,6 +472,8 @@ def prediction_key(
     }
     if settings.get("image_mode") == "mismatched":  # which rows' images it shows
         what["mismatch_field"] = settings.get("mismatch_field", DataSchema.mismatch_field)
+    if settings.get("merge_adapters") and mergeable_layers(model):  # W + BA rounds otherwise
+        what["merge_adapters"] = True
     prompt = settings.get("prompt", PLAIN)
     key.update(
         {

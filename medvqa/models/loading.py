@@ -98,6 +98,31 @@ def roles(model_cfg: Any) -> dict[str, str]:
     return asdict(modules) if is_dataclass(modules) else dict(modules)
 
 
+def apply_liger_kernels(model: torch.nn.Module) -> None:
+    """Liger's Triton kernels in place of the language (and, where Liger has them, vision)
+    model's RMSNorm, SwiGLU MLP and rotary embedding (`model.liger_kernels`), patched on this
+    instance as transformers' Trainer does (`use_liger_kernel`). Fused cross-entropy stays off:
+    the training loss is computed at the labelled positions only (`causal_lm_loss`).
+
+    RoPE is patched in the transformers modeling module, so it holds for every model of that
+    family in the process.
+    """
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            "model.liger_kernels=true: Liger's kernels are Triton kernels for CUDA GPUs; this "
+            "machine has none. Set model.liger_kernels=false."
+        )
+    try:
+        from liger_kernel.transformers import _apply_liger_kernel_to_instance
+    except ImportError as err:
+        raise ImportError(
+            "model.liger_kernels=true needs the liger-kernel package: pip install liger-kernel "
+            "(or set model.liger_kernels=false)"
+        ) from err
+    _apply_liger_kernel_to_instance(model, cross_entropy=False, fused_linear_cross_entropy=False)
+    log.info("Liger kernels applied to %s", type(model).__name__)
+
+
 def load_vlm(model_cfg: Any) -> tuple[torch.nn.Module, Any]:
     """Return (model, processor) loaded with AutoModelForImageTextToText / AutoProcessor.
 
@@ -143,6 +168,8 @@ def load_vlm(model_cfg: Any) -> tuple[torch.nn.Module, Any]:
     template = model_option(model_cfg, "chat_template")
     if template is not None:
         processor.chat_template = chat_template(str(template))
+    if model_option(model_cfg, "liger_kernels"):
+        apply_liger_kernels(model)
     log.info(
         "loaded %s (%s, %s, %s attention) from %s",
         model_cfg.name,

@@ -46,6 +46,16 @@ class ModelSchema:
     # Compiled dropout draws its masks from another generator: reproducible, but other numbers
     # than an eager run's.
     compile_layers: bool = False
+    # Fold LoRA/(IA)³ into (copies of) the base weights while generating: decoding a 7B model
+    # with unmerged adapters is bound by their extra kernel launches. Costs the adapted
+    # weights' bytes once more while generating; answers can differ from unmerged ones by bf16
+    # rounding (W + BA rounded once), so they are keyed apart. Training is unaffected.
+    merge_adapters: bool = False
+    # Liger's fused Triton kernels (RMSNorm, SwiGLU, RoPE) in the language model, through
+    # `liger_kernel.transformers._apply_liger_kernel_to_instance` as transformers' Trainer
+    # applies them (pip install liger-kernel; CUDA GPUs only). The loss stays medvqa's own
+    # (labelled positions only), not Liger's fused cross-entropy.
+    liger_kernels: bool = False
     # A named chat template (medvqa.models.prompting.CHAT_TEMPLATES, e.g. llava_med) replacing
     # the processor's own, for checkpoints saved without the one the model was trained with.
     chat_template: str | None = None

@@ -122,6 +122,7 @@ def train_eval(
             num_workers=cfg.data.num_workers,
             prompt=prompt,
             mismatch_field=str(cfg.data.mismatch_field),
+            merge_adapters=bool(cfg.model.merge_adapters),
         )
         shared = Path(cfg.paths.cache_dir) / SHARED_PREDICTIONS
         eval_image = str(cfg.data.eval_image)
