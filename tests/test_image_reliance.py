@@ -4,6 +4,7 @@ real image of another case from the same split, the same pairing in every run.""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from medvqa.data import records as R
+from medvqa.evaluation.reliance import QUADRANTS, add_reliance, reliance_metrics
 from medvqa.training.datamodule import VQADataset, shuffled_partners
 from tests.conftest import compose, run_main
 
@@ -117,5 +119,105 @@ def test_a_run_reports_the_delta_of_another_rows_image(
         assert metrics[f"delta_{mode}/{split}/closed_acc"] == pytest.approx(sighted - other)
     answers = pd.read_json(tmp_path / f"predictions_{mode}.jsonl", lines=True)
     assert len(answers) == metrics["test_iid/n"] + metrics["test_ood/n"]
+    # Row by row: the per-sample reliance columns in scores.parquet, and the split's figures
+    # recomputed from them by hand.
+    scored = pd.read_parquet(tmp_path / "scores.parquet")
+    theirs = pd.read_parquet(tmp_path / f"scores_{mode}.parquet").set_index(["split", "id"])
+    closed = scored[scored["answer_type"] == "closed"]
+    expected = theirs.loc[list(zip(closed["split"], closed["id"], strict=True)), "closed_correct"]
+    assert closed[f"reliance_{mode}_correct"].tolist() == expected.tolist()
+    for split, rows in closed.groupby("split"):
+        right = rows[rows["closed_correct"] == 1]
+        survive = metrics[f"{split}/reliance_{mode}_closed_survive"]
+        if len(right):
+            assert survive == pytest.approx(right[f"reliance_{mode}_correct"].mean())
+        quadrants = [metrics[f"{split}/reliance_{mode}_closed_{q}"] for q in QUADRANTS]
+        assert sum(quadrants) == pytest.approx(1.0)
     # One modality in the OoD split: drawn within it, mismatched rows would have no partner.
     assert answers.loc[answers["split"] == "test_ood", "modality"].nunique() == 1
+
+
+def _scored(split_ids, answers, predictions, types, correct, cases) -> pd.DataFrame:
+    """A scored table as the traditional family leaves it (closed_correct / open_exact_match)."""
+    frame = pd.DataFrame(
+        {
+            R.SPLIT: [s for s, _ in split_ids],
+            R.ID: [i for _, i in split_ids],
+            R.ANSWER: answers,
+            R.PREDICTION: predictions,
+            R.ANSWER_TYPE: types,
+            R.CASE_ID: cases,
+        }
+    )
+    closed = frame[R.ANSWER_TYPE] == "closed"
+    frame["closed_correct"] = [
+        c if k else float("nan") for c, k in zip(correct, closed, strict=True)
+    ]
+    frame["open_exact_match"] = [
+        float("nan") if k else c for c, k in zip(correct, closed, strict=True)
+    ]
+    return frame
+
+
+def test_reliance_figures_by_hand() -> None:
+    """Six closed and two open questions; with the image blanked: which answers survive,
+    which change, and the quadrants, each computed by hand."""
+    ids = [("test_iid", f"q{i}") for i in range(8)]
+    types = ["closed"] * 6 + ["open"] * 2
+    cases = ["a", "a", "b", "b", "c", "c", "d", "d"]
+    answers = ["yes", "no", "yes", "no", "yes", "no", "lung", "liver"]
+    # real image: q0-q3 right, q4-q5 wrong; q6 right, q7 wrong
+    real = _scored(ids, answers, ["Yes", "no", "yes", "no", "no", "yes", "lung", "heart"],
+                   types, [1, 1, 1, 1, 0, 0, 1, 0], cases)  # fmt: skip
+    # blank: q0 the same answer (capitalised: not a change), q1 flips to wrong, q2 the same,
+    # q3 flips, q4 flips to right, q5 unchanged; q6 the same, q7 changes (still wrong)
+    blank = _scored(ids, answers, ["yes", "yes", "yes", "yes", "yes", "yes", "lung", "kidney"],
+                    types, [1, 0, 1, 0, 1, 0, 1, 0], cases)  # fmt: skip
+    blank = blank.iloc[::-1].reset_index(drop=True)  # paired by split and id, not by position
+    scored, modes = add_reliance(real, {"blank": blank, "image": real})
+    assert modes == ["blank"]  # `image` is no counterfactual
+    assert scored["reliance_blank_correct"].tolist() == [1, 0, 1, 0, 1, 0, 1, 0]
+    assert scored["reliance_blank_changed"].tolist() == [0, 1, 0, 1, 1, 0, 0, 1]
+    m = reliance_metrics(scored, modes)
+    assert m["test_iid/reliance_blank_closed_survive"] == pytest.approx(2 / 4)
+    assert m["test_iid/reliance_blank_closed_changed"] == pytest.approx(3 / 6)
+    assert m["test_iid/reliance_blank_closed_n_correct"] == 4
+    quadrants = {q: m[f"test_iid/reliance_blank_closed_{q}"] for q in QUADRANTS}
+    assert quadrants == pytest.approx(
+        {"correct_dependent": 2 / 6, "correct_independent": 2 / 6,
+         "wrong_dependent": 1 / 6, "wrong_independent": 1 / 6}
+    )  # fmt: skip
+    assert m["test_iid/reliance_blank_open_survive"] == 1.0
+    assert m["test_iid/reliance_blank_open_changed"] == 0.5
+    with_ci = reliance_metrics(scored, modes, bootstrap={"B": 200, "seed": 0, "level": 0.95})
+    lo, hi = (
+        with_ci["test_iid/reliance_blank_closed_survive_ci_lo"],
+        with_ci["test_iid/reliance_blank_closed_survive_ci_hi"],
+    )
+    assert 0 <= lo <= 0.5 <= hi <= 1
+
+
+def test_a_missing_counterfactual_answer_makes_the_split_nan_not_a_share_of_the_rest() -> None:
+    ids = [("test_iid", "q0"), ("test_iid", "q1"), ("test_ood", "q2")]
+    real = _scored(ids, ["yes"] * 3, ["yes"] * 3, ["closed"] * 3, [1, 1, 1], ["a", "b", "c"])
+    blank = real[real[R.ID] != "q1"]  # q1 was never answered blind
+    scored, modes = add_reliance(real, {"blank": blank})
+    m = reliance_metrics(scored, modes)
+    assert math.isnan(m["test_iid/reliance_blank_closed_survive"])
+    assert math.isnan(m["test_iid/reliance_blank_closed_correct_independent"])
+    assert m["test_ood/reliance_blank_closed_survive"] == 1.0
+
+
+def test_reliance_per_breakdown_value_finds_the_subgroup_answered_without_the_image() -> None:
+    """A modality whose questions are answered from their text (the same answer blind) and one
+    whose answers need the image: the breakdown by modality tells them apart."""
+    ids = [("test_iid", f"q{i}") for i in range(8)]
+    modality = ["x-ray"] * 4 + ["ct"] * 4
+    real = _scored(ids, ["yes"] * 8, ["yes"] * 8, ["closed"] * 8, [1] * 8, list("abcdefgh"))
+    blank = _scored(ids, ["yes"] * 8, ["yes"] * 4 + ["no"] * 4, ["closed"] * 8,
+                    [1] * 4 + [0] * 4, list("abcdefgh"))  # fmt: skip
+    scored, modes = add_reliance(real.assign(modality=modality), {"blank": blank})
+    m = reliance_metrics(scored, modes, breakdown=["modality"])
+    assert m["test_iid/modality=x-ray/reliance_blank_closed_survive"] == 1.0
+    assert m["test_iid/modality=ct/reliance_blank_closed_survive"] == 0.0
+    assert m["test_iid/reliance_blank_closed_survive"] == 0.5

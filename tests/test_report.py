@@ -814,3 +814,37 @@ def test_runs_before_and_after_the_builders_moved_are_one_run() -> None:
     # A builder that did not move keeps its name (smollm2_causal is not smollm2).
     causal = "medvqa.models.builders.smollm2_causal.SmolLM2CausalBuilder"
     assert run_identity(config(causal))["model.builder._target_"] == repr(causal)
+
+
+def test_the_report_puts_image_reliance_beside_each_method(tmp_path: Path) -> None:
+    """Runs that answered with extra image modes: survival and 'right without the image' per
+    mode and split, mean ± std over seeds, in report.html and its own CSV/LaTeX."""
+    rng = np.random.default_rng(9)
+    survive = {}
+    for seed in (0, 1):
+        m = headline(rng)
+        for split in ("test_iid", "test_ood"):
+            value = rng.uniform(0.2, 0.9)
+            survive[(seed, split)] = value
+            m[f"{split}/reliance_blank_closed_survive"] = value
+            m[f"{split}/reliance_blank_closed_correct_independent"] = value / 2
+            m[f"{split}/reliance_blank_open_survive"] = 0.123  # open: not in the table
+        write_record(tmp_path, "lora", seed, metrics=m, extra_images=["blank"])
+    write_record(tmp_path, "ia3", 0, metrics=headline(rng))  # no extra images: no cell numbers
+    report = build_report(collect([tmp_path]), tmp_path / "out")
+    (table,) = report.reliance.values()
+    lora = table.set_index("method").loc["LoRA"]
+    iid = np.array([survive[(s, "test_iid")] for s in (0, 1)])
+    assert lora["survive blank i.i.d."] == f"{iid.mean():.3f} ± {iid.std(ddof=1):.3f} (n=2)"
+    assert list(table.columns) == [
+        "method", "survive blank i.i.d.", "survive blank OoD",
+        "right w/o image blank i.i.d.", "right w/o image blank OoD",
+    ]  # fmt: skip
+    assert table.set_index("method").loc["(IA)³", "survive blank i.i.d."] in ("—", "n/a")
+    page = report.files["html"].read_text()
+    assert "Image reliance" in page and "survive blank i.i.d." in page
+    (csv,) = (tmp_path / "out" / "tables").glob("reliance_*.csv")
+    assert (
+        pd.read_csv(csv).set_index("method").loc["LoRA", "survive blank OoD"]
+        == lora["survive blank OoD"]
+    )

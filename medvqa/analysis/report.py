@@ -30,9 +30,13 @@ from medvqa.analysis.aggregate import SKIPPED
 from medvqa.analysis.paired import paired_differences
 from medvqa.analysis.tables import (
     FOOTNOTE,
+    RELIANCE_NOTE,
     issues_table,
     long_table,
     provenance_table,
+    reliance_tables,
+    slug,
+    to_latex,
     wide_tables,
     write_tables,
 )
@@ -53,6 +57,7 @@ class Report:
     paired: pd.DataFrame
     ranks: pd.DataFrame
     variance: pd.DataFrame
+    reliance: dict[str, pd.DataFrame] = field(default_factory=dict)
     figures: dict[str, Path] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
     files: dict[str, Path] = field(default_factory=dict)
@@ -89,6 +94,12 @@ def build_report(runs: pd.DataFrame, out_dir: Path | str) -> Report:
         variance=figs.variance_split(long) if not long.empty else pd.DataFrame(),
         files=files,
     )
+    report.reliance = reliance_tables(placed) if not placed.empty else {}
+    for name, table in report.reliance.items():
+        stem = out_dir / "tables" / f"reliance_{slug(name)}"
+        table.to_csv(stem.with_suffix(".csv"), index=False)
+        stem.with_suffix(".tex").write_text(to_latex(table, f"{name}. {RELIANCE_NOTE}"))
+        files[f"reliance_{slug(name)}"] = stem.with_suffix(".csv")
     report.ranks.to_csv(out_dir / "ranks.csv", index=False)
     report.variance.to_csv(out_dir / "std_shifts_vs_methods.csv", index=False)
     fig_dir = out_dir / "figures"
@@ -148,6 +159,11 @@ def write_html(report: Report) -> Path:
     for name, table in report.tables.items():
         parts += [f"<h3>{html.escape(name)}</h3>", _frame_html(table)]
     parts.append(f"<p class='note'>{html.escape(FOOTNOTE)}</p>")
+    if report.reliance:
+        parts.append("<h2>Image reliance</h2>")
+        parts.append(f"<p class='note'>{html.escape(RELIANCE_NOTE)}</p>")
+        for name, table in report.reliance.items():
+            parts += [f"<h3>{html.escape(name)}</h3>", _frame_html(table)]
     parts.append("<h2>Runs that did not finish</h2>")
     if report.issues.empty:
         parts.append("<p>None: every run finished.</p>")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -217,15 +218,53 @@ def _fill_missing(long: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([long, pd.DataFrame(filler)], ignore_index=True) if filler else long
 
 
-def wide_tables(long: pd.DataFrame) -> dict[str, pd.DataFrame]:
-    """Per table: methods (paper order) × the six headline columns, cells as text."""
+def wide_tables(long: pd.DataFrame, columns: Sequence[str] = COLUMNS) -> dict[str, pd.DataFrame]:
+    """Per table: methods (paper order) × `columns` (the six headline ones), cells as text."""
     tables: dict[str, pd.DataFrame] = {}
     for table, group in long.groupby("table", sort=True):
         wide = group.pivot(index="method", columns="column", values="text")
         order = list(dict.fromkeys(group["method"]))
-        cols = [c for c in COLUMNS if c in wide.columns]
+        cols = [c for c in columns if c in wide.columns]
         tables[str(table)] = wide.loc[order, cols].reset_index()
     return tables
+
+
+# `<split>/reliance_<mode>_closed_<stat>` (medvqa.evaluation.reliance): the two figures the
+# reliance table shows, per counterfactual image mode and split.
+_RELIANCE = re.compile(
+    r"^(test_iid|test_ood)/reliance_([a-z]+)_closed_(survive|correct_independent)$"
+)
+_RELIANCE_STATS = {"survive": "survive", "correct_independent": "right w/o image"}
+_RELIANCE_SPLITS = {"test_iid": "i.i.d.", "test_ood": "OoD"}
+RELIANCE_NOTE = (
+    "Closed questions. survive <mode>: of the answers right with the real image, the share "
+    "still right when the image is <mode> (blank: black; shuffled: another case's; mismatched: "
+    "another modality's). right w/o image: the share of all answers that are right and do not "
+    "change under <mode> (the 'correct but image-independent' quadrant). Lower survival means "
+    "more reliance on the image."
+)
+
+
+def reliance_tables(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Per table: methods × (survival, right without the image) per counterfactual mode and
+    split, from the runs that answered with `data.extra_eval_images` (cells as in the main
+    tables: mean ± std over seeds, or one seed's CI)."""
+    found: dict[tuple[str, int, int], tuple[str, str]] = {}  # sort key -> (column, label)
+    stats, splits = list(_RELIANCE_STATS), list(_RELIANCE_SPLITS)
+    for column in frame.columns:
+        match = _RELIANCE.match(str(column))
+        if match:
+            split, mode, stat = match.groups()
+            label = f"{_RELIANCE_STATS[stat]} {mode} {_RELIANCE_SPLITS[split]}"
+            found[(mode, stats.index(stat), splits.index(split))] = (column, label)
+    if not found:
+        return {}
+    labels = dict(found[k] for k in sorted(found))
+    order = list(labels.values())
+    runs = frame[frame["kind"] == "run"].rename(
+        columns={**labels, **{f"{c}_ci_half": f"{label} ci_half" for c, label in labels.items()}}
+    )
+    return wide_tables(long_table(runs, order), order)
 
 
 def provenance_table(frame: pd.DataFrame) -> pd.DataFrame:

@@ -75,7 +75,7 @@ def _aggregate(
     return out
 
 
-def _groups(scored: pd.DataFrame, field: str):
+def field_groups(scored: pd.DataFrame, field: str):
     """(value, rows) per value of `field`; a list cell puts its row in each of its values."""
     if scored[field].map(lambda v: isinstance(v, list | tuple)).any():
         exploded = scored.assign(_value=scored[field]).explode("_value")
@@ -110,7 +110,7 @@ def score_frame(
                 f"evaluation.breakdown field {field!r} is not a column of the predictions; "
                 f"available: {sorted(scored.columns)}"
             )
-        for value, group in _groups(scored, field):
+        for value, group in field_groups(scored, field):
             for key, val in _aggregate(group, metrics).items():
                 scores[f"{field}={value}/{key}"] = val
     return scored, scores

@@ -308,7 +308,7 @@ def merged_adapters(model: torch.nn.Module, enabled: bool = True) -> Iterator[in
         for layer in layers:
             base = layer.get_base_layer()
             originals = {n: p.data for n, p in base.named_parameters(recurse=False)}
-            for name, param in base.named_parameters(recurse=False):
+            for param in base.parameters(recurse=False):
                 param.data = param.data.clone()
             saved.append((layer, originals))
             layer.merge()  # in place, into the copies

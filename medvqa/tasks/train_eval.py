@@ -20,7 +20,15 @@ from medvqa.distributed import is_global_zero
 from medvqa.evaluation.baselines import chance_scores
 from medvqa.evaluation.generation import generate_splits, prediction_trainer
 from medvqa.evaluation.lengths import generation_length
-from medvqa.evaluation.scoring import Scoring, prefixed, scores_path, split_metrics
+from medvqa.evaluation.reliance import add_reliance, reliance_metrics
+from medvqa.evaluation.scoring import (
+    Scoring,
+    prefixed,
+    scores_path,
+    split_metrics,
+    write_scores,
+)
+from medvqa.evaluation.statistics import Bootstrap
 from medvqa.interrupts import stage
 from medvqa.models.adapters import (
     apply_method,
@@ -209,6 +217,19 @@ def train_eval(
             metrics.update(scoring.deltas(results[""], results[f"{mode}/"], prefix=prefix))
             metrics.update(scoring.paired_delta_intervals(scored[""], scored[f"{mode}/"], prefix))
             rows.append((f"{label}, {mode} image", f"{mode}/"))
+        # Row by row against the counterfactual answers: which answers need the image.
+        modes = {m: scored[f"{m}/"] for m in cfg.data.extra_eval_images}
+        scored[""], reliance_modes = add_reliance(scored[""], modes)
+        if reliance_modes:
+            write_scores(scored[""], scores_path(outputs[""]))
+            metrics.update(
+                reliance_metrics(
+                    scored[""],
+                    reliance_modes,
+                    breakdown=list(cfg.evaluation.breakdown),
+                    bootstrap=Bootstrap.of(cfg.evaluation.bootstrap).options(),
+                )
+            )
 
         report_run(cfg, out_dir, loggers, metrics, rows, scored[""])
         return metrics
