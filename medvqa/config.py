@@ -210,6 +210,7 @@ _RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("seed", _between(0, 2**32 - 1), "needs a whole number in [0, 2^32 - 1] (seed=0)"),
     ("data.batch_size", _at_least(1), "needs a whole number >= 1 (data.batch_size=16)"),
     ("data.eval_batch_size", _at_least(1), "needs a whole number >= 1 (data.eval_batch_size=64)"),
+    ("data.option_orders", _at_least(0), "needs a whole number >= 0 (data.option_orders=2)"),
     (
         "data.num_workers",
         _at_least(0, None),
@@ -339,6 +340,14 @@ def _value_problems(cfg: DictConfig) -> list[str]:
             "model.liger_kernels=true with model.compile_layers=true: torch.compile cannot trace "
             "Liger's Triton kernels in the decoder layers (measured on an H100); choose one "
             "(compiled layers were the faster, docs/gpus.md#speed-measured-on-an-h100)"
+        )
+    orders = _plain(OmegaConf.select(cfg, "data.option_orders"))
+    prompt = OmegaConf.select(cfg, "prompt")
+    if _whole(orders) and orders > 0 and prompt is not None and prompt.get("options") is None:
+        problems.append(
+            f"data.option_orders={orders}: the prompt lists no options (prompt.options is "
+            "unset), so their order cannot change an answer; use prompt=sure or a template "
+            "with `options`"
         )
     limits = _plain(OmegaConf.select(cfg, "data.limit")) or {}
     for split, cap in limits.items():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -109,8 +110,13 @@ def test_a_run_reports_the_delta_of_another_rows_image(
 ) -> None:
     """Both modes through a whole run. The demo's shift tests OoD on X-rays only: their
     mismatched (other-modality) images come from the i.i.d. split, since the partners are drawn
-    from every test split of the job."""
+    from every test split of the job. Each run also carries other beyond-accuracy views (one
+    whole run each, checked by `_check_*`)."""
     args = ["debug=smoke", "logger=csv", f"data.extra_eval_images=[{mode}]"]
+    if mode == "shuffled":
+        args.append("metric=[traditional,calibration,subgroups]")
+    else:
+        args += ["dataset.paraphrases=true", "data.option_orders=1", "prompt=sure"]
     proc = run_main(args, tmp_path, cache_dir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = json.loads((tmp_path / "results.json").read_text())["metrics"]
@@ -135,6 +141,43 @@ def test_a_run_reports_the_delta_of_another_rows_image(
         assert sum(quadrants) == pytest.approx(1.0)
     # One modality in the OoD split: drawn within it, mismatched rows would have no partner.
     assert answers.loc[answers["split"] == "test_ood", "modality"].nunique() == 1
+    if mode == "shuffled":
+        _check_calibration_and_subgroups(tmp_path, metrics)
+    else:
+        _check_paraphrases_and_option_orders(tmp_path, metrics, scored)
+
+
+def _check_calibration_and_subgroups(run_dir: Path, metrics: dict) -> None:
+    answers = pd.read_json(run_dir / "predictions.jsonl", lines=True)
+    assert (answers[R.LOGPROB_MEAN] <= 0).all() and (answers[R.ANSWER_TOKENS] >= 1).all()
+    for split in ("test_iid", "test_ood"):
+        assert 0 <= metrics[f"{split}/calibration_closed_ece"] <= 1
+        assert 0 <= metrics[f"{split}/calibration_closed_brier"] <= 1
+        assert f"{split}/subgroups_tested" in metrics
+
+
+def _check_paraphrases_and_option_orders(run_dir: Path, metrics: dict, scored: pd.DataFrame):
+    # Paraphrase pairs: those whose both rows were asked (the smoke run samples rows).
+    sizes = scored.groupby("paraphrase_group")["id"].count()
+    complete = int((sizes == 2).sum())
+    assert complete and scored["consistency_paraphrase_agrees"].notna().sum() == 2 * complete
+    n_pairs = sum(
+        v for k, v in metrics.items() if re.search(r"consistency_paraphrase_\w+_n_pairs$", k)
+    )
+    assert n_pairs == complete
+    # Reordered options: the same candidates in another order, the flips from the scores.
+    main = pd.read_json(run_dir / "predictions.jsonl", lines=True)
+    options = main.set_index(["split", "id"])["candidates"]
+    reordered = pd.read_json(run_dir / "predictions_order1.jsonl", lines=True)
+    closed = reordered[reordered["answer_type"] == "closed"].set_index(["split", "id"])
+    assert len(closed)
+    for key, other in closed["candidates"].items():
+        assert sorted(other) == sorted(options[key]) and other != options[key]
+    for split in ("test_iid", "test_ood"):
+        rows = scored[(scored["split"] == split) & (scored["answer_type"] == "closed")]
+        flips = metrics[f"{split}/consistency_order_closed_flip_rate"]
+        assert flips == pytest.approx(rows["consistency_order_flips"].mean())
+        assert f"order1/{split}/closed_acc" in metrics
 
 
 def _scored(split_ids, answers, predictions, types, correct, cases) -> pd.DataFrame:
@@ -221,3 +264,50 @@ def test_reliance_per_breakdown_value_finds_the_subgroup_answered_without_the_im
     assert m["test_iid/modality=x-ray/reliance_blank_closed_survive"] == 1.0
     assert m["test_iid/modality=ct/reliance_blank_closed_survive"] == 0.0
     assert m["test_iid/reliance_blank_closed_survive"] == 0.5
+
+
+def test_the_synthetic_text_cue_modality_is_found_by_the_reliance_analysis(
+    tmp_path: Path,
+) -> None:
+    """`dataset.text_cue_modality=ct`: exactly the CT questions carry their answer in their
+    text. A reader that looks at the image when it can (right with the real image, guessing
+    "yes" without it) but reads a stated answer first keeps every CT answer without the image
+    and loses the MRI ones it guessed wrong: the breakdown by modality finds the CT subgroup."""
+    from medvqa.data.sources.synthetic import SyntheticVQA
+    from medvqa.data.sources.synthetic.dataset import text_cue
+
+    plain = SyntheticVQA(tmp_path, n_cases=30, image_size=16, questions_per_image=3).table()
+    cued = SyntheticVQA(
+        tmp_path, n_cases=30, image_size=16, questions_per_image=3, text_cue_modality="ct"
+    ).table()
+    assert plain[R.QUESTION].str.contains("The report says").sum() == 0  # default unchanged
+    is_ct = cued["modality"] == "ct"
+    assert is_ct.any() and (~is_ct).any()
+    expected = [text_cue(q, a) for q, a in zip(plain[R.QUESTION], plain[R.ANSWER], strict=True)]
+    assert cued[R.QUESTION].tolist() == [
+        e if ct else q for e, ct, q in zip(expected, is_ct, plain[R.QUESTION], strict=True)
+    ]
+    table = cued.assign(**{R.SPLIT: "test_iid"})
+
+    def reader(sees_image: bool) -> pd.DataFrame:
+        stated = table[R.QUESTION].str.extract(r"^The report says: (.*?)\. ", expand=False)
+        guess = table[R.ANSWER] if sees_image else "yes"
+        answer = stated.where(stated.notna(), guess)
+        right = (answer == table[R.ANSWER]).astype(float)
+        closed = table[R.ANSWER_TYPE] == "closed"
+        return table.assign(
+            **{
+                R.PREDICTION: answer,
+                "closed_correct": right.where(closed),
+                "open_exact_match": right.where(~closed),
+            }
+        )
+
+    scored, modes = add_reliance(reader(True), {"blank": reader(False)})
+    m = reliance_metrics(scored, modes, breakdown=["modality"])
+    assert m["test_iid/modality=ct/reliance_blank_closed_survive"] == 1.0
+    assert m["test_iid/modality=ct/reliance_blank_closed_correct_dependent"] == 0.0
+    mri = m["test_iid/modality=mri/reliance_blank_closed_survive"]
+    assert mri < 0.8  # the guessed answers that were not "yes"
+    closed_mri = table[(table["modality"] == "mri") & (table[R.ANSWER_TYPE] == "closed")]
+    assert mri == pytest.approx((closed_mri[R.ANSWER] == "yes").mean())

@@ -816,11 +816,12 @@ def test_runs_before_and_after_the_builders_moved_are_one_run() -> None:
     assert run_identity(config(causal))["model.builder._target_"] == repr(causal)
 
 
-def test_the_report_puts_image_reliance_beside_each_method(tmp_path: Path) -> None:
-    """Runs that answered with extra image modes: survival and 'right without the image' per
-    mode and split, mean ± std over seeds, in report.html and its own CSV/LaTeX."""
+def test_the_report_puts_the_beyond_accuracy_views_beside_each_method(tmp_path: Path) -> None:
+    """Image reliance, paraphrase consistency, calibration and worst subgroups: per view a
+    table of methods x its figures per split (mean ± std over seeds), in report.html and its
+    own CSV/LaTeX; the zero-shot base's row beside the method's (did fine-tuning widen a gap?)."""
     rng = np.random.default_rng(9)
-    survive = {}
+    survive, gaps = {}, {}
     for seed in (0, 1):
         m = headline(rng)
         for split in ("test_iid", "test_ood"):
@@ -828,11 +829,41 @@ def test_the_report_puts_image_reliance_beside_each_method(tmp_path: Path) -> No
             survive[(seed, split)] = value
             m[f"{split}/reliance_blank_closed_survive"] = value
             m[f"{split}/reliance_blank_closed_correct_independent"] = value / 2
+            m[f"{split}/reliance_blank_closed_correct_dependent"] = 0.5 - value / 2
+            m[f"{split}/reliance_blank_closed_wrong_dependent"] = 0.25
+            m[f"{split}/reliance_blank_closed_wrong_independent"] = 0.25
             m[f"{split}/reliance_blank_open_survive"] = 0.123  # open: not in the table
-        write_record(tmp_path, "lora", seed, metrics=m, extra_images=["blank"])
-    write_record(tmp_path, "ia3", 0, metrics=headline(rng))  # no extra images: no cell numbers
+            m[f"{split}/calibration_closed_ece"] = 0.1 + seed
+            gaps[(seed, split)] = -rng.uniform(0, 0.5)
+            m[f"{split}/subgroups_modality_worst_gap"] = gaps[(seed, split)]
+            m[f"zero_shot/{split}/subgroups_modality_worst_gap"] = -0.05
+            for value in ("ct", "mri"):
+                m[f"{split}/subgroups_modality={value}_score"] = rng.uniform(0.3, 0.9)
+                m[f"{split}/subgroups_modality={value}_score_ci_half"] = 0.05
+                m[f"zero_shot/{split}/subgroups_modality={value}_score"] = 0.5
+            m[f"zero_shot/{split}/closed_acc"] = 0.5
+        m["test_iid~test_ood/consistency_paraphrase_closed_flip_rate"] = 0.25
+        m["test_ood/consistency_order_closed_flip_rate"] = 0.1
+        path = write_record(tmp_path, "lora", seed, metrics=m, extra_images=["blank"])
+        n = 40  # the scored table beside it, with calibration's per-sample columns
+        pd.DataFrame(
+            {
+                "split": ["test_iid", "test_ood"] * (n // 2),
+                "id": [f"q{i}" for i in range(n)],
+                "answer_type": "closed",
+                "calibration_confidence": rng.uniform(0.5, 1, n),
+                "calibration_correct": rng.integers(0, 2, n).astype(float),
+            }
+        ).to_parquet(path.parent / "scores.parquet")
+    write_record(tmp_path, "ia3", 0, metrics=headline(rng))  # none of these views
     report = build_report(collect([tmp_path]), tmp_path / "out")
-    (table,) = report.reliance.values()
+    assert list(report.views) == [
+        "Image reliance", "Paraphrase consistency", "Option-order invariance", "Calibration",
+        "Worst subgroups",
+    ]  # fmt: skip
+    (orders,) = report.views["Option-order invariance"].values()
+    assert orders.set_index("method").loc["LoRA", "flips closed OoD"].startswith("0.100 ±")
+    (table,) = report.views["Image reliance"].values()
     lora = table.set_index("method").loc["LoRA"]
     iid = np.array([survive[(s, "test_iid")] for s in (0, 1)])
     assert lora["survive blank i.i.d."] == f"{iid.mean():.3f} ± {iid.std(ddof=1):.3f} (n=2)"
@@ -841,9 +872,26 @@ def test_the_report_puts_image_reliance_beside_each_method(tmp_path: Path) -> No
         "right w/o image blank i.i.d.", "right w/o image blank OoD",
     ]  # fmt: skip
     assert table.set_index("method").loc["(IA)³", "survive blank i.i.d."] in ("—", "n/a")
+    (flips,) = report.views["Paraphrase consistency"].values()
+    assert flips.set_index("method").loc["LoRA", "flips closed i.i.d.~OoD"].startswith("0.250 ±")
+    (calibration,) = report.views["Calibration"].values()
+    assert calibration.set_index("method").loc["LoRA", "ECE i.i.d."].startswith("0.600 ±")
+    (worst,) = report.views["Worst subgroups"].values()
+    rows = worst.set_index("method")
+    ood = np.array([gaps[(s, "test_ood")] for s in (0, 1)])
+    assert rows.loc["LoRA", "worst gap modality OoD"].startswith(f"{ood.mean():.3f} ±")
+    assert rows.loc["No Finetune", "worst gap modality OoD"].startswith("-0.050")
     page = report.files["html"].read_text()
-    assert "Image reliance" in page and "survive blank i.i.d." in page
-    (csv,) = (tmp_path / "out" / "tables").glob("reliance_*.csv")
+    for view in report.views:
+        assert f"<h2>{view}</h2>" in page
+    assert "reliance_synthetic_modality_blank" in report.figures  # the quadrant bars
+    assert "reliance_synthetic_modality_blank" in page
+    assert "calibration_synthetic_modality" in report.figures  # reliability, risk-coverage
+    assert {
+        "subgroups_synthetic_modality_test_iid",
+        "subgroups_synthetic_modality_test_ood",
+    } <= set(report.figures)
+    csv = tmp_path / "out" / "tables" / "Image_reliance_synthetic_modality.csv"
     assert (
         pd.read_csv(csv).set_index("method").loc["LoRA", "survive blank OoD"]
         == lora["survive blank OoD"]

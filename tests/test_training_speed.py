@@ -563,3 +563,37 @@ def test_liger_kernels_are_refused_without_a_gpu_or_the_package_and_with_compile
     cfg = compose(["model.liger_kernels=true", "model.compile_layers=true"], cache_dir)
     with pytest.raises(ConfigError, match=r"liger_kernels=true with model\.compile_layers=true"):
         check_config(cfg)
+
+
+def test_generation_records_each_answers_log_probabilities_as_a_forward_pass_gives_them(
+    tiny_model_dir: Path, source
+) -> None:
+    """The calibration inputs: mean and minimum log-probability of the generated tokens up to
+    and including the end token, equal to a teacher-forced forward pass over prompt + answer."""
+    from medvqa.evaluation.generation import GenerationModule, end_token_ids
+    from tests.test_numerics import _spec
+
+    model, processor = load_vlm(_spec(tiny_model_dir))
+    model.eval()
+    module = GenerationModule(model, processor.tokenizer, max_new_tokens=6)
+    dataset = VQADataset(source.table().head(3), source, processor, with_answer=False)
+    ends = end_token_ids(model, processor.tokenizer)
+    for batch in make_loader(dataset, 1, shuffle=False, padding_side="left"):
+        prompt = {k: v for k, v in batch.items() if k != META_KEY}
+        with torch.no_grad():
+            ((rid, text, mean, low, count),) = module.predict_step(dict(batch), 0)
+            out = model.generate(**prompt, max_new_tokens=6, do_sample=False)
+            new = out[0, prompt["input_ids"].shape[1] :].tolist()
+            stop = next((i for i, t in enumerate(new) if t in ends), len(new) - 1)
+            answer = new[: stop + 1]
+            full = torch.cat([prompt["input_ids"], torch.tensor([answer])], dim=1)
+            logits = model(
+                input_ids=full,
+                attention_mask=torch.ones_like(full),
+                pixel_values=prompt["pixel_values"],
+            ).logits[0, prompt["input_ids"].shape[1] - 1 : -1]
+        chosen = torch.log_softmax(logits.float(), -1)[torch.arange(len(answer)), answer]
+        assert count == len(answer) and rid == batch[META_KEY][0]
+        assert text == processor.tokenizer.decode(answer, skip_special_tokens=True).strip()
+        assert mean == pytest.approx(chosen.mean().item(), abs=1e-4)
+        assert low == pytest.approx(chosen.min().item(), abs=1e-4)

@@ -162,6 +162,8 @@ def method_name(method_id: str, label: str | None = None) -> str:
         name = label or shipped_label("peft", head) or shipped_label("baseline", head) or head
     if image.startswith("delta_"):
         name = f"{name}, Δ sighted − {image[len('delta_') :]}"
+    elif image.startswith("order") and image[len("order") :].isdigit():
+        name = f"{name}, options reordered ({image[len('order') :]})"
     elif image:
         name = f"{name}, {image} image"
     return f"{name}{bracket}{variant}"
@@ -383,6 +385,9 @@ def record_rows(record: Mapping[str, Any], source: str) -> list[dict[str, Any]]:
             derived.append(("extra image", f"{own_id}@{mode}", f"{mode}/"))
         if f"delta_{mode}/" in prefixes:
             derived.append(("delta", f"{own_id}@delta_{mode}", f"delta_{mode}/"))
+    for k in range(1, int(config_get(config, "data.option_orders", 0) or 0) + 1):
+        if f"order{k}/" in prefixes:  # the closed options in the k-th other order
+            derived.append(("extra order", f"{own_id}@order{k}", f"order{k}/"))
     taken = tuple(prefix for _, _, prefix in derived if prefix)
     what = run_identity(config)
     rows = []

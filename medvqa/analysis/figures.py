@@ -21,7 +21,11 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from medvqa.analysis.aggregate import method_sort_key
+from medvqa.analysis.paired import scored_table
 from medvqa.analysis.tables import select_rows, slug
+from medvqa.data import records as R
+from medvqa.evaluation.families.calibration import CalibrationMetric, risk_coverage
+from medvqa.evaluation.reliance import QUADRANTS
 
 log = logging.getLogger(__name__)
 
@@ -295,5 +299,161 @@ def breakdown_heatmaps(frame: pd.DataFrame, out_dir: Path) -> dict[str, Path]:
             fig.colorbar(im, ax=ax, shrink=0.7)
         fig.suptitle(f"{table}: by {field}")
         name = f"breakdown_{table}_{field}"
+        figures[name] = save(fig, out_dir, name)
+    return figures
+
+
+# --- beyond accuracy ---------------------------------------------------------------------------
+
+_QUADRANT = re.compile(
+    r"^(test_iid|test_ood)/reliance_([a-z]+)_closed_(" + "|".join(QUADRANTS) + ")$"
+)
+_GROUP_SCORE = re.compile(r"^(test_iid|test_ood)/subgroups_([^=/]+)=([^/]+)_score$")
+_SPLIT_NAMES = {"test_iid": "i.i.d.", "test_ood": "OoD"}
+
+
+def _usable(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows the tables show, of finished (or incomplete) runs and references."""
+    rows = select_rows(frame, warn=False)
+    return rows[rows["status"].isin(("finished", "incomplete"))] if not rows.empty else rows
+
+
+def reliance_quadrants(frame: pd.DataFrame, out_dir: Path) -> dict[str, Path]:
+    """Per table and counterfactual image mode: each method's closed answers split into the
+    four quadrants (right/wrong with the real image × the answer changes under the mode or
+    not), i.i.d. and OoD side by side, means over seeds (docs/metrics.md#image-reliance)."""
+    found = [(c, *m.groups()) for c in frame.columns if (m := _QUADRANT.match(str(c)))]
+    figures: dict[str, Path] = {}
+    rows = _usable(frame)
+    if not found or rows.empty:
+        return figures
+    colours = ("#1b7837", "#a6dba0", "#c2a5cf", "#762a83")
+    for mode in dict.fromkeys(m for _, _, m, _ in found):
+        for table, part in rows.groupby("table", sort=True):
+            bars = []
+            for method in _ordered(part):
+                mine = part[part["method"] == method]
+                for split in ("test_iid", "test_ood"):
+                    cols = [f"{split}/reliance_{mode}_closed_{q}" for q in QUADRANTS]
+                    if all(c in mine for c in cols):
+                        shares = mine[cols].apply(pd.to_numeric, errors="coerce").mean()
+                        if shares.notna().all():
+                            bars.append((f"{method} ({_SPLIT_NAMES[split]})", shares.to_numpy()))
+            if not bars:
+                continue
+            fig = Figure(figsize=(7.5, 0.45 * len(bars) + 1.6))
+            ax = fig.add_subplot(1, 1, 1)
+            left = np.zeros(len(bars))
+            for i, (quadrant, colour) in enumerate(zip(QUADRANTS, colours, strict=True)):
+                widths = np.array([b[1][i] for b in bars])
+                ax.barh(range(len(bars)), widths, left=left, color=colour,
+                        label=quadrant.replace("_", ", image-"))  # fmt: skip
+                left += widths
+            ax.set_yticks(range(len(bars)), [b[0] for b in bars], fontsize=8)
+            ax.invert_yaxis()
+            ax.set_xlim(0, 1)
+            ax.set_xlabel(f"share of closed answers (right/wrong × changes under {mode} image)")
+            ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.25))
+            ax.set_title(f"{table}: image reliance ({mode})", fontsize=10)
+            name = f"reliance_{table}_{mode}"
+            figures[name] = save(fig, out_dir, name)
+    return figures
+
+
+def subgroup_forest(frame: pd.DataFrame, out_dir: Path) -> dict[str, Path]:
+    """Per table and split: every group's closed accuracy per method (the zero-shot base
+    among them), a point per method with its interval (one seed: its case-bootstrap CI; several:
+    ± std over seeds), groups of all fields down the page (docs/metrics.md#worst-subgroups)."""
+    found = [(c, *m.groups()) for c in frame.columns if (m := _GROUP_SCORE.match(str(c)))]
+    figures: dict[str, Path] = {}
+    rows = _usable(frame)
+    if not found or rows.empty:
+        return figures
+    for split in ("test_iid", "test_ood"):
+        groups = [(c, f"{f}={v}") for c, s, f, v in found if s == split]
+        if not groups:
+            continue
+        for table, part in rows.groupby("table", sort=True):
+            methods = _ordered(part)
+            points = []
+            for m, method in enumerate(methods):
+                mine = part[part["method"] == method]
+                for g, (column, _) in enumerate(groups):
+                    values = pd.to_numeric(mine.get(column), errors="coerce").dropna()
+                    if values.empty:
+                        continue
+                    if len(values) > 1:
+                        err = float(values.std(ddof=1))
+                    else:
+                        half = pd.to_numeric(mine.get(f"{column}_ci_half"), errors="coerce")
+                        err = float(half.dropna().iloc[0]) if half.notna().any() else 0.0
+                    points.append((g, m, float(values.mean()), err))
+            if not points:
+                continue
+            fig = Figure(figsize=(7.0, 0.32 * len(groups) * max(1, len(methods)) ** 0.5 + 1.8))
+            ax = fig.add_subplot(1, 1, 1)
+            colours = palette(len(methods))
+            step = 0.8 / max(1, len(methods))
+            for m, method in enumerate(methods):
+                mine = [p for p in points if p[1] == m]
+                if mine:
+                    ys = [p[0] + (m - (len(methods) - 1) / 2) * step for p in mine]
+                    ax.errorbar([p[2] for p in mine], ys, xerr=[p[3] for p in mine], fmt="o",
+                                ms=3, color=colours[m], label=method, capsize=2)  # fmt: skip
+            ax.set_yticks(range(len(groups)), [label for _, label in groups], fontsize=7)
+            ax.invert_yaxis()
+            ax.set_xlabel(f"closed accuracy of the group ({_SPLIT_NAMES[split]})")
+            ax.legend(fontsize=7, loc="lower right")
+            ax.set_title(f"{table}: subgroups ({_SPLIT_NAMES[split]})", fontsize=10)
+            name = f"subgroups_{table}_{split}"
+            figures[name] = save(fig, out_dir, name)
+    return figures
+
+
+def calibration_curves(frame: pd.DataFrame, out_dir: Path, bins: int = 10) -> dict[str, Path]:
+    """Per table: a reliability diagram (accuracy against mean confidence in equal-mass bins)
+    and the risk-coverage curve of each method's closed answers, i.i.d. solid and OoD dashed,
+    from the runs' scored tables (`metric=calibration`'s per-sample columns; seeds pooled);
+    the zero-shot base's from its own scored table (docs/metrics.md#calibration)."""
+    conf, right = CalibrationMetric.column("confidence"), CalibrationMetric.column("correct")
+    figures: dict[str, Path] = {}
+    runs = frame[(frame["kind"] == "run") & frame["status"].isin(("finished", "incomplete"))]
+    for table, part in runs.groupby("table", sort=True):
+        curves: dict[str, list[pd.DataFrame]] = {}
+        for _, row in part.iterrows():
+            for name, file in ((row["method"], "scores.parquet"),
+                               ("zero-shot base", "scores_zero_shot.parquet")):  # fmt: skip
+                scored = scored_table(str(row["source"]), file)
+                if scored is not None and conf in scored and right in scored:
+                    closed = scored[(scored[R.ANSWER_TYPE] == "closed") & scored[right].notna()]
+                    curves.setdefault(name, []).append(closed)
+        if not curves:
+            continue
+        fig = Figure(figsize=(10, 4.2))
+        reliability, coverage = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+        reliability.plot([0, 1], [0, 1], color="grey", lw=0.8)
+        colours = dict(zip(curves, palette(len(curves)), strict=True))
+        for name, parts in curves.items():
+            rows = pd.concat(parts, ignore_index=True)
+            for split, style in (("test_iid", "-"), ("test_ood", "--")):
+                mine = rows[rows[R.SPLIT] == split]
+                c, y = mine[conf].to_numpy(float), mine[right].to_numpy(float)
+                if not len(c) or np.isnan(c).any():
+                    continue  # a row without a confidence: no curve from the others
+                order = np.argsort(c, kind="mergesort")
+                cuts = np.array_split(order, min(bins, len(order)))
+                label = f"{name} ({_SPLIT_NAMES[split]})"
+                reliability.plot([c[b].mean() for b in cuts], [y[b].mean() for b in cuts],
+                                 style, marker="o", ms=3, color=colours[name], label=label)  # fmt: skip
+                risk = risk_coverage(c, y)
+                coverage.plot(np.arange(1, len(risk) + 1) / len(risk), risk, style,
+                              color=colours[name], label=label)  # fmt: skip
+        reliability.set(xlabel="mean confidence (equal-mass bins)", ylabel="accuracy",
+                        xlim=(0, 1), ylim=(0, 1), title="reliability")  # fmt: skip
+        coverage.set(xlabel="coverage (most confident first)", ylabel="error rate",
+                     xlim=(0, 1), title="risk-coverage")  # fmt: skip
+        coverage.legend(fontsize=7)
+        fig.suptitle(f"{table}: calibration of closed answers")
+        name = f"calibration_{table}"
         figures[name] = save(fig, out_dir, name)
     return figures

@@ -121,12 +121,13 @@ class _Run:
         return self._families
 
 
-def _scored_table(source: str) -> pd.DataFrame | None:
-    """The scored table next to a local results.json (None for W&B runs or older runs)."""
+def scored_table(source: str, name: str = SCORES_FILE) -> pd.DataFrame | None:
+    """The scored table `name` next to a local results.json (None for W&B runs or older runs);
+    `scores_zero_shot.parquet` for the zero-shot base's."""
     path = Path(source)
-    if path.name != RESULTS_FILE or not (path.parent / SCORES_FILE).is_file():
+    if path.name != RESULTS_FILE or not (path.parent / name).is_file():
         return None
-    return pd.read_parquet(path.parent / SCORES_FILE)
+    return pd.read_parquet(path.parent / name)
 
 
 def _split(scored: pd.DataFrame, split: str) -> pd.DataFrame:
@@ -175,7 +176,7 @@ def paired_differences(frame: pd.DataFrame) -> pd.DataFrame:
         order = {m: i for i, m in enumerate(dict.fromkeys(group["method_id"]))}
         loaded: dict[str, _Run] = {}
         for _, row in group.iterrows():
-            scored = _scored_table(str(row["source"]))
+            scored = scored_table(str(row["source"]))
             if scored is not None:
                 loaded[row["method_id"]] = _Run(row, scored)
         for kind, id_a, id_b in run_pairs(loaded, order):

@@ -30,13 +30,13 @@ from medvqa.analysis.aggregate import SKIPPED
 from medvqa.analysis.paired import paired_differences
 from medvqa.analysis.tables import (
     FOOTNOTE,
-    RELIANCE_NOTE,
+    VIEWS,
     issues_table,
     long_table,
     provenance_table,
-    reliance_tables,
     slug,
     to_latex,
+    view_tables,
     wide_tables,
     write_tables,
 )
@@ -57,7 +57,7 @@ class Report:
     paired: pd.DataFrame
     ranks: pd.DataFrame
     variance: pd.DataFrame
-    reliance: dict[str, pd.DataFrame] = field(default_factory=dict)
+    views: dict[str, dict[str, pd.DataFrame]] = field(default_factory=dict)
     figures: dict[str, Path] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
     files: dict[str, Path] = field(default_factory=dict)
@@ -94,12 +94,13 @@ def build_report(runs: pd.DataFrame, out_dir: Path | str) -> Report:
         variance=figs.variance_split(long) if not long.empty else pd.DataFrame(),
         files=files,
     )
-    report.reliance = reliance_tables(placed) if not placed.empty else {}
-    for name, table in report.reliance.items():
-        stem = out_dir / "tables" / f"reliance_{slug(name)}"
-        table.to_csv(stem.with_suffix(".csv"), index=False)
-        stem.with_suffix(".tex").write_text(to_latex(table, f"{name}. {RELIANCE_NOTE}"))
-        files[f"reliance_{slug(name)}"] = stem.with_suffix(".csv")
+    report.views = view_tables(placed) if not placed.empty else {}
+    for view, tables in report.views.items():
+        for name, table in tables.items():
+            stem = out_dir / "tables" / f"{slug(view)}_{slug(name)}"
+            table.to_csv(stem.with_suffix(".csv"), index=False)
+            stem.with_suffix(".tex").write_text(to_latex(table, f"{name}. {VIEWS[view].note}"))
+            files[stem.name] = stem.with_suffix(".csv")
     report.ranks.to_csv(out_dir / "ranks.csv", index=False)
     report.variance.to_csv(out_dir / "std_shifts_vs_methods.csv", index=False)
     fig_dir = out_dir / "figures"
@@ -110,6 +111,9 @@ def build_report(runs: pd.DataFrame, out_dir: Path | str) -> Report:
             "std_shifts_vs_methods": figs.variance_figure(report.variance, fig_dir),
             "corruption_vs_realistic": figs.corruption_vs_realistic(long, fig_dir),
             **figs.breakdown_heatmaps(placed, fig_dir),
+            **figs.reliance_quadrants(placed, fig_dir),
+            **figs.subgroup_forest(placed, fig_dir),
+            **figs.calibration_curves(placed, fig_dir),
         }
         if not long.empty
         else {"all figures": "no record could be placed in a table (see the issues)"}
@@ -159,10 +163,10 @@ def write_html(report: Report) -> Path:
     for name, table in report.tables.items():
         parts += [f"<h3>{html.escape(name)}</h3>", _frame_html(table)]
     parts.append(f"<p class='note'>{html.escape(FOOTNOTE)}</p>")
-    if report.reliance:
-        parts.append("<h2>Image reliance</h2>")
-        parts.append(f"<p class='note'>{html.escape(RELIANCE_NOTE)}</p>")
-        for name, table in report.reliance.items():
+    for view, tables in report.views.items():
+        parts.append(f"<h2>{html.escape(view)}</h2>")
+        parts.append(f"<p class='note'>{html.escape(VIEWS[view].note)}</p>")
+        for name, table in tables.items():
             parts += [f"<h3>{html.escape(name)}</h3>", _frame_html(table)]
     parts.append("<h2>Runs that did not finish</h2>")
     if report.issues.empty:

@@ -10,6 +10,7 @@ score) is "n/a".
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import re
@@ -118,7 +119,7 @@ def role(row: pd.Series) -> str:
     is_baseline = isinstance(baseline, str) and baseline != "zero_shot"
     if isinstance(row.get("condition"), str) and not is_baseline:
         return "condition"
-    derived = row.get("kind") in ("extra image", "delta")
+    derived = row.get("kind") in ("extra image", "extra order", "delta")
     if is_baseline or derived or row.get("method_id") in BASELINES:
         return "baseline"
     return "method"
@@ -229,42 +230,89 @@ def wide_tables(long: pd.DataFrame, columns: Sequence[str] = COLUMNS) -> dict[st
     return tables
 
 
-# `<split>/reliance_<mode>_closed_<stat>` (medvqa.evaluation.reliance): the two figures the
-# reliance table shows, per counterfactual image mode and split.
-_RELIANCE = re.compile(
-    r"^(test_iid|test_ood)/reliance_([a-z]+)_closed_(survive|correct_independent)$"
-)
-_RELIANCE_STATS = {"survive": "survive", "correct_independent": "right w/o image"}
-_RELIANCE_SPLITS = {"test_iid": "i.i.d.", "test_ood": "OoD"}
-RELIANCE_NOTE = (
-    "Closed questions. survive <mode>: of the answers right with the real image, the share "
-    "still right when the image is <mode> (blank: black; shuffled: another case's; mismatched: "
-    "another modality's). right w/o image: the share of all answers that are right and do not "
-    "change under <mode> (the 'correct but image-independent' quadrant). Lower survival means "
-    "more reliance on the image."
-)
+_SPLIT_LABELS = {"test_iid": "i.i.d.", "test_ood": "OoD", "test_iid~test_ood": "i.i.d.~OoD"}
+_SPLITS = "|".join(re.escape(s) for s in sorted(_SPLIT_LABELS, key=len, reverse=True))
 
 
-def reliance_tables(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
-    """Per table: methods × (survival, right without the image) per counterfactual mode and
-    split, from the runs that answered with `data.extra_eval_images` (cells as in the main
-    tables: mean ± std over seeds, or one seed's CI)."""
-    found: dict[tuple[str, int, int], tuple[str, str]] = {}  # sort key -> (column, label)
-    stats, splits = list(_RELIANCE_STATS), list(_RELIANCE_SPLITS)
-    for column in frame.columns:
-        match = _RELIANCE.match(str(column))
-        if match:
-            split, mode, stat = match.groups()
-            label = f"{_RELIANCE_STATS[stat]} {mode} {_RELIANCE_SPLITS[split]}"
-            found[(mode, stats.index(stat), splits.index(split))] = (column, label)
-    if not found:
-        return {}
-    labels = dict(found[k] for k in sorted(found))
-    order = list(labels.values())
-    runs = frame[frame["kind"] == "run"].rename(
-        columns={**labels, **{f"{c}_ci_half": f"{label} ci_half" for c, label in labels.items()}}
-    )
-    return wide_tables(long_table(runs, order), order)
+@dataclasses.dataclass(frozen=True)
+class View:
+    """One beyond-accuracy view of the report: which recorded scores it shows (a pattern with
+    groups split, what, stat), how its columns read, and what the reader needs to know."""
+
+    pattern: str
+    stats: dict[str, str]  # stat group -> its label, in column order
+    note: str
+
+    def columns(self, frame: pd.DataFrame) -> dict[str, str]:
+        """Recorded score -> column label, in column order (what, stat, split)."""
+        found: dict[tuple[str, int, int], tuple[str, str]] = {}
+        splits = list(_SPLIT_LABELS)
+        for column in frame.columns:
+            match = re.match(self.pattern.replace("SPLIT", _SPLITS), str(column))
+            if match:
+                split, what, stat = match.group("split", "what", "stat")
+                label = " ".join(p for p in (self.stats[stat], what, _SPLIT_LABELS[split]) if p)
+                found[(what, list(self.stats).index(stat), splits.index(split))] = (column, label)
+        return dict(found[k] for k in sorted(found))
+
+
+VIEWS: dict[str, View] = {
+    "Image reliance": View(
+        r"^(?P<split>SPLIT)/reliance_(?P<what>[a-z]+)_closed_(?P<stat>survive|correct_independent)$",
+        {"survive": "survive", "correct_independent": "right w/o image"},
+        "Closed questions (medvqa.evaluation.reliance). survive <mode>: of the answers right "
+        "with the real image, the share still right when the image is <mode> (blank: black; "
+        "shuffled: another case's; mismatched: another modality's). right w/o image: the share "
+        "of all answers that are right and do not change under <mode> (the 'correct but "
+        "image-independent' quadrant). Lower survival means more reliance on the image.",
+    ),
+    "Paraphrase consistency": View(
+        r"^(?P<split>SPLIT)/consistency_paraphrase_(?P<what>closed|open)_"
+        r"(?P<stat>flip_rate|both_correct)$",
+        {"flip_rate": "flips", "both_correct": "both right"},
+        "Pairs of questions that ask the same in other words (a paraphrase group). flips: the "
+        "share of pairs whose answers differ in meaning (closed: the chosen candidate); both "
+        "right: the share right both times. i.i.d.~OoD: pairs with one question in each split.",
+    ),
+    "Option-order invariance": View(
+        r"^(?P<split>SPLIT)/consistency_order_(?P<what>closed)_(?P<stat>flip_rate)$",
+        {"flip_rate": "flips"},
+        "Closed questions asked again with their options in other seeded orders "
+        "(data.option_orders): the mean share of reorderings that change the chosen answer "
+        "(its meaning, not its position).",
+    ),
+    "Calibration": View(
+        r"^(?P<split>SPLIT)/calibration_closed_(?P<what>)(?P<stat>ece|brier|aurc|acc_at_50)$",
+        {"ece": "ECE", "brier": "Brier", "aurc": "AURC", "acc_at_50": "acc@50%"},
+        "Closed questions; confidence: the probability of the generated answer. ECE over "
+        "equal-mass bins, Brier score and area under the risk-coverage curve (lower is better); "
+        "acc@50%: accuracy of the half the model is surest of.",
+    ),
+    "Worst subgroups": View(
+        r"^(?P<split>SPLIT)/subgroups_(?P<what>[^=/]+)_(?P<stat>worst_gap)$",
+        {"worst_gap": "worst gap"},
+        "Per metadata field, the most negative gap between a group's closed accuracy and the "
+        "rest of the split (metric=subgroups; p- and q-values per group are in results.json). "
+        "Compare a method's row with the zero-shot base's: a more negative gap means "
+        "fine-tuning widened it.",
+    ),
+}
+
+
+def view_tables(frame: pd.DataFrame) -> dict[str, dict[str, pd.DataFrame]]:
+    """Per beyond-accuracy view that some run recorded: per table, methods × the view's
+    columns (cells as in the main tables: mean ± std over seeds, or one seed's CI)."""
+    out: dict[str, dict[str, pd.DataFrame]] = {}
+    for name, view in VIEWS.items():
+        labels = view.columns(frame)
+        if not labels:
+            continue
+        renamed = frame.rename(
+            columns={**labels, **{f"{c}_ci_half": f"{lab} ci_half" for c, lab in labels.items()}}
+        )
+        order = list(labels.values())
+        out[name] = wide_tables(long_table(renamed, order), order)
+    return out
 
 
 def provenance_table(frame: pd.DataFrame) -> pd.DataFrame:

@@ -16,7 +16,7 @@ import pandas as pd
 from medvqa.data import records as R
 
 # Optional column: questions that are paraphrases of one another share a group id.
-PARAPHRASE_GROUP = "paraphrase_group"
+PARAPHRASE_GROUP = R.PARAPHRASE_GROUP
 
 
 def _overlap(reference: pd.DataFrame, split: pd.DataFrame, column: str) -> dict[str, int] | None:

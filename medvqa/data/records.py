@@ -23,7 +23,16 @@ CASE_ID = "case_id"
 IMAGE_ID = "image_id"
 SOURCE_SPLIT = "source_split"  # the dataset's own split: train | validate | test
 SPLIT = "split"  # of a prediction: the evaluation split it belongs to (test_iid, test_ood, ...)
+# Rows that ask the same thing in other words share it (VQA-RAD's qid_linked_id; the synthetic
+# data's paraphrases): paraphrase consistency, and splits that keep a group together.
+PARAPHRASE_GROUP = "paraphrase_group"
 PREDICTION = "prediction"  # of a prediction: the model's answer (scored, never rewritten)
+# Of a generated prediction: how sure the model was (calibration). The log-probability of each
+# generated token under the distribution greedy decoding chose it from, over the answer's tokens
+# up to and including its end token: their mean, their minimum, and how many.
+LOGPROB_MEAN = "answer_logprob_mean"
+LOGPROB_MIN = "answer_logprob_min"
+ANSWER_TOKENS = "answer_tokens"
 
 CORE_COLUMNS: tuple[str, ...] = (
     ID,

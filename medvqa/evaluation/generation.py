@@ -29,6 +29,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import BasePredictionWriter
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
+from transformers import LogitsProcessor, LogitsProcessorList
 
 from medvqa.atomic import write_file
 from medvqa.data import records as R
@@ -48,6 +49,53 @@ log = logging.getLogger(__name__)
 
 SPLIT = R.SPLIT
 MODEL = "model"  # fingerprint of the weights that produced a prediction
+# How sure the model was of its answer (calibration, selective prediction): the log-probability
+# of each generated token under the distribution greedy decoding chose it from, over the answer's
+# tokens up to and including its end token; the mean, the minimum and the count.
+
+
+class ChosenLogProbs(LogitsProcessor):
+    """Records, at every decoding step, the log-probability of the token greedy decoding takes
+    (the largest of the scores it sees: custom processors run after the model's own, so these
+    are the scores the choice is made from). One [batch] vector per step; nothing else kept,
+    where `output_logits` would keep batch × vocabulary floats per step."""
+
+    def __init__(self) -> None:
+        self.steps: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        self.steps.append(torch.log_softmax(scores.float(), dim=-1).amax(dim=-1))
+        return scores
+
+    def per_answer(
+        self, new_tokens: torch.Tensor, end_ids: Sequence[int]
+    ) -> list[tuple[float, float, int]]:
+        """(mean, min, count) of the log-probabilities per row of `new_tokens` (the generated
+        part of the sequences), counting tokens up to and including the first end token."""
+        if not self.steps or new_tokens.shape[1] == 0:
+            return [(float("nan"), float("nan"), 0)] * len(new_tokens)
+        steps = torch.stack(self.steps, dim=1)[:, : new_tokens.shape[1]].cpu()
+        tokens = new_tokens[:, : steps.shape[1]].cpu()
+        ends = torch.isin(tokens, torch.tensor(list(end_ids), dtype=tokens.dtype))
+        after_end = (ends.int().cumsum(dim=1) - ends.int()) > 0
+        valid = ~after_end
+        count = valid.sum(dim=1)
+        mean = (steps * valid).sum(dim=1) / count.clamp(min=1)
+        low = steps.masked_fill(after_end, float("inf")).amin(dim=1)
+        return [
+            (float(m), float(lo), int(n)) if n else (float("nan"), float("nan"), 0)
+            for m, lo, n in zip(mean.tolist(), low.tolist(), count.tolist(), strict=True)
+        ]
+
+
+def end_token_ids(model: torch.nn.Module, tokenizer: Any) -> list[int]:
+    """The tokens that end an answer: the generation config's (Qwen has several), else the
+    tokenizer's end-of-sequence token."""
+    config = getattr(model, "generation_config", None)
+    ids = getattr(config, "eos_token_id", None) if config is not None else None
+    if ids is None:
+        ids = tokenizer.eos_token_id
+    return [int(i) for i in (ids if isinstance(ids, list | tuple) else [ids]) if i is not None]
 
 
 def read_predictions(path: Path) -> pd.DataFrame:
@@ -175,19 +223,25 @@ class GenerationModule(L.LightningModule):
             self._merged.close()
             self._merged = None
 
-    def predict_step(self, batch: dict[str, Any], batch_idx: int) -> list[tuple[str, str]]:
+    def predict_step(self, batch: dict[str, Any], batch_idx: int) -> list[tuple[Any, ...]]:
+        """(id, answer, mean log-prob, min log-prob, tokens) per row of the batch."""
         ids = batch.pop(META_KEY)
         pad = self.tokenizer.pad_token_id
+        recorder = ChosenLogProbs()
         out = self.model.generate(
             **batch,
             max_new_tokens=self.max_new_tokens,
             do_sample=False,
             pad_token_id=self.tokenizer.eos_token_id if pad is None else pad,
+            logits_processor=LogitsProcessorList([recorder]),
         )
-        texts = self.tokenizer.batch_decode(
-            out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True
-        )
-        return [(str(rid), text.strip()) for rid, text in zip(ids, texts, strict=True)]
+        new = out[:, batch["input_ids"].shape[1] :]
+        texts = self.tokenizer.batch_decode(new, skip_special_tokens=True)
+        confidence = recorder.per_answer(new, end_token_ids(self.model, self.tokenizer))
+        return [
+            (str(rid), text.strip(), *conf)
+            for rid, text, conf in zip(ids, texts, confidence, strict=True)
+        ]
 
 
 class GenerationData(L.LightningDataModule):
@@ -270,12 +324,15 @@ class GenerationData(L.LightningDataModule):
             **loader_options(self.trainer, self.num_workers),
         )
 
-    def records(self, answers: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
-        """Prediction records: the row's fields, split, weights fingerprint and the answer."""
+    def records(self, answers: Sequence[tuple[Any, ...]]) -> list[dict[str, Any]]:
+        """Prediction records: the row's fields, split, weights fingerprint, the answer and its
+        log-probabilities (`GenerationModule.predict_step`)."""
         out = []
-        for rid, text in answers:
+        for rid, text, mean, low, count in answers:
             record = {k: _jsonable(v) for k, v in self.by_id.loc[rid].items()}
             record.update({R.ID: rid, SPLIT: self.split, MODEL: self.model_id, PREDICTION: text})
+            record.update({R.LOGPROB_MEAN: _jsonable(mean), R.LOGPROB_MIN: _jsonable(low)})
+            record[R.ANSWER_TOKENS] = count
             out.append(record)
         return out
 

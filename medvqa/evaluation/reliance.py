@@ -32,6 +32,7 @@ import pandas as pd
 
 from medvqa.data import records as R
 from medvqa.evaluation.answers import normalize_answer
+from medvqa.evaluation.families.traditional import BINARY_CORRECT, binary_correct
 from medvqa.evaluation.scoring import field_groups
 from medvqa.evaluation.statistics import cluster_bootstrap
 
@@ -39,21 +40,8 @@ log = logging.getLogger(__name__)
 
 # The image modes that withhold or replace the image (`image` is the real one).
 COUNTERFACTUAL_MODES = ("none", "blank", "shuffled", "mismatched")
-# Per-sample correctness by answer type: the traditional family's columns.
-CORRECT_COLUMNS = {"closed": "closed_correct", "open": "open_exact_match"}
 QUADRANTS = ("correct_dependent", "correct_independent", "wrong_dependent", "wrong_independent")
 PREFIX = "reliance_"
-
-
-def correctness(scored: pd.DataFrame) -> pd.Series:
-    """1/0 per row from the traditional family's columns; NaN where it has none (an open
-    question scored without `exact_match`, or no traditional family)."""
-    out = pd.Series(np.nan, index=scored.index)
-    for answer_type, column in CORRECT_COLUMNS.items():
-        if column in scored.columns:
-            rows = scored[R.ANSWER_TYPE] == answer_type
-            out[rows] = scored.loc[rows, column].astype(float)
-    return out
 
 
 def _key(frame: pd.DataFrame) -> pd.MultiIndex:
@@ -73,7 +61,7 @@ def reliance_columns(real: pd.DataFrame, other: pd.DataFrame, mode: str) -> pd.D
     rows = at[found].astype(int)
     correct = np.full(len(real), np.nan)
     changed = np.full(len(real), np.nan)
-    correct[found] = correctness(other).to_numpy(float)[rows]
+    correct[found] = binary_correct(other).to_numpy(float)[rows]
     theirs = other[R.PREDICTION].to_numpy(object)[rows]
     ours = real[R.PREDICTION].to_numpy(object)[found]
     changed[found] = [
@@ -89,12 +77,12 @@ def reliance_columns(real: pd.DataFrame, other: pd.DataFrame, mode: str) -> pd.D
 def _stats(rows: pd.DataFrame, mode: str, bootstrap: Mapping[str, Any] | None) -> dict[str, float]:
     """One group's figures for `mode`, per answer type (see the module doc)."""
     out: dict[str, float] = {}
-    correct_real = correctness(rows).to_numpy(float)
+    correct_real = binary_correct(rows).to_numpy(float)
     under = rows[f"{PREFIX}{mode}_correct"].to_numpy(float)
     changed = rows[f"{PREFIX}{mode}_changed"].to_numpy(float)
     cases = rows[R.CASE_ID].to_numpy(object)
     types = rows[R.ANSWER_TYPE].to_numpy(object)
-    for answer_type in CORRECT_COLUMNS:
+    for answer_type in BINARY_CORRECT:
         of_type = types == answer_type
         if not of_type.any():
             continue

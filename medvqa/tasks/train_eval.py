@@ -16,8 +16,16 @@ from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig
 
 from medvqa.cluster import GPU_ACCELERATORS
+from medvqa.data import records as R
 from medvqa.distributed import is_global_zero
 from medvqa.evaluation.baselines import chance_scores
+from medvqa.evaluation.consistency import (
+    add_agreement,
+    consistency_metrics,
+    order_flips,
+    order_metrics,
+    reordered,
+)
 from medvqa.evaluation.generation import generate_splits, prediction_trainer
 from medvqa.evaluation.lengths import generation_length
 from medvqa.evaluation.reliance import add_reliance, reliance_metrics
@@ -193,6 +201,14 @@ def train_eval(
         for mode in cfg.data.extra_eval_images:  # e.g. the blind ablation: Δ = sighted − blank
             outputs[f"{mode}/"] = out_dir / f"predictions_{mode}.jsonl"
             generated[f"{mode}/"] = generate(model, out_path=outputs[f"{mode}/"], image_mode=mode)
+        for k in range(1, int(cfg.data.option_orders) + 1):  # closed options in other orders
+            outputs[f"order{k}/"] = out_dir / f"predictions_order{k}.jsonl"
+            generated[f"order{k}/"] = generate(
+                model,
+                out_path=outputs[f"order{k}/"],
+                image_mode=eval_image,
+                frames={s: reordered(f, k) for s, f in frames.items()},
+            )
         if not is_global_zero():
             return {}  # rank 0 scores and reports
 
@@ -217,22 +233,35 @@ def train_eval(
             metrics.update(scoring.deltas(results[""], results[f"{mode}/"], prefix=prefix))
             metrics.update(scoring.paired_delta_intervals(scored[""], scored[f"{mode}/"], prefix))
             rows.append((f"{label}, {mode} image", f"{mode}/"))
-        # Row by row against the counterfactual answers: which answers need the image.
-        modes = {m: scored[f"{m}/"] for m in cfg.data.extra_eval_images}
-        scored[""], reliance_modes = add_reliance(scored[""], modes)
-        if reliance_modes:
-            write_scores(scored[""], scores_path(outputs[""]))
-            metrics.update(
-                reliance_metrics(
-                    scored[""],
-                    reliance_modes,
-                    breakdown=list(cfg.evaluation.breakdown),
-                    bootstrap=Bootstrap.of(cfg.evaluation.bootstrap).options(),
-                )
-            )
+        for k in range(1, int(cfg.data.option_orders) + 1):
+            rows.append((f"{label}, options reordered ({k})", f"order{k}/"))
+        metrics.update(beyond_accuracy(cfg, scored, outputs[""]))
 
         report_run(cfg, out_dir, loggers, metrics, rows, scored[""])
         return metrics
+
+
+def beyond_accuracy(
+    cfg: DictConfig, scored: MutableMapping[str, pd.DataFrame], predictions: Path
+) -> dict[str, float]:
+    """The views that compare a run's answers with each other, row by row: image reliance
+    (against the counterfactual image modes' answers), paraphrase consistency (rows that
+    share a paraphrase group) and option-order flips (against the reordered options' answers). Their per-sample columns join `scored[""]`, written again to
+    its scores file."""
+    bootstrap = Bootstrap.of(cfg.evaluation.bootstrap).options()
+    main = scored[""]
+    modes = {m: scored[f"{m}/"] for m in cfg.data.extra_eval_images}
+    main, reliance_modes = add_reliance(main, modes)
+    out = reliance_metrics(main, reliance_modes, list(cfg.evaluation.breakdown), bootstrap)
+    main = add_agreement(main)
+    splits = list(dict.fromkeys(main[R.SPLIT])) if R.SPLIT in main.columns else []
+    out.update(consistency_metrics(main, splits, bootstrap))
+    main, _ = order_flips(main, scored)
+    out.update(order_metrics(main, bootstrap))
+    if main is not scored[""]:
+        scored[""] = main
+        write_scores(main, scores_path(predictions))
+    return out
 
 
 def _fit(

@@ -86,6 +86,11 @@ class DataSchema:
     # The image mode "mismatched" shows a row the image of a row with another value of this
     # metadata column (the same split, never the same value): another modality by default.
     mismatch_field: str = "modality"
+    # Further evaluations of the closed questions with their candidates in other orders: k
+    # seeded permutations per row (never the original order), recorded as `order<k>/...`; the
+    # answer's meaning (the chosen candidate), not its position, is compared with the main one
+    # (option-order flips, docs/metrics.md#option-order-invariance).
+    option_orders: int = 0
     limit: dict[str, int | None] = dataclasses.field(
         default_factory=lambda: {"train": None, "val": None, "test_iid": None, "test_ood": None}
     )

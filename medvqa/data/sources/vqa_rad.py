@@ -103,7 +103,7 @@ FIELD_TYPES = {
         TEXT,
     ),
 }
-PARAPHRASE_GROUP = "paraphrase_group"
+PARAPHRASE_GROUP = R.PARAPHRASE_GROUP
 NATIVE_COLUMNS = (
     "qid",
     "phrase_type",

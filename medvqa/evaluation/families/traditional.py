@@ -300,6 +300,22 @@ def score_predictions(
     return out
 
 
+# Per-sample right/wrong by answer type, where one exists: closed questions by the chosen
+# candidate, open ones by exact equality (token overlap scores are not a right/wrong).
+BINARY_CORRECT = {"closed": "closed_correct", "open": "open_exact_match"}
+
+
+def binary_correct(scored: pd.DataFrame) -> pd.Series:
+    """1/0 per row of a table scored by this family (`BINARY_CORRECT`); NaN where it has no
+    such column (an open question scored without `exact_match`)."""
+    out = pd.Series(np.nan, index=scored.index)
+    for answer_type, column in BINARY_CORRECT.items():
+        if column in scored.columns:
+            rows = scored[ANSWER_TYPE] == answer_type
+            out[rows] = scored.loc[rows, column].astype(float)
+    return out
+
+
 class TraditionalMetric(MetricFamily):
     """`metric=traditional`: the token-matching scores and closed accuracy as one metric family.
 

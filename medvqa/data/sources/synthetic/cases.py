@@ -40,6 +40,7 @@ LESION_SLOTS: dict[int, tuple[tuple[float, float], ...]] = {
 
 # Seed streams: keep the random draws for case content, rendering and questions independent.
 CASE_STREAM, RENDER_STREAM, QUESTION_STREAM, SPLIT_STREAM = 11, 12, 13, 14
+PARAPHRASE_STREAM = 15  # dataset.paraphrases: which other wording a question gets
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,8 @@ from medvqa.atomic import build_once, write_file
 from medvqa.data import records as R
 from medvqa.data.base import VQASource
 from medvqa.data.sources.synthetic.cases import (
+    MODALITIES,
+    PARAPHRASE_STREAM,
     QUESTION_SETS,
     QUESTION_STREAM,
     RENDER_STREAM,
@@ -62,9 +64,18 @@ METADATA_COLUMNS: tuple[str, ...] = (
     "plane",
     "template",
 )
+# With `paraphrases`: the group shared by a question and its rewording, and which one it is.
+PARAPHRASE_COLUMNS = [R.PARAPHRASE_GROUP, "phrasing"]
 MANIFEST = "manifest.json"
 ANNOTATIONS = "annotations.jsonl"
 IMAGES_DIR = "images"
+
+
+def text_cue(question: str, answer: str) -> str:
+    """The question with its answer stated in its own text (`dataset.text_cue_modality`): a
+    subgroup answerable without looking, as a report sentence quoted in a question would make
+    it, so that the image-reliance analysis has something true to find."""
+    return f"The report says: {answer}. {question}"
 
 
 def _pair(value: Sequence[int], key: str) -> tuple[int, int]:
@@ -91,6 +102,8 @@ class SyntheticVQA(VQASource):
         questions_per_image: int = 8,
         question_set: str = "vqa",
         split_fractions: Sequence[float] = (0.7, 0.15, 0.15),
+        text_cue_modality: str | None = None,
+        paraphrases: bool = False,
     ) -> None:
         if int(seed) < 0:
             raise ValueError(f"dataset.seed must be >= 0; got {seed}.")
@@ -106,6 +119,11 @@ class SyntheticVQA(VQASource):
             raise ValueError(
                 f"dataset.question_set must be one of {QUESTION_SETS}; got {question_set!r}."
             )
+        if text_cue_modality is not None and text_cue_modality not in MODALITIES:
+            raise ValueError(
+                f"dataset.text_cue_modality must be one of {MODALITIES} or null; got "
+                f"{text_cue_modality!r}."
+            )
         fractions = [float(f) for f in split_fractions]
         if len(fractions) != 3 or min(fractions) < 0 or abs(sum(fractions) - 1.0) > 1e-6:
             raise ValueError(
@@ -119,6 +137,8 @@ class SyntheticVQA(VQASource):
         self.questions_per_image = int(questions_per_image)
         self.question_set = str(question_set)
         self.split_fractions = tuple(fractions)
+        self.text_cue_modality = text_cue_modality
+        self.paraphrases = bool(paraphrases)
         self.cache_dir = Path(cache_dir).expanduser()
         canonical = json.dumps(self.params, sort_keys=True, separators=(",", ":"))
         self.config_hash = content_hash(canonical)
@@ -146,6 +166,9 @@ class SyntheticVQA(VQASource):
             "question_set": self.question_set,
             "split_fractions": list(self.split_fractions),
             "generator_version": GENERATOR_VERSION,
+            # Only when set: the default data keeps the cache (and numbers) it always had.
+            **({"text_cue_modality": self.text_cue_modality} if self.text_cue_modality else {}),
+            **({"paraphrases": True} if self.paraphrases else {}),
         }
 
     # -- public ----------------------------------------------------------------------------------
@@ -243,8 +266,16 @@ class SyntheticVQA(VQASource):
                     )
                     to_png_image(pixels).save(directory / ref, format="PNG")
                     q_rng = np.random.default_rng([QUESTION_STREAM, self.seed, index, j])
-                    qas = make_questions(spec, self.question_set, self.questions_per_image, q_rng)
-                    for k, (template, qtype, (question, answer, atype, cands)) in enumerate(qas):
+                    p_rng = None  # paraphrases of the test cases' questions only
+                    if self.paraphrases and splits[index] == "test":
+                        p_rng = np.random.default_rng([PARAPHRASE_STREAM, self.seed, index, j])
+                    qas = make_questions(
+                        spec, self.question_set, self.questions_per_image, q_rng, p_rng
+                    )
+                    for k, (template, qtype, qa, para) in enumerate(qas):
+                        question, answer, atype, cands = qa
+                        if spec.modality == self.text_cue_modality:
+                            question = text_cue(question, answer)
                         record = {
                             R.ID: f"{image_id}_q{k}",
                             R.IMAGE: ref,
@@ -269,8 +300,23 @@ class SyntheticVQA(VQASource):
                             "plane": spec.plane,
                             "template": template,
                         }
+                        if self.paraphrases:  # the group links a question to its rewording
+                            record[R.PARAPHRASE_GROUP] = record[R.ID]
+                            record["phrasing"] = "original"
                         out.write(json.dumps(record) + "\n")
                         n_records += 1
+                        if para is not None:
+                            reworded = para[0]
+                            if spec.modality == self.text_cue_modality:
+                                reworded = text_cue(reworded, answer)
+                            record = {
+                                **record,
+                                R.ID: f"{record[R.ID]}_p",
+                                R.QUESTION: reworded,
+                                "phrasing": "paraphrase",
+                            }
+                            out.write(json.dumps(record) + "\n")
+                            n_records += 1
         counts = {"cases": self.n_cases, "images": n_images, "records": n_records}
         manifest = {
             "hash": self.config_hash,
@@ -296,4 +342,6 @@ class SyntheticVQA(VQASource):
                         f"{self.root} to regenerate it."
                     ) from err
         columns = [*R.CORE_COLUMNS, *METADATA_COLUMNS]
+        if self.paraphrases:
+            columns += PARAPHRASE_COLUMNS
         return pd.DataFrame.from_records(rows, columns=columns)

@@ -10,6 +10,7 @@ quantity, plane, knowledge); the pre-training set uses the same answers in other
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -145,10 +146,30 @@ def _facts(s: ImageSpec) -> dict[str, str]:
     }
 
 
+def _fields(t: Template, s: ImageSpec, rng: np.random.Generator) -> Mapping[str, str]:
+    """The image's facts and the template's slot (drawn from `rng`)."""
+    return {**_facts(s), **(SLOTS[t.slot](s, rng) if t.slot else {})}
+
+
 def ask(t: Template, s: ImageSpec, rng: np.random.Generator) -> QA:
     """(question, answer, answer_type, candidates): the slot first, then the wording."""
-    fields: Mapping[str, str] = {**_facts(s), **(SLOTS[t.slot](s, rng) if t.slot else {})}
-    question = _pick(rng, t.wordings).format(**fields)
+    fields = _fields(t, s, rng)
+    return _qa(t, fields, _pick(rng, t.wordings).format(**fields))
+
+
+def rephrase(
+    t: Template, s: ImageSpec, rng: np.random.Generator, other: np.random.Generator
+) -> QA | None:
+    """The question `ask(t, s, rng)` asks (`rng` in the state `ask` got it in), in another of
+    the template's wordings drawn from `other`: the same slot, answer and candidates; None
+    where the template has no other wording that reads differently."""
+    fields = _fields(t, s, rng)
+    asked = t.wordings[int(rng.integers(len(t.wordings)))].format(**fields)  # _pick's draw
+    others = sorted({w.format(**fields) for w in t.wordings} - {asked})
+    return _qa(t, fields, _pick(other, others)) if others else None
+
+
+def _qa(t: Template, fields: Mapping[str, str], question: str) -> QA:
     answer = t.answer.format(**fields)
     if t.form in ("yes_no", "check") and "asked" in fields:
         answer = "yes" if fields["asked"] == answer else "no"
@@ -411,12 +432,18 @@ PRETRAIN_TEMPLATES: tuple[Template, ...] = (
 
 
 def make_questions(
-    spec: ImageSpec, question_set: str, n_questions: int, rng: np.random.Generator
-) -> list[tuple[str, str, QA]]:
-    """(template name, question_type, qa) for one image: distinct applicable templates."""
+    spec: ImageSpec,
+    question_set: str,
+    n_questions: int,
+    rng: np.random.Generator,
+    paraphrase_rng: np.random.Generator | None = None,
+) -> list[tuple[str, str, QA, QA | None]]:
+    """(template name, question_type, qa, paraphrase) for one image: distinct applicable
+    templates. With `paraphrase_rng`, each question also in another wording of its template
+    (`rephrase`; None where there is none); the questions themselves are the same either way."""
     if question_set == "pretrain":
-        out: list[tuple[str, str, QA]] = [
-            ("caption", "caption", (CAPTION_QUESTION, caption(spec), "open", None))
+        out: list[tuple[str, str, QA, QA | None]] = [
+            ("caption", "caption", (CAPTION_QUESTION, caption(spec), "open", None), None)
         ]
         templates, n_questions = PRETRAIN_TEMPLATES, n_questions - 1
     else:
@@ -430,5 +457,8 @@ def make_questions(
     chosen = sorted(rng.choice(len(usable), size=k, replace=False, p=weights / weights.sum()))
     for i in chosen:
         t = usable[int(i)]
-        out.append((t.name, t.question_type, ask(t, spec, rng)))
+        before = copy.deepcopy(rng) if paraphrase_rng is not None else None
+        qa = ask(t, spec, rng)
+        other = rephrase(t, spec, before, paraphrase_rng) if before is not None else None
+        out.append((t.name, t.question_type, qa, other))
     return out

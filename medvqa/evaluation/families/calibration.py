@@ -1,0 +1,174 @@
+"""`metric=calibration`: does the model know when it is wrong, and does that survive the shift?
+
+Generation records each answer's token log-probabilities (`medvqa.evaluation.generation`:
+`answer_logprob_mean`, `answer_logprob_min`, `answer_tokens`). The family turns them into a
+confidence in [0, 1] (option `confidence`: `sequence`, the probability of the whole answer
+string greedy decoding produced, exp(sum); `mean`, the geometric mean of its tokens'
+probabilities; `min`, its least likely token's) and scores it against right/wrong
+(`traditional.binary_correct`: the chosen candidate of a closed question, exact equality for an
+open one), per answer type:
+
+- `ece`: expected calibration error over `bins` equal-mass bins (sorted by confidence, split
+  into bins of equal row count; Σ_b |b|/N · |accuracy_b − mean confidence_b|), the adaptive
+  binning of Nixon et al. 2019, which does not leave bins empty when confidences crowd near 1;
+- `brier`: mean squared difference between confidence and right (1) / wrong (0) (Brier 1950);
+- `aurc`: area under the risk–coverage curve, the mean over k = 1..N of the error rate of the k
+  most confident answers (Geifman & El-Yaniv 2017; ties are taken in row order);
+- `acc_at_<c>`: accuracy of the ⌈c·N⌉ most confident answers (selective prediction: answer
+  only the part one is surest of), for each of `coverages`;
+- `confidence` (mean confidence) and `accuracy`, whose gap is the over- or under-confidence,
+  and `n`, the rows scored.
+
+ECE, Brier and AURC are errors (lower is better; no relative robustness). A row that has a
+right/wrong but no recorded confidence (answers generated before confidences were recorded,
+or a baseline that does not generate) makes its split's figures NaN: never a calibration of
+the rows that happen to have one.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+
+from medvqa.data import records as R
+from medvqa.evaluation.families.base import COUNT, MetricFamily, ScoreInfo
+from medvqa.evaluation.families.traditional import binary_correct, per_sample_scores
+
+log = logging.getLogger(__name__)
+
+CONFIDENCES = ("sequence", "mean", "min")
+ERROR = ScoreInfo(performance=False, higher_is_better=False)
+
+
+def adaptive_ece(confidence: np.ndarray, correct: np.ndarray, bins: int) -> float:
+    """Expected calibration error over `bins` bins of (nearly) equal row count."""
+    n = len(confidence)
+    if n == 0:
+        return math.nan
+    order = np.argsort(confidence, kind="mergesort")
+    total = 0.0
+    for part in np.array_split(order, min(bins, n)):
+        total += len(part) / n * abs(correct[part].mean() - confidence[part].mean())
+    return float(total)
+
+
+def risk_coverage(confidence: np.ndarray, correct: np.ndarray) -> np.ndarray:
+    """Error rate of the k most confident answers, for k = 1..N (ties in row order)."""
+    order = np.argsort(-confidence, kind="mergesort")
+    errors = np.cumsum(1.0 - correct[order])
+    return errors / np.arange(1, len(order) + 1)
+
+
+def accuracy_at_coverage(confidence: np.ndarray, correct: np.ndarray, coverage: float) -> float:
+    """Accuracy of the ⌈coverage·N⌉ most confident answers."""
+    n = len(confidence)
+    if n == 0:
+        return math.nan
+    k = max(1, math.ceil(coverage * n - 1e-9))
+    order = np.argsort(-confidence, kind="mergesort")
+    return float(correct[order[:k]].mean())
+
+
+def confidence_of(preds: pd.DataFrame, kind: str) -> pd.Series:
+    """The answer's confidence in [0, 1] from its recorded log-probabilities; NaN without."""
+    nan = pd.Series(np.nan, index=preds.index)
+    mean = pd.to_numeric(preds.get(R.LOGPROB_MEAN, nan), errors="coerce")
+    if kind == "mean":
+        return np.exp(mean)
+    if kind == "min":
+        return np.exp(pd.to_numeric(preds.get(R.LOGPROB_MIN, nan), errors="coerce"))
+    tokens = pd.to_numeric(preds.get(R.ANSWER_TOKENS, nan), errors="coerce")
+    return np.exp(mean * tokens)
+
+
+class CalibrationMetric(MetricFamily):
+    """Confidence against right/wrong, per answer type (see the module doc)."""
+
+    name = "calibration"
+    not_performance: ClassVar[dict[str, ScoreInfo]] = {
+        "ece": ERROR,
+        "brier": ERROR,
+        "aurc": ERROR,
+        "confidence": ScoreInfo(performance=False),
+        "n": COUNT,
+    }
+
+    def __init__(
+        self,
+        confidence: str = "sequence",
+        bins: int = 10,
+        coverages: Sequence[float] = (0.5, 0.8),
+    ) -> None:
+        if confidence not in CONFIDENCES:
+            raise ValueError(
+                f"metric.calibration.confidence={confidence!r}: choose one of {CONFIDENCES}"
+            )
+        if int(bins) < 1:
+            raise ValueError(f"metric.calibration.bins={bins}: needs a whole number >= 1")
+        bad = [c for c in coverages if not 0 < float(c) <= 1]
+        if bad:
+            raise ValueError(
+                f"metric.calibration.coverages={list(coverages)}: each must be in (0, 1], "
+                "e.g. [0.5, 0.8]"
+            )
+        self.confidence = confidence
+        self.bins = int(bins)
+        self.coverages = [float(c) for c in coverages]
+
+    def per_sample(self, preds: pd.DataFrame) -> pd.DataFrame:
+        correct = binary_correct(per_sample_scores(preds, ["exact_match"]))
+        confidence = confidence_of(preds, self.confidence)
+        return pd.DataFrame(
+            {
+                self.column("confidence"): confidence,
+                self.column("correct"): correct,
+                self.column("sq_error"): (confidence - correct) ** 2,
+            },
+            index=preds.index,
+        )
+
+    def _names(self) -> list[str]:
+        cov = [f"acc_at_{round(c * 100)}" for c in self.coverages]
+        return ["ece", "brier", "aurc", *cov, "confidence", "accuracy", "n"]
+
+    def aggregate(self, scored: pd.DataFrame) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for answer_type in ("closed", "open"):
+            rows = scored[scored[R.ANSWER_TYPE] == answer_type]
+            correct = rows[self.column("correct")].to_numpy(float)
+            confidence = rows[self.column("confidence")].to_numpy(float)
+            keep = ~np.isnan(correct)
+            correct, confidence = correct[keep], confidence[keep]
+            names = [f"{answer_type}_{n}" for n in self._names()]
+            if not len(correct) or np.isnan(confidence).any():
+                if len(correct):
+                    log.warning(
+                        "calibration: %d of %d %s answers have no recorded confidence "
+                        "(generated before confidences were recorded?): their figures are NaN",
+                        int(np.isnan(confidence).sum()),
+                        len(confidence),
+                        answer_type,
+                    )
+                out.update({self.column(n): math.nan for n in names})
+                out[self.column(f"{answer_type}_n")] = float(len(correct))
+                continue
+            values: list[Any] = [
+                adaptive_ece(confidence, correct, self.bins),
+                float(np.mean((confidence - correct) ** 2)),
+                float(risk_coverage(confidence, correct).mean()),
+                *[accuracy_at_coverage(confidence, correct, c) for c in self.coverages],
+                float(confidence.mean()),
+                float(correct.mean()),
+                float(len(correct)),
+            ]
+            out.update({self.column(n): v for n, v in zip(names, values, strict=True)})
+        return out
+
+    def ci_columns(self) -> dict[str, tuple[str, str]]:
+        """Brier is a per-sample mean: case-bootstrap intervals and paired deltas."""
+        return {self.column(f"{t}_brier"): (self.column("sq_error"), t) for t in ("closed", "open")}
