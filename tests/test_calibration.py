@@ -101,3 +101,64 @@ def test_bad_options_say_which_key_and_what_works() -> None:
         CalibrationMetric(confidence="max")
     with pytest.raises(ValueError, match=r"coverages=\[0\.5, 1\.5\]"):
         CalibrationMetric(coverages=[0.5, 1.5])
+
+
+def _two_token_answers(margins: list[float], right: list[int], split: str) -> pd.DataFrame:
+    """One-token answers of a two-word vocabulary whose logits differ by `margin`: the chosen
+    token's log-probability at temperature T is -log(1 + exp(-margin / T))."""
+    grid = [{str(t): -math.log1p(math.exp(-m / t)) for t in R.TEMPERATURES} for m in margins]
+    n = len(margins)
+    return pd.DataFrame(
+        {
+            R.SPLIT: split,
+            R.ID: [f"{split}{i}" for i in range(n)],
+            R.CASE_ID: [f"{split}{i}" for i in range(n)],
+            R.ANSWER_TYPE: "closed",
+            R.CANDIDATES: [["yes", "no"]] * n,
+            R.ANSWER: "yes",
+            R.PREDICTION: ["yes" if r else "no" for r in right],
+            R.LOGPROB_MEAN: [g["1.0"] for g in grid],
+            R.LOGPROB_MIN: [g["1.0"] for g in grid],
+            R.ANSWER_TOKENS: 1,
+            R.LOGPROB_BY_TEMPERATURE: grid,
+        }
+    )
+
+
+def test_a_temperature_fitted_on_validation_answers_tempers_an_overconfident_model() -> None:
+    """Confident (margin 5: p = 0.993) but right half of the time: the fitted temperature is
+    the grid's largest (the confidence nearest 0.5), it is applied to the test splits, and
+    their ECE and Brier fall; the fit is the grid's least binary NLL, checked by hand."""
+    from medvqa.evaluation.families.calibration import (
+        binary_nll,
+        confidence_at,
+        fit_temperature,
+        temperature_metrics,
+    )
+
+    family = CalibrationMetric(bins=2)
+    val = _two_token_answers([5.0] * 8, [1, 0] * 4, "val")
+    test = _two_token_answers([5.0] * 6 + [1.0] * 4, [1, 0, 1, 0, 1, 0, 1, 1, 0, 0], "test_ood")
+    preds = pd.concat([val, test], ignore_index=True)
+    scored = preds.join(family.per_sample(preds))
+    right = scored["calibration_correct"].to_numpy(float)
+    on_val = (scored[R.SPLIT] == "val").to_numpy()
+    by_hand = min(
+        R.TEMPERATURES,
+        key=lambda t: binary_nll(
+            confidence_at(scored[on_val], "sequence", t).to_numpy(), right[on_val]
+        ),
+    )
+    assert fit_temperature(scored[on_val], right[on_val], "sequence") == by_hand == 3.0
+    out, m = temperature_metrics(scored, family)
+    assert m["val/calibration_closed_temperature"] == 3.0
+    scaled = out.loc[~on_val, "calibration_confidence_scaled"].to_numpy()
+    assert scaled == pytest.approx([1 / (1 + math.exp(-mg / 3)) for mg in [5.0] * 6 + [1.0] * 4])
+    before = family.aggregate(scored[~on_val])
+    assert m["test_ood/calibration_closed_ece_scaled"] < before["calibration_closed_ece"]
+    assert m["test_ood/calibration_closed_brier_scaled"] < before["calibration_closed_brier"]
+    # no validation answers: nothing fitted, nothing added
+    assert temperature_metrics(scored[~on_val], family)[1] == {}
+    # answers generated before the grid was recorded: no temperature, NaN not a guess
+    old = scored.assign(**{R.LOGPROB_BY_TEMPERATURE: None})
+    assert math.isnan(temperature_metrics(old, family)[1]["val/calibration_closed_temperature"])

@@ -153,3 +153,35 @@ def test_reordering_options_the_prompt_does_not_list_is_refused(cache_dir: Path)
     with pytest.raises(ConfigError, match=r"data\.option_orders=1: the prompt lists no options"):
         check_config(compose(["data.option_orders=1"], cache_dir))
     check_config(compose(["data.option_orders=1", "prompt=sure"], cache_dir))
+
+
+def test_vqarad_paraphrase_run_reports_flips_between_the_free_form_and_the_paraphrase(
+    tmp_path: Path, cache_dir: Path, tiny_model_dir: Path
+) -> None:
+    """`+experiment=vqarad_paraphrase` on VQA-RAD's native files (the fixture writer): the
+    free-form question is i.i.d., its paraphrase OoD; each pair is one test_iid~test_ood pair,
+    beside calibration and subgroups in the same whole run."""
+    import json
+
+    from tests.conftest import SMALL_MODEL, run_main
+    from tests.native.vqa_rad import write as write_vqa_rad
+
+    rad = write_vqa_rad(tmp_path / "vqa_rad")
+    args = [
+        "+experiment=vqarad_paraphrase", f"dataset.root={rad.root}", "debug=smoke",
+        "logger=csv", "data.limit.test_iid=null", "data.limit.test_ood=null",
+        "metric=[traditional,calibration,subgroups]",
+    ]  # fmt: skip
+    proc = run_main(args, tmp_path / "run", cache_dir, small=SMALL_MODEL)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads((tmp_path / "run" / "results.json").read_text())["metrics"]
+    scored = pd.read_parquet(tmp_path / "run" / "scores.parquet")
+    sides = scored.groupby(R.PARAPHRASE_GROUP)[R.SPLIT].agg(set)
+    across = int((sides == {"test_iid", "test_ood"}).sum())
+    assert across
+    pairs = sum(
+        v for k, v in metrics.items()
+        if k.startswith("test_iid~test_ood/consistency_paraphrase_") and k.endswith("_n_pairs")
+    )  # fmt: skip
+    assert pairs == across
+    assert "test_ood/calibration_closed_ece" in metrics and "test_ood/subgroups_tested" in metrics

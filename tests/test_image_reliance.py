@@ -113,8 +113,11 @@ def test_a_run_reports_the_delta_of_another_rows_image(
     from every test split of the job. Each run also carries other beyond-accuracy views (one
     whole run each, checked by `_check_*`)."""
     args = ["debug=smoke", "logger=csv", f"data.extra_eval_images=[{mode}]"]
-    if mode == "shuffled":
-        args.append("metric=[traditional,calibration,subgroups]")
+    if mode == "shuffled":  # val answers too: the temperature is fitted on them
+        args += [
+            "metric=[traditional,calibration,subgroups]",
+            "task.eval_splits=[val,test_iid,test_ood]",
+        ]
     else:
         args += ["dataset.paraphrases=true", "data.option_orders=1", "prompt=sure"]
     proc = run_main(args, tmp_path, cache_dir)
@@ -124,7 +127,7 @@ def test_a_run_reports_the_delta_of_another_rows_image(
         sighted, other = metrics[f"{split}/closed_acc"], metrics[f"{mode}/{split}/closed_acc"]
         assert metrics[f"delta_{mode}/{split}/closed_acc"] == pytest.approx(sighted - other)
     answers = pd.read_json(tmp_path / f"predictions_{mode}.jsonl", lines=True)
-    assert len(answers) == metrics["test_iid/n"] + metrics["test_ood/n"]
+    assert len(answers) == sum(metrics.get(f"{s}/n", 0) for s in ("val", "test_iid", "test_ood"))
     # Row by row: the per-sample reliance columns in scores.parquet, and the split's figures
     # recomputed from them by hand.
     scored = pd.read_parquet(tmp_path / "scores.parquet")
@@ -154,6 +157,12 @@ def _check_calibration_and_subgroups(run_dir: Path, metrics: dict) -> None:
         assert 0 <= metrics[f"{split}/calibration_closed_ece"] <= 1
         assert 0 <= metrics[f"{split}/calibration_closed_brier"] <= 1
         assert f"{split}/subgroups_tested" in metrics
+        assert 0 <= metrics[f"{split}/calibration_closed_ece_scaled"] <= 1
+    assert metrics["val/calibration_closed_temperature"] in R.TEMPERATURES
+    scored = pd.read_parquet(run_dir / "scores.parquet")
+    assert (
+        scored.loc[scored["answer_type"] == "closed", "calibration_confidence_scaled"].notna().all()
+    )
 
 
 def _check_paraphrases_and_option_orders(run_dir: Path, metrics: dict, scored: pd.DataFrame):

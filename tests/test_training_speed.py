@@ -569,7 +569,8 @@ def test_generation_records_each_answers_log_probabilities_as_a_forward_pass_giv
     tiny_model_dir: Path, source
 ) -> None:
     """The calibration inputs: mean and minimum log-probability of the generated tokens up to
-    and including the end token, equal to a teacher-forced forward pass over prompt + answer."""
+    and including the end token, and their sum at other temperatures, equal to a
+    teacher-forced forward pass over prompt + answer."""
     from medvqa.evaluation.generation import GenerationModule, end_token_ids
     from tests.test_numerics import _spec
 
@@ -581,7 +582,7 @@ def test_generation_records_each_answers_log_probabilities_as_a_forward_pass_giv
     for batch in make_loader(dataset, 1, shuffle=False, padding_side="left"):
         prompt = {k: v for k, v in batch.items() if k != META_KEY}
         with torch.no_grad():
-            ((rid, text, mean, low, count),) = module.predict_step(dict(batch), 0)
+            ((rid, text, mean, low, count, by_temperature),) = module.predict_step(dict(batch), 0)
             out = model.generate(**prompt, max_new_tokens=6, do_sample=False)
             new = out[0, prompt["input_ids"].shape[1] :].tolist()
             stop = next((i for i, t in enumerate(new) if t in ends), len(new) - 1)
@@ -597,3 +598,6 @@ def test_generation_records_each_answers_log_probabilities_as_a_forward_pass_giv
         assert text == processor.tokenizer.decode(answer, skip_special_tokens=True).strip()
         assert mean == pytest.approx(chosen.mean().item(), abs=1e-4)
         assert low == pytest.approx(chosen.min().item(), abs=1e-4)
+        for t in (0.5, 1.0, 2.0):  # the logits divided by a temperature: the same tokens
+            at_t = torch.log_softmax(logits.float() / t, -1)[torch.arange(len(answer)), answer]
+            assert by_temperature[str(t)] == pytest.approx(at_t.sum().item(), abs=1e-4)

@@ -33,6 +33,11 @@ PREDICTION = "prediction"  # of a prediction: the model's answer (scored, never 
 LOGPROB_MEAN = "answer_logprob_mean"
 LOGPROB_MIN = "answer_logprob_min"
 ANSWER_TOKENS = "answer_tokens"
+# The answer's summed log-probability with the logits divided by each temperature of the grid
+# (greedy's choice does not depend on it), {"<T>": sum}: a temperature fitted on the i.i.d.
+# validation answers is applied to the test answers without generating again.
+LOGPROB_BY_TEMPERATURE = "answer_logprob_by_temperature"
+TEMPERATURES: tuple[float, ...] = (0.5, 0.7, 0.85, 1.0, 1.15, 1.3, 1.5, 1.75, 2.0, 2.5, 3.0)
 
 CORE_COLUMNS: tuple[str, ...] = (
     ID,

@@ -57,35 +57,48 @@ MODEL = "model"  # fingerprint of the weights that produced a prediction
 class ChosenLogProbs(LogitsProcessor):
     """Records, at every decoding step, the log-probability of the token greedy decoding takes
     (the largest of the scores it sees: custom processors run after the model's own, so these
-    are the scores the choice is made from). One [batch] vector per step; nothing else kept,
-    where `output_logits` would keep batch × vocabulary floats per step."""
+    are the scores the choice is made from), with the scores divided by each temperature of
+    `R.TEMPERATURES` (the argmax is the same at every temperature). One [batch, temperatures]
+    tensor per step; nothing else kept, where `output_logits` would keep batch × vocabulary
+    floats per step."""
 
-    def __init__(self) -> None:
+    def __init__(self, temperatures: Sequence[float] = R.TEMPERATURES) -> None:
+        self.temperatures = tuple(float(t) for t in temperatures)
         self.steps: list[torch.Tensor] = []
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        self.steps.append(torch.log_softmax(scores.float(), dim=-1).amax(dim=-1))
+        z = scores.float()
+        top = z.amax(dim=-1, keepdim=True)
+        # log softmax(z / T) at the argmax: (max - max) / T - logsumexp((z - max) / T)
+        lse = torch.stack([torch.logsumexp((z - top) / t, dim=-1) for t in self.temperatures])
+        self.steps.append(-lse.T)
         return scores
 
     def per_answer(
         self, new_tokens: torch.Tensor, end_ids: Sequence[int]
-    ) -> list[tuple[float, float, int]]:
-        """(mean, min, count) of the log-probabilities per row of `new_tokens` (the generated
-        part of the sequences), counting tokens up to and including the first end token."""
+    ) -> list[tuple[float, float, int, dict[str, float]]]:
+        """(mean, min, count, {temperature: sum}) of the log-probabilities per row of
+        `new_tokens` (the generated part of the sequences), counting tokens up to and including
+        the first end token; mean and min at temperature 1."""
+        nan = float("nan")
         if not self.steps or new_tokens.shape[1] == 0:
-            return [(float("nan"), float("nan"), 0)] * len(new_tokens)
-        steps = torch.stack(self.steps, dim=1)[:, : new_tokens.shape[1]].cpu()
+            return [(nan, nan, 0, {})] * len(new_tokens)
+        steps = torch.stack(self.steps, dim=1)[:, : new_tokens.shape[1]].cpu()  # [B, S, T]
         tokens = new_tokens[:, : steps.shape[1]].cpu()
         ends = torch.isin(tokens, torch.tensor(list(end_ids), dtype=tokens.dtype))
         after_end = (ends.int().cumsum(dim=1) - ends.int()) > 0
         valid = ~after_end
         count = valid.sum(dim=1)
-        mean = (steps * valid).sum(dim=1) / count.clamp(min=1)
-        low = steps.masked_fill(after_end, float("inf")).amin(dim=1)
-        return [
-            (float(m), float(lo), int(n)) if n else (float("nan"), float("nan"), 0)
-            for m, lo, n in zip(mean.tolist(), low.tolist(), count.tolist(), strict=True)
-        ]
+        sums = (steps * valid[..., None]).sum(dim=1)  # [B, T]
+        at_one = steps[..., self.temperatures.index(1.0)]
+        mean = sums[:, self.temperatures.index(1.0)] / count.clamp(min=1)
+        low = at_one.masked_fill(after_end, float("inf")).amin(dim=1)
+        out = []
+        for m, lo, n, by_t in zip(mean.tolist(), low.tolist(), count.tolist(), sums.tolist(),
+                                  strict=True):  # fmt: skip
+            grid = {str(t): v for t, v in zip(self.temperatures, by_t, strict=True)}
+            out.append((m, lo, n, grid) if n else (nan, nan, 0, {}))
+        return out
 
 
 def end_token_ids(model: torch.nn.Module, tokenizer: Any) -> list[int]:
@@ -224,7 +237,8 @@ class GenerationModule(L.LightningModule):
             self._merged = None
 
     def predict_step(self, batch: dict[str, Any], batch_idx: int) -> list[tuple[Any, ...]]:
-        """(id, answer, mean log-prob, min log-prob, tokens) per row of the batch."""
+        """(id, answer, mean log-prob, min log-prob, tokens, {temperature: summed log-prob})
+        per row of the batch."""
         ids = batch.pop(META_KEY)
         pad = self.tokenizer.pad_token_id
         recorder = ChosenLogProbs()
@@ -328,11 +342,12 @@ class GenerationData(L.LightningDataModule):
         """Prediction records: the row's fields, split, weights fingerprint, the answer and its
         log-probabilities (`GenerationModule.predict_step`)."""
         out = []
-        for rid, text, mean, low, count in answers:
+        for rid, text, mean, low, count, by_temperature in answers:
             record = {k: _jsonable(v) for k, v in self.by_id.loc[rid].items()}
             record.update({R.ID: rid, SPLIT: self.split, MODEL: self.model_id, PREDICTION: text})
             record.update({R.LOGPROB_MEAN: _jsonable(mean), R.LOGPROB_MIN: _jsonable(low)})
             record[R.ANSWER_TOKENS] = count
+            record[R.LOGPROB_BY_TEMPERATURE] = by_temperature
             out.append(record)
         return out
 

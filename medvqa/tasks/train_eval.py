@@ -26,6 +26,7 @@ from medvqa.evaluation.consistency import (
     order_metrics,
     reordered,
 )
+from medvqa.evaluation.families.calibration import CalibrationMetric, temperature_metrics
 from medvqa.evaluation.generation import generate_splits, prediction_trainer
 from medvqa.evaluation.lengths import generation_length
 from medvqa.evaluation.reliance import add_reliance, reliance_metrics
@@ -235,18 +236,22 @@ def train_eval(
             rows.append((f"{label}, {mode} image", f"{mode}/"))
         for k in range(1, int(cfg.data.option_orders) + 1):
             rows.append((f"{label}, options reordered ({k})", f"order{k}/"))
-        metrics.update(beyond_accuracy(cfg, scored, outputs[""]))
+        metrics.update(beyond_accuracy(cfg, scored, outputs[""], scoring.families))
 
         report_run(cfg, out_dir, loggers, metrics, rows, scored[""])
         return metrics
 
 
 def beyond_accuracy(
-    cfg: DictConfig, scored: MutableMapping[str, pd.DataFrame], predictions: Path
+    cfg: DictConfig,
+    scored: MutableMapping[str, pd.DataFrame],
+    predictions: Path,
+    families: Sequence[Any] = (),
 ) -> dict[str, float]:
     """The views that compare a run's answers with each other, row by row: image reliance
     (against the counterfactual image modes' answers), paraphrase consistency (rows that
-    share a paraphrase group) and option-order flips (against the reordered options' answers). Their per-sample columns join `scored[""]`, written again to
+    share a paraphrase group), option-order flips (against the reordered options' answers) and
+    temperature scaling (fitted on the validation answers, where `task.eval_splits` has them). Their per-sample columns join `scored[""]`, written again to
     its scores file."""
     bootstrap = Bootstrap.of(cfg.evaluation.bootstrap).options()
     main = scored[""]
@@ -258,6 +263,10 @@ def beyond_accuracy(
     out.update(consistency_metrics(main, splits, bootstrap))
     main, _ = order_flips(main, scored)
     out.update(order_metrics(main, bootstrap))
+    for family in families:  # temperature fitted on the i.i.d. validation answers, if any
+        if isinstance(family, CalibrationMetric):
+            main, fitted = temperature_metrics(main, family)
+            out.update(fitted)
     if main is not scored[""]:
         scored[""] = main
         write_scores(main, scores_path(predictions))

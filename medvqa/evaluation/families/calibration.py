@@ -27,6 +27,7 @@ the rows that happen to have one.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections.abc import Sequence
@@ -172,3 +173,87 @@ class CalibrationMetric(MetricFamily):
     def ci_columns(self) -> dict[str, tuple[str, str]]:
         """Brier is a per-sample mean: case-bootstrap intervals and paired deltas."""
         return {self.column(f"{t}_brier"): (self.column("sq_error"), t) for t in ("closed", "open")}
+
+
+# --- temperature scaling -----------------------------------------------------------------------
+
+SCALED = "confidence_scaled"  # the per-sample column, after the family's prefix
+
+
+def _grid(cell: Any) -> dict[float, float]:
+    """A recorded {temperature: summed log-prob} cell (a dict, or its JSON text once written
+    to Parquet); empty where none was recorded."""
+    if isinstance(cell, str):
+        cell = json.loads(cell)
+    if not isinstance(cell, dict):
+        return {}
+    return {float(t): float(v) for t, v in cell.items() if v is not None}
+
+
+def confidence_at(preds: pd.DataFrame, kind: str, temperature: float) -> pd.Series:
+    """The confidence of `confidence_of` with the logits divided by `temperature`, from the
+    recorded grid (`R.LOGPROB_BY_TEMPERATURE`): `sequence` exp(sum), `mean` exp(sum / tokens);
+    NaN for `min` (not recorded per temperature) and rows without the grid."""
+    if kind == "min" or R.LOGPROB_BY_TEMPERATURE not in preds:
+        return pd.Series(np.nan, index=preds.index)
+    sums = preds[R.LOGPROB_BY_TEMPERATURE].map(lambda c: _grid(c).get(temperature, np.nan))
+    sums = sums.astype(float)
+    if kind == "mean":
+        sums = sums / pd.to_numeric(preds[R.ANSWER_TOKENS], errors="coerce")
+    return np.exp(sums)
+
+
+def binary_nll(confidence: np.ndarray, correct: np.ndarray) -> float:
+    """Mean negative log-likelihood of right/wrong under the confidence (clipped to 1e-6)."""
+    c = np.clip(confidence, 1e-6, 1 - 1e-6)
+    return float(-np.mean(correct * np.log(c) + (1 - correct) * np.log(1 - c)))
+
+
+def fit_temperature(preds: pd.DataFrame, correct: np.ndarray, kind: str) -> float:
+    """The temperature of the recorded grid whose confidences fit right/wrong best (least
+    `binary_nll`; ties to the one nearest 1); NaN without rows or with a row lacking the grid."""
+    best, best_nll = math.nan, math.inf
+    for t in sorted(R.TEMPERATURES, key=lambda t: abs(math.log(t))):
+        confidence = confidence_at(preds, kind, t).to_numpy(float)
+        if not len(confidence) or np.isnan(confidence).any():
+            return math.nan
+        nll = binary_nll(confidence, correct)
+        if nll < best_nll - 1e-12:
+            best, best_nll = t, nll
+    return best
+
+
+def temperature_metrics(
+    scored: pd.DataFrame, family: CalibrationMetric, fit_split: str = "val"
+) -> tuple[pd.DataFrame, dict[str, float]]:
+    """Temperature scaling: per answer type, the temperature fitted on `fit_split`'s answers
+    (the i.i.d. validation split, `task.eval_splits` must include it) applied to every split,
+    and the calibration figures again with it: `<fit_split>/calibration_<type>_temperature`,
+    `<split>/calibration_<type>_{ece,brier,aurc}_scaled`. Does calibration fitted i.i.d.
+    transfer OoD? The per-sample `calibration_confidence_scaled` joins the table. Nothing
+    without `fit_split` rows."""
+    out: dict[str, float] = {}
+    column = family.column(SCALED)
+    if R.SPLIT not in scored or not (scored[R.SPLIT] == fit_split).any():
+        return scored, out
+    scaled = pd.Series(np.nan, index=scored.index)
+    correct_all = scored[family.column("correct")].to_numpy(float)
+    for answer_type in ("closed", "open"):
+        of_type = (scored[R.ANSWER_TYPE] == answer_type).to_numpy() & ~np.isnan(correct_all)
+        fit = of_type & (scored[R.SPLIT] == fit_split).to_numpy()
+        if not fit.any():
+            continue
+        t = fit_temperature(scored[fit], correct_all[fit], family.confidence)
+        out[f"{fit_split}/{family.column(f'{answer_type}_temperature')}"] = t
+        if math.isnan(t):
+            continue
+        scaled[of_type] = confidence_at(scored[of_type], family.confidence, t)
+        for split in dict.fromkeys(scored.loc[of_type, R.SPLIT]):
+            rows = of_type & (scored[R.SPLIT] == split).to_numpy()
+            c, y = scaled[rows].to_numpy(float), correct_all[rows]
+            name = f"{split}/{family.column(answer_type)}"
+            nan = np.isnan(c).any()
+            out[f"{name}_ece_scaled"] = math.nan if nan else adaptive_ece(c, y, family.bins)
+            out[f"{name}_brier_scaled"] = math.nan if nan else float(np.mean((c - y) ** 2))
+            out[f"{name}_aurc_scaled"] = math.nan if nan else float(risk_coverage(c, y).mean())
+    return scored.assign(**{column: scaled}), out

@@ -268,6 +268,7 @@ class SubgroupsMetric(MetricFamily):
         self.permutations = int(permutations)
         self.alpha = float(alpha)
         self.max_groups = int(max_groups)
+        self._too_many: set[str] = set()  # fields already reported as too fine-grained
         self.cluster_field = cluster_field
         # conf/metric/subgroups.yaml: ${evaluation.bootstrap}, the run's one setting; its seed
         # also seeds the permutations.
@@ -357,6 +358,10 @@ class SubgroupsMetric(MetricFamily):
         for field in self._fields_of(scored):
             masks = group_masks(scored[field])
             if len(masks) > self.max_groups:
+                if field in self._too_many:  # once per field, not per split and subset
+                    by_field[field] = (len(masks), [])
+                    continue
+                self._too_many.add(field)
                 log.warning(
                     "%s: field %r has %d values (> max_groups=%d), so it is not examined; "
                     "leave fine-grained columns out of metric.%s.fields or raise max_groups",
