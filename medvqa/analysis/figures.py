@@ -367,6 +367,8 @@ def subgroup_forest(frame: pd.DataFrame, out_dir: Path) -> dict[str, Path]:
     found = [(c, *m.groups()) for c in frame.columns if (m := _GROUP_SCORE.match(str(c)))]
     figures: dict[str, Path] = {}
     rows = _usable(frame)
+    if not rows.empty:  # methods and the zero-shot base, not the extra evaluations and deltas
+        rows = rows[rows["kind"].isin(("run", "reference"))]
     if not found or rows.empty:
         return figures
     for split in ("test_iid", "test_ood"):
