@@ -817,9 +817,12 @@ def test_runs_before_and_after_the_builders_moved_are_one_run() -> None:
 
 
 def test_the_report_puts_the_beyond_accuracy_views_beside_each_method(tmp_path: Path) -> None:
-    """Image reliance, paraphrase consistency, calibration and worst subgroups: per view a
-    table of methods x its figures per split (mean ± std over seeds), in report.html and its
-    own CSV/LaTeX; the zero-shot base's row beside the method's (did fine-tuning widen a gap?)."""
+    """Image reliance, paraphrase consistency, option order, calibration and worst subgroups:
+    per view a table of methods x its figures per split (mean ± std over seeds), in report.html,
+    its own CSV/LaTeX and the loggers; the zero-shot base's row beside the method's (did
+    fine-tuning widen a gap?); the figures."""
+    from lightning.pytorch.loggers import CSVLogger
+
     rng = np.random.default_rng(9)
     survive, gaps = {}, {}
     for seed in (0, 1):
@@ -891,6 +894,11 @@ def test_the_report_puts_the_beyond_accuracy_views_beside_each_method(tmp_path: 
         "subgroups_synthetic_modality_test_iid",
         "subgroups_synthetic_modality_test_ood",
     } <= set(report.figures)
+    logger = CSVLogger(save_dir=str(tmp_path / "csv"), name="r", version="")
+    assert log_report(report, [logger]) == 1 + 5 + len(report.figures)  # main, 5 views
+    assert (
+        Path(logger.log_dir) / "report" / "Worst_subgroups" / "synthetic_modality.csv"
+    ).is_file()
     csv = tmp_path / "out" / "tables" / "Image_reliance_synthetic_modality.csv"
     assert (
         pd.read_csv(csv).set_index("method").loc["LoRA", "survive blank OoD"]

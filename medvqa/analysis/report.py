@@ -235,6 +235,10 @@ def log_report(report: Report, loggers: Sequence[Any]) -> int:
     for name, table in report.tables.items():
         log_table(loggers, f"report/{figs.slug(name)}", table)
         n += 1
+    for view, tables in report.views.items():  # the beyond-accuracy views
+        for name, table in tables.items():
+            log_table(loggers, f"report/{figs.slug(view)}/{figs.slug(name)}", table)
+            n += 1
     if not report.issues.empty:
         log_table(loggers, "report/issues", report.issues.astype(str))
         n += 1

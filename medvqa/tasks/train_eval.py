@@ -16,27 +16,13 @@ from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig
 
 from medvqa.cluster import GPU_ACCELERATORS
-from medvqa.data import records as R
 from medvqa.distributed import is_global_zero
 from medvqa.evaluation.baselines import chance_scores
-from medvqa.evaluation.consistency import (
-    add_agreement,
-    consistency_metrics,
-    order_flips,
-    order_metrics,
-    reordered,
-)
-from medvqa.evaluation.families.calibration import CalibrationMetric, temperature_metrics
+from medvqa.evaluation.beyond import beyond_accuracy
+from medvqa.evaluation.consistency import reordered
 from medvqa.evaluation.generation import generate_splits, prediction_trainer
 from medvqa.evaluation.lengths import generation_length
-from medvqa.evaluation.reliance import add_reliance, reliance_metrics
-from medvqa.evaluation.scoring import (
-    Scoring,
-    prefixed,
-    scores_path,
-    split_metrics,
-    write_scores,
-)
+from medvqa.evaluation.scoring import Scoring, prefixed, scores_path, split_metrics
 from medvqa.evaluation.statistics import Bootstrap
 from medvqa.interrupts import stage
 from medvqa.models.adapters import (
@@ -236,41 +222,19 @@ def train_eval(
             rows.append((f"{label}, {mode} image", f"{mode}/"))
         for k in range(1, int(cfg.data.option_orders) + 1):
             rows.append((f"{label}, options reordered ({k})", f"order{k}/"))
-        metrics.update(beyond_accuracy(cfg, scored, outputs[""], scoring.families))
+        metrics.update(
+            beyond_accuracy(
+                scored,
+                outputs[""],
+                extra_images=list(cfg.data.extra_eval_images),
+                breakdown=list(cfg.evaluation.breakdown),
+                bootstrap=Bootstrap.of(cfg.evaluation.bootstrap).options(),
+                families=scoring.families,
+            )
+        )
 
         report_run(cfg, out_dir, loggers, metrics, rows, scored[""])
         return metrics
-
-
-def beyond_accuracy(
-    cfg: DictConfig,
-    scored: MutableMapping[str, pd.DataFrame],
-    predictions: Path,
-    families: Sequence[Any] = (),
-) -> dict[str, float]:
-    """The views that compare a run's answers with each other, row by row: image reliance
-    (against the counterfactual image modes' answers), paraphrase consistency (rows that
-    share a paraphrase group), option-order flips (against the reordered options' answers) and
-    temperature scaling (fitted on the validation answers, where `task.eval_splits` has them). Their per-sample columns join `scored[""]`, written again to
-    its scores file."""
-    bootstrap = Bootstrap.of(cfg.evaluation.bootstrap).options()
-    main = scored[""]
-    modes = {m: scored[f"{m}/"] for m in cfg.data.extra_eval_images}
-    main, reliance_modes = add_reliance(main, modes)
-    out = reliance_metrics(main, reliance_modes, list(cfg.evaluation.breakdown), bootstrap)
-    main = add_agreement(main)
-    splits = list(dict.fromkeys(main[R.SPLIT])) if R.SPLIT in main.columns else []
-    out.update(consistency_metrics(main, splits, bootstrap))
-    main, _ = order_flips(main, scored)
-    out.update(order_metrics(main, bootstrap))
-    for family in families:  # temperature fitted on the i.i.d. validation answers, if any
-        if isinstance(family, CalibrationMetric):
-            main, fitted = temperature_metrics(main, family)
-            out.update(fitted)
-    if main is not scored[""]:
-        scored[""] = main
-        write_scores(main, scores_path(predictions))
-    return out
 
 
 def _fit(
