@@ -53,11 +53,13 @@ from hydra.utils import instantiate
 from rich.console import Console
 from rich.table import Table
 from torch.utils.data import DataLoader, Dataset
+from transformers import LogitsProcessorList
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import medvqa.config  # noqa: E402,F401  (registers the schemas)
+from medvqa.evaluation.generation import ChosenLogProbs  # noqa: E402
 from medvqa.models.adapters import (  # noqa: E402
     apply_method,
     build_adapter_config,
@@ -526,7 +528,8 @@ def generation_row(
     merge: bool = False,
 ) -> dict[str, float]:
     """Greedy generation of `--gen-batch` left-padded prompts, `--new-tokens` each (forced, as
-    random weights could stop early), under bf16 autocast as the predict Trainer runs it;
+    random weights could stop early), under bf16 autocast as the predict Trainer runs it, with
+    the per-step log-probability recorder `GenerationModule` adds;
     one warm-up batch, then `--gen-batches` timed. `merge`: adapters folded into the weights
     (`model.merge_adapters`), as `GenerationModule` does."""
     cuda = not args.cpu
@@ -546,6 +549,8 @@ def generation_row(
             min_new_tokens=args.new_tokens,
             do_sample=False,
             pad_token_id=0,
+            # what GenerationModule records per step (calibration's log-probabilities)
+            logits_processor=LogitsProcessorList([ChosenLogProbs()]),
         )
 
     with torch.inference_mode(), autocast, merged_adapters(model, merge):
