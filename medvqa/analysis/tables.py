@@ -307,7 +307,11 @@ def view_tables(frame: pd.DataFrame) -> dict[str, dict[str, pd.DataFrame]]:
         labels = view.columns(frame)
         if not labels:
             continue
-        renamed = frame.rename(
+        # The methods' runs (failed ones too: their cells say so) and the references that
+        # have the view's figures (the zero-shot base); not the extra evaluations and deltas.
+        has_values = frame[list(labels)].apply(pd.to_numeric, errors="coerce").notna().any(axis=1)
+        shown = frame[(frame["kind"] == "run") | ((frame["kind"] == "reference") & has_values)]
+        renamed = shown.rename(
             columns={**labels, **{f"{c}_ci_half": f"{lab} ci_half" for c, lab in labels.items()}}
         )
         order = list(labels.values())
