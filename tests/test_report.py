@@ -533,7 +533,9 @@ def test_real_multirun_with_a_diverged_method_and_a_failed_job(
         tmp_path / "unused",
         cache_dir,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # The sweep runs every job and exits 1, naming a job that did not finish (the diverged
+    # ones: docs/configuration.md#statuses-and-exit-codes).
+    assert proc.returncode == 1 and "the job is diverged" in proc.stderr, proc.stderr[-3000:]
     # A third seed of No Finetune fails (an OoD value the data lacks): a single run re-raises.
     failed = run_main(
         [
