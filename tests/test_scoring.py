@@ -321,3 +321,26 @@ def test_one_bootstrap_setting_turns_every_interval_off() -> None:
         scores = mcq.aggregate(table.join(mcq.per_sample(table)))
         assert ("mcq_acc_ci_lo" in scores) is has_ci
         assert scores["mcq_acc"] == pytest.approx(3 / 4)
+
+
+def test_a_breakdown_value_with_a_slash_keeps_the_key_readable() -> None:
+    """MIMIC's ethnicity "HISPANIC/LATINO": "/" separates splits, breakdowns and scores, so a
+    value's own "/" is written "_" (the report's breakdown figures parse these keys)."""
+    from medvqa.evaluation.families.base import breakdown_prefix
+
+    preds = pd.DataFrame(
+        {
+            "id": ["a", "b"],
+            "question": ["q", "q"],
+            "answer": ["yes", "no"],
+            "prediction": ["yes", "yes"],
+            "answer_type": ["closed", "closed"],
+            "candidates": [["yes", "no"], ["yes", "no"]],
+            "ethnicity": ["HISPANIC/LATINO", "WHITE"],
+        }
+    )
+    _, scores = score_frame(preds, [TraditionalMetric()], ["ethnicity"])
+    assert breakdown_prefix("ethnicity", "HISPANIC/LATINO") == "ethnicity=HISPANIC_LATINO/"
+    assert scores["ethnicity=HISPANIC_LATINO/closed_acc"] == 1.0
+    assert scores["ethnicity=WHITE/closed_acc"] == 0.0
+    assert not [k for k in scores if k.count("/") > 1]

@@ -32,6 +32,7 @@ import pandas as pd
 
 from medvqa.data import records as R
 from medvqa.evaluation.answers import normalize_answer
+from medvqa.evaluation.families.base import breakdown_prefix
 from medvqa.evaluation.families.traditional import BINARY_CORRECT, binary_correct
 from medvqa.evaluation.scoring import field_groups
 from medvqa.evaluation.statistics import cluster_bootstrap
@@ -127,7 +128,8 @@ def reliance_metrics(
             for field in breakdown:
                 for value, group in field_groups(rows, field):
                     stats = _stats(group, mode, bootstrap)
-                    out.update({f"{split}/{field}={value}/{k}": v for k, v in stats.items()})
+                    prefix = f"{split}/{breakdown_prefix(field, value)}"
+                    out.update({f"{prefix}{k}": v for k, v in stats.items()})
     return out
 
 

@@ -25,7 +25,13 @@ from hydra.utils import instantiate
 from medvqa import plugins
 from medvqa.atomic import write_file
 from medvqa.data import records as R
-from medvqa.evaluation.families.base import COUNT, MetricFamily, ScoreInfo, mean_paired_delta
+from medvqa.evaluation.families.base import (
+    COUNT,
+    MetricFamily,
+    ScoreInfo,
+    breakdown_prefix,
+    mean_paired_delta,
+)
 from medvqa.evaluation.robustness import robustness_metrics
 from medvqa.evaluation.statistics import Bootstrap
 
@@ -112,7 +118,7 @@ def score_frame(
             )
         for value, group in field_groups(scored, field):
             for key, val in _aggregate(group, metrics).items():
-                scores[f"{field}={value}/{key}"] = val
+                scores[f"{breakdown_prefix(field, value)}{key}"] = val
     return scored, scores
 
 

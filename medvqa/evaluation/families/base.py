@@ -37,6 +37,13 @@ ESTABLISHED_PREFIXES: dict[str, str] = {
 }
 
 
+def breakdown_prefix(field: str, value: Any) -> str:
+    """`<field>=<value>/`, the prefix of a breakdown's scores; a "/" inside the value (MIMIC's
+    ethnicity "HISPANIC/LATINO") is written "_", since "/" separates splits, breakdowns and
+    scores."""
+    return f"{field}={str(value).replace('/', '_')}/"
+
+
 @dataclass(frozen=True)
 class ScoreInfo:
     """What a score is: a performance (relative robustness and deltas apply to it) or not (a

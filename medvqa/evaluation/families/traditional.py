@@ -27,7 +27,13 @@ import pandas as pd
 
 from medvqa.data.records import ANSWER, ANSWER_TYPE, CANDIDATES, PREDICTION
 from medvqa.evaluation.answers import choice_from_normalised, normalize_answer, same_answer, tokens
-from medvqa.evaluation.families.base import COUNT, ERROR_RATE, MetricFamily, ScoreInfo
+from medvqa.evaluation.families.base import (
+    COUNT,
+    ERROR_RATE,
+    MetricFamily,
+    ScoreInfo,
+    breakdown_prefix,
+)
 from medvqa.evaluation.statistics import mean_or_nan
 
 log = logging.getLogger(__name__)
@@ -292,7 +298,7 @@ def score_predictions(
             raise ValueError(f"breakdown field {field!r} is not a column of the predictions")
         for value, group in scored.groupby(field, dropna=False, sort=True):
             sub = _aggregate(group, names)
-            prefix = f"{field}={value}/"
+            prefix = breakdown_prefix(field, value)
             out[prefix + "closed_acc"] = sub["closed_acc"]
             for m in names:
                 out[prefix + f"open_{m}"] = sub[f"open_{m}"]
