@@ -48,6 +48,9 @@ def _preds(logprob_mean, tokens, predictions, answers, types) -> pd.DataFrame:
             R.LOGPROB_MEAN: logprob_mean,
             R.LOGPROB_MIN: [v - 1 for v in logprob_mean],
             R.ANSWER_TOKENS: tokens,
+            R.LOGPROB_BY_TEMPERATURE: [
+                {"1.0": m * n} for m, n in zip(logprob_mean, tokens, strict=True)
+            ],
         }
     )
 
@@ -92,7 +95,9 @@ def test_a_row_without_a_confidence_makes_the_figures_nan_not_those_of_the_rest(
     assert math.isnan(scores["calibration_closed_ece"])
     assert math.isnan(scores["calibration_closed_acc_at_50"])
     assert scores["calibration_closed_n"] == 2
-    old = preds.drop(columns=[R.LOGPROB_MEAN, R.LOGPROB_MIN, R.ANSWER_TOKENS])  # an older file
+    old = preds.drop(
+        columns=[R.LOGPROB_MEAN, R.LOGPROB_MIN, R.ANSWER_TOKENS, R.LOGPROB_BY_TEMPERATURE]
+    )  # an older file
     assert family.per_sample(old)["calibration_confidence"].isna().all()
 
 

@@ -22,7 +22,7 @@ from matplotlib.figure import Figure
 
 from medvqa.analysis.aggregate import method_sort_key
 from medvqa.analysis.paired import scored_table
-from medvqa.analysis.tables import select_rows, slug
+from medvqa.analysis.tables import SPLIT_LABELS, select_rows, slug
 from medvqa.data import records as R
 from medvqa.evaluation.families.calibration import CalibrationMetric, risk_coverage
 from medvqa.evaluation.reliance import QUADRANTS
@@ -309,7 +309,6 @@ _QUADRANT = re.compile(
     r"^(test_iid|test_ood)/reliance_([a-z]+)_closed_(" + "|".join(QUADRANTS) + ")$"
 )
 _GROUP_SCORE = re.compile(r"^(test_iid|test_ood)/subgroups_([^=/]+)=([^/]+)_score$")
-_SPLIT_NAMES = {"test_iid": "i.i.d.", "test_ood": "OoD"}
 
 
 def _usable(frame: pd.DataFrame) -> pd.DataFrame:
@@ -338,7 +337,7 @@ def reliance_quadrants(frame: pd.DataFrame, out_dir: Path) -> dict[str, Path]:
                     if all(c in mine for c in cols):
                         shares = mine[cols].apply(pd.to_numeric, errors="coerce").mean()
                         if shares.notna().all():
-                            bars.append((f"{method} ({_SPLIT_NAMES[split]})", shares.to_numpy()))
+                            bars.append((f"{method} ({SPLIT_LABELS[split]})", shares.to_numpy()))
             if not bars:
                 continue
             fig = Figure(figsize=(7.5, 0.45 * len(bars) + 1.6))
@@ -404,9 +403,9 @@ def subgroup_forest(frame: pd.DataFrame, out_dir: Path) -> dict[str, Path]:
                                 ms=3, color=colours[m], label=method, capsize=2)  # fmt: skip
             ax.set_yticks(range(len(groups)), [label for _, label in groups], fontsize=7)
             ax.invert_yaxis()
-            ax.set_xlabel(f"closed accuracy of the group ({_SPLIT_NAMES[split]})")
+            ax.set_xlabel(f"closed accuracy of the group ({SPLIT_LABELS[split]})")
             ax.legend(fontsize=7, loc="lower right")
-            ax.set_title(f"{table}: subgroups ({_SPLIT_NAMES[split]})", fontsize=10)
+            ax.set_title(f"{table}: subgroups ({SPLIT_LABELS[split]})", fontsize=10)
             name = f"subgroups_{table}_{split}"
             figures[name] = save(fig, out_dir, name)
     return figures
@@ -444,7 +443,7 @@ def calibration_curves(frame: pd.DataFrame, out_dir: Path, bins: int = 10) -> di
                     continue  # a row without a confidence: no curve from the others
                 order = np.argsort(c, kind="mergesort")
                 cuts = np.array_split(order, min(bins, len(order)))
-                label = f"{name} ({_SPLIT_NAMES[split]})"
+                label = f"{name} ({SPLIT_LABELS[split]})"
                 reliability.plot([c[b].mean() for b in cuts], [y[b].mean() for b in cuts],
                                  style, marker="o", ms=3, color=colours[name], label=label)  # fmt: skip
                 risk = risk_coverage(c, y)

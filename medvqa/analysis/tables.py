@@ -230,8 +230,9 @@ def wide_tables(long: pd.DataFrame, columns: Sequence[str] = COLUMNS) -> dict[st
     return tables
 
 
-_SPLIT_LABELS = {"test_iid": "i.i.d.", "test_ood": "OoD", "test_iid~test_ood": "i.i.d.~OoD"}
-_SPLITS = "|".join(re.escape(s) for s in sorted(_SPLIT_LABELS, key=len, reverse=True))
+# How a split (or a pair of splits, `test_iid~test_ood`) reads in a column or a figure.
+SPLIT_LABELS = {"test_iid": "i.i.d.", "test_ood": "OoD", "test_iid~test_ood": "i.i.d.~OoD"}
+_SPLITS = "|".join(re.escape(s) for s in sorted(SPLIT_LABELS, key=len, reverse=True))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,12 +247,12 @@ class View:
     def columns(self, frame: pd.DataFrame) -> dict[str, str]:
         """Recorded score -> column label, in column order (what, stat, split)."""
         found: dict[tuple[str, int, int], tuple[str, str]] = {}
-        splits = list(_SPLIT_LABELS)
+        splits = list(SPLIT_LABELS)
         for column in frame.columns:
             match = re.match(self.pattern.replace("SPLIT", _SPLITS), str(column))
             if match:
                 split, what, stat = match.group("split", "what", "stat")
-                label = " ".join(p for p in (self.stats[stat], what, _SPLIT_LABELS[split]) if p)
+                label = " ".join(p for p in (self.stats[stat], what, SPLIT_LABELS[split]) if p)
                 found[(what, list(self.stats).index(stat), splits.index(split))] = (column, label)
         return dict(found[k] for k in sorted(found))
 

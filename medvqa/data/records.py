@@ -100,3 +100,10 @@ def validate_table(table: pd.DataFrame, source: str, required: Iterable[str] = (
             f"{source}: closed record {row[ID]!r} needs >= 2 candidates containing its "
             f"answer {row[ANSWER]!r}; got {row[CANDIDATES]!r}."
         )
+
+
+def prediction_index(frame: pd.DataFrame) -> pd.MultiIndex:
+    """(split, id) of each row: what identifies an answer across a run's prediction files (an
+    id alone repeats across splits); a table without a split column is one split, ""."""
+    split = frame[SPLIT] if SPLIT in frame.columns else pd.Series("", index=frame.index)
+    return pd.MultiIndex.from_arrays([split.astype(str), frame[ID].astype(str)])

@@ -157,14 +157,14 @@ def order_flips(
     used = [p for p in others if p.startswith("order")]
     if not used:
         return main, []
-    key = pd.MultiIndex.from_arrays([main[R.SPLIT].astype(str), main[R.ID].astype(str)])
+    key = R.prediction_index(main)
     ours = meaning(main).to_numpy(object)
     flips = []
     for prefix in used:
         other = others[prefix]
         theirs = pd.Series(
             meaning(other).to_numpy(object),
-            index=pd.MultiIndex.from_arrays([other[R.SPLIT].astype(str), other[R.ID].astype(str)]),
+            index=R.prediction_index(other),
         ).reindex(key)
         flips.append([np.nan if t is None or t != t else float(o != t) for o, t in
                       zip(ours, theirs.to_numpy(object), strict=True)])  # fmt: skip

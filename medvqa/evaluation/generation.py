@@ -49,9 +49,6 @@ log = logging.getLogger(__name__)
 
 SPLIT = R.SPLIT
 MODEL = "model"  # fingerprint of the weights that produced a prediction
-# How sure the model was of its answer (calibration, selective prediction): the log-probability
-# of each generated token under the distribution greedy decoding chose it from, over the answer's
-# tokens up to and including its end token; the mean, the minimum and the count.
 
 
 class ChosenLogProbs(LogitsProcessor):
@@ -90,8 +87,9 @@ class ChosenLogProbs(LogitsProcessor):
         valid = ~after_end
         count = valid.sum(dim=1)
         sums = (steps * valid[..., None]).sum(dim=1)  # [B, T]
-        at_one = steps[..., self.temperatures.index(1.0)]
-        mean = sums[:, self.temperatures.index(1.0)] / count.clamp(min=1)
+        one = self.temperatures.index(1.0)
+        at_one = steps[..., one]
+        mean = sums[:, one] / count.clamp(min=1)
         low = at_one.masked_fill(after_end, float("inf")).amin(dim=1)
         out = []
         for m, lo, n, by_t in zip(mean.tolist(), low.tolist(), count.tolist(), sums.tolist(),

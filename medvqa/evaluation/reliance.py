@@ -32,9 +32,8 @@ import pandas as pd
 
 from medvqa.data import records as R
 from medvqa.evaluation.answers import normalize_answer
-from medvqa.evaluation.families.base import breakdown_prefix
+from medvqa.evaluation.families.base import breakdown_prefix, field_groups
 from medvqa.evaluation.families.traditional import BINARY_CORRECT, binary_correct
-from medvqa.evaluation.scoring import field_groups
 from medvqa.evaluation.statistics import cluster_bootstrap
 
 log = logging.getLogger(__name__)
@@ -45,19 +44,14 @@ QUADRANTS = ("correct_dependent", "correct_independent", "wrong_dependent", "wro
 PREFIX = "reliance_"
 
 
-def _key(frame: pd.DataFrame) -> pd.MultiIndex:
-    split = frame[R.SPLIT] if R.SPLIT in frame.columns else pd.Series("", index=frame.index)
-    return pd.MultiIndex.from_arrays([split.astype(str), frame[R.ID].astype(str)])
-
-
 def reliance_columns(real: pd.DataFrame, other: pd.DataFrame, mode: str) -> pd.DataFrame:
     """`reliance_<mode>_correct` and `reliance_<mode>_changed` for every row of `real` (the
     scored table with the real image), from `other` (the same questions scored under `mode`),
     matched by split and id; NaN where `other` has no answer for the row."""
-    mine = pd.Series(range(len(other)), index=_key(other))
+    mine = pd.Series(range(len(other)), index=R.prediction_index(other))
     if mine.index.has_duplicates:
         raise ValueError(f"the {mode!r} predictions hold a question twice; cannot pair them")
-    at = mine.reindex(_key(real)).to_numpy()
+    at = mine.reindex(R.prediction_index(real)).to_numpy()
     found = ~pd.isna(at)
     rows = at[found].astype(int)
     correct = np.full(len(real), np.nan)

@@ -30,6 +30,7 @@ from medvqa.evaluation.families.base import (
     MetricFamily,
     ScoreInfo,
     breakdown_prefix,
+    field_groups,
     mean_paired_delta,
 )
 from medvqa.evaluation.robustness import robustness_metrics
@@ -79,16 +80,6 @@ def _aggregate(
             owners.update(dict.fromkeys(scores, metric))
         out.update(scores)
     return out
-
-
-def field_groups(scored: pd.DataFrame, field: str):
-    """(value, rows) per value of `field`; a list cell puts its row in each of its values."""
-    if scored[field].map(lambda v: isinstance(v, list | tuple)).any():
-        exploded = scored.assign(_value=scored[field]).explode("_value")
-        for value, group in exploded.groupby("_value", dropna=False, sort=True):
-            yield value, group.drop(columns="_value")
-    else:
-        yield from scored.groupby(field, dropna=False, sort=True)
 
 
 def score_frame(

@@ -15,11 +15,12 @@ scores were recorded (and compared with papers) under: `ESTABLISHED_PREFIXES`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, ClassVar
 
+import numpy as np
 import pandas as pd
 
 from medvqa.data import records as R
@@ -35,6 +36,26 @@ ESTABLISHED_PREFIXES: dict[str, str] = {
     "kvasir_official": "kvasir_",
     "aspect_judge": "aspect_",
 }
+
+
+def _is_list(value: Any) -> bool:
+    return isinstance(value, list | tuple | np.ndarray)  # arrays: list cells read from Parquet
+
+
+def field_groups(frame: pd.DataFrame, field: str) -> Iterator[tuple[Any, pd.DataFrame]]:
+    """(value, rows) per value of `field`, sorted (in order of appearance where the values are of
+    several types that do not sort, 1 and "1"); a list cell puts its row in each of its values,
+    an empty or missing cell in the NaN group. The one rule for breakdowns and subgroups."""
+    key = field
+    if frame[field].map(_is_list).any():
+        cells = frame[field].map(lambda v: list(v) if isinstance(v, np.ndarray) else v)
+        frame, key = frame.assign(_value=cells).explode("_value"), "_value"
+    try:
+        groups = list(frame.groupby(key, dropna=False, sort=True))
+    except TypeError:
+        groups = list(frame.groupby(key, dropna=False, sort=False))
+    for value, group in groups:
+        yield value, (group.drop(columns="_value") if key == "_value" else group)
 
 
 def breakdown_prefix(field: str, value: Any) -> str:

@@ -76,15 +76,12 @@ def accuracy_at_coverage(confidence: np.ndarray, correct: np.ndarray, coverage: 
 
 
 def confidence_of(preds: pd.DataFrame, kind: str) -> pd.Series:
-    """The answer's confidence in [0, 1] from its recorded log-probabilities; NaN without."""
-    nan = pd.Series(np.nan, index=preds.index)
-    mean = pd.to_numeric(preds.get(R.LOGPROB_MEAN, nan), errors="coerce")
-    if kind == "mean":
-        return np.exp(mean)
+    """The answer's confidence in [0, 1] from its recorded log-probabilities (`sequence` and
+    `mean` from the summed log-probability at temperature 1); NaN without."""
     if kind == "min":
+        nan = pd.Series(np.nan, index=preds.index)
         return np.exp(pd.to_numeric(preds.get(R.LOGPROB_MIN, nan), errors="coerce"))
-    tokens = pd.to_numeric(preds.get(R.ANSWER_TOKENS, nan), errors="coerce")
-    return np.exp(mean * tokens)
+    return confidence_at(preds, kind, 1.0)
 
 
 class CalibrationMetric(MetricFamily):

@@ -43,7 +43,7 @@ from scipy.stats import false_discovery_control
 
 from medvqa import plugins
 from medvqa.data.records import CASE_ID, QUESTION_TYPE
-from medvqa.evaluation.families.base import COUNT, MetricFamily, ScoreInfo
+from medvqa.evaluation.families.base import COUNT, MetricFamily, ScoreInfo, field_groups
 from medvqa.evaluation.families.traditional import CLOSED_CORRECT
 from medvqa.evaluation.statistics import Bootstrap, BootstrapCI, cluster_bootstrap
 
@@ -88,27 +88,14 @@ _CHUNK_ELEMENTS = 1 << 22
 # --------------------------------------------------------------------------------------------
 
 
-def _is_list(value: Any) -> bool:
-    return isinstance(value, list | tuple | np.ndarray)
-
-
 def group_masks(cells: pd.Series) -> list[tuple[Any, np.ndarray]]:
-    """(value, boolean row mask) per value of a column, sorted as `evaluation.breakdown`
-    sorts them; a list cell puts its row in each of its values, an empty or missing one in
-    the NaN group (as medvqa.evaluation.scoring.field_groups does)."""
-    flat = cells.reset_index(drop=True)
-    if flat.map(_is_list).any():
-        flat = flat.map(lambda v: list(v) if isinstance(v, np.ndarray) else v).explode()
-    rows = pd.Series(flat.index.to_numpy(), index=pd.RangeIndex(len(flat)))
-    keys = flat.to_numpy(dtype=object)
-    try:
-        grouped = list(rows.groupby(keys, dropna=False, sort=True))
-    except TypeError:  # values of several types (1 and "1") cannot be sorted
-        grouped = list(rows.groupby(keys, dropna=False, sort=False))
+    """(value, boolean row mask) per value of a column, grouped as `evaluation.breakdown`
+    groups them (`field_groups`)."""
+    frame = pd.DataFrame({"_cell": cells.to_numpy(dtype=object)})
     out = []
-    for value, members in grouped:
+    for value, group in field_groups(frame, "_cell"):
         mask = np.zeros(len(cells), dtype=bool)
-        mask[members.to_numpy()] = True
+        mask[group.index.to_numpy()] = True
         out.append((value, mask))
     return out
 
