@@ -7,7 +7,7 @@ TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.medvqa-installed
 PYTEST_ARGS ?= -n auto  # pytest-xdist: one worker per core
 
-.PHONY: install demo test test-slow test-slurm test-wheel wheelhouse bench bench-study lint format constraints clean
+.PHONY: install demo test test-slow test-slurm test-wheel wheelhouse bench bench-gpu gpu-check bench-study lint format constraints clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,11 @@ bench: install  ## throughput figures (not tests): see benchmarks/
 
 bench-gpu: install  ## on a CUDA machine: train/generation throughput, peak memory, MFU (benchmarks/gpu.py)
 	$(BIN)/python benchmarks/gpu.py $(ARGS)
+
+# No install step: a GPU node has its own CUDA torch (and may have no index; launch/README.md).
+GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
+gpu-check:  ## on one CUDA GPU: a whole 7B-shaped SURE job and ZeRO-2 with a resume (~5 min, docs/gpus.md)
+	PYTHON=$(GPU_PYTHON) bash benchmarks/gpu_check.sh
 
 STUDY_DIR ?= logs/synthetic_study
 bench-study: install  ## the whole synthetic study on CPU (about 1 h on 2 cores), then its per-job times

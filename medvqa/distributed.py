@@ -191,3 +191,28 @@ def _end_job(before: dict[str, str | None], outcome: str) -> None:
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+
+
+_HOST_GROUPS: dict[int, object] = {}
+
+
+def host_sum(value: int) -> int:
+    """`value` summed over the ranks of the process group, on the host: over gloo (the NCCL
+    default group's gloo twin, made once per group by every rank at its first call), so the
+    sum waits for the other ranks' hosts, never for a GPU. 1 rank or no group: `value`."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return int(value)
+    world = dist.group.WORLD
+    group = None  # the default group, when it already runs on gloo
+    if dist.get_backend() != "gloo":
+        key = id(world)
+        if key not in _HOST_GROUPS:
+            _HOST_GROUPS.clear()  # a group of an earlier job of this process is gone
+            _HOST_GROUPS[key] = dist.new_group(backend="gloo")
+        group = _HOST_GROUPS[key]
+    total = torch.tensor([int(value)], dtype=torch.int64)
+    dist.all_reduce(total, group=group)
+    return int(total.item())

@@ -11,6 +11,7 @@ judge model and rubric hashes). `medvqa-report` lists them per table.
 from __future__ import annotations
 
 import logging
+import os
 import platform
 import subprocess
 from collections.abc import Iterable, MutableMapping
@@ -75,8 +76,14 @@ def device() -> str:
 
 
 def environment() -> dict[str, Any]:
-    """What the runner records before the task starts."""
-    return {"git": git_state(), "versions": versions(), "device": device()}
+    """What the runner records before the task starts (the CUDA allocator's settings too: they
+    change the memory a job reserves, docs/gpus.md#a-whole-job-on-one-gpu)."""
+    return {
+        "git": git_state(),
+        "versions": versions(),
+        "device": device(),
+        "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+    }
 
 
 def add_data(provenance: MutableMapping[str, Any] | None, source: Any) -> None:

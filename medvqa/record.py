@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from medvqa.atomic import write_file
 from medvqa.hashing import Hasher
+from medvqa.measure import PERF_PREFIX
 from medvqa.redaction import redact_secrets
 
 log = logging.getLogger(__name__)
@@ -81,12 +82,20 @@ class RunRecord:
     def write(self, status: str, metrics: Mapping[str, float] | None = None, **extra: Any) -> Path:
         if status not in STATUSES:
             raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
+        scores = {k: v for k, v in (metrics or {}).items() if not k.startswith(PERF_PREFIX)}
+        perf = {k: v for k, v in (metrics or {}).items() if k.startswith(PERF_PREFIX)}
         record = {
             "status": status,
             "task": self.task,
             "seed": self.seed,
             "choices": self.choices,
-            "metrics": {k: _json_number(float(v)) for k, v in sorted((metrics or {}).items())},
+            "metrics": {k: _json_number(float(v)) for k, v in sorted(scores.items())},
+            # what the run measured of itself (medvqa.measure): not a result, never the same twice
+            **(
+                {"perf": {k: _json_number(float(v)) for k, v in sorted(perf.items())}}
+                if perf
+                else {}
+            ),
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.started)),
             "duration_s": round(time.time() - self.started, 2),
             **extra,

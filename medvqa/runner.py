@@ -34,6 +34,7 @@ from medvqa.interrupts import as_interrupted, interrupts_job, where
 from medvqa.provenance import environment
 from medvqa.record import RunRecord, adopt_run
 from medvqa.tracking import finish, instantiate_group, log_config, log_status
+from medvqa.training.hardware import configure_cuda_allocator
 from medvqa.training.module import Diverged
 
 log = logging.getLogger("medvqa")
@@ -60,6 +61,7 @@ def run(cfg: DictConfig) -> dict[str, float] | None:
     # image); the checked data, shift, breakdown, trainer and judge values stay as composed.
     check_judge_config(cfg)  # before anything could record a key pasted as its name
     check_config(cfg)
+    configure_cuda_allocator(cfg.cuda_allocator)  # before anything allocates on a GPU
     hydra_cfg = HydraConfig.get()
     out_dir = Path(hydra_cfg.runtime.output_dir)
     cfg, choices = adopt_run(cfg, hydra_cfg.runtime.choices)  # task=eval: the run's model

@@ -28,6 +28,7 @@ LAYERS: dict[str, int] = {
     "cluster": 0,
     "distributed": 0,
     "interrupts": 0,
+    "measure": 0,  # a run's own timings and GPU peaks
     "plugins": 0,
     "data": 1,
     "models": 2,

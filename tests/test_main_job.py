@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from importlib.metadata import version
 from pathlib import Path
@@ -52,6 +53,29 @@ def test_results_record(smoke_run: Path) -> None:
     assert all(v is None or isinstance(v, float) for v in metrics.values())
     assert metrics["test_iid/n"] == 12 and metrics["test_ood/n"] == 12
     assert metrics["train/global_step"] == 3
+    # the run's own measurements (medvqa.measure), apart from the scores the seed reproduces:
+    # 3 steps x batch 4, 12 + 12 tuned answers
+    perf = record["perf"]
+    assert not any(k.startswith("perf/") for k in metrics)
+    assert perf["perf/fit/samples"] == 12 and perf["perf/fit/samples_per_s"] > 0
+    assert perf["perf/generate/predictions/rows"] == 24
+    assert perf["perf/load/seconds"] > 0 and perf["perf/score/seconds"] > 0
+    assert not any(k.endswith("peak_reserved_gib") for k in perf)  # no GPU here
+
+
+def test_the_per_phase_table_reads_the_record(smoke_run: Path) -> None:
+    """benchmarks/gpu_check_table.py (make gpu-check) on a run's record: one row per phase in
+    the order the job runs them, with the counts the run measured."""
+    from tests.test_training_speed import _bench
+
+    text = _bench("gpu_check_table").table(smoke_run / "results.json")
+    rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| ")][
+        1:
+    ]  # after the header
+    phases = [row[0].lstrip("| ") for row in rows]
+    assert phases[0] == "load" and phases.index("fit") < phases.index("generate/predictions")
+    fit = rows[phases.index("fit")]
+    assert fit[2] == "12 samples" and float(fit[3]) > 0
 
 
 def test_record_says_where_the_numbers_came_from(smoke_run: Path) -> None:
@@ -68,6 +92,9 @@ def test_record_says_where_the_numbers_came_from(smoke_run: Path) -> None:
     assert {"python", "medvqa", "transformers", "peft", "lightning"} <= set(prov["versions"])
     assert prov["versions"]["medvqa"]  # found through the distribution that provides medvqa
     assert prov["device"].startswith("cpu")
+    # the config's cuda_allocator, unless the environment had a setting of its own
+    expected = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    assert prov["cuda_alloc_conf"] == expected
     cfg = record["config"]
     assert prov["data"]["dataset"] == "synthetic" and len(prov["data"]["fingerprint"]) >= 16
     assert prov["model"]["source"].startswith(cfg["paths"]["cache_dir"])

@@ -436,9 +436,9 @@ def test_label_positions_are_found_before_the_batch_goes_to_the_device(
         seen.append(("positions", labels.device.type == "cpu"))
         return real_positions(labels)
 
-    def loss(model, inputs, positions=None):
+    def loss(model, inputs, positions=None, normalizer=None):
         seen.append(("loss", positions is not None and "label_positions" not in inputs))
-        return real_loss(model, inputs, positions)
+        return real_loss(model, inputs, positions, normalizer)
 
     monkeypatch.setattr(training_module, "label_positions", positions)
     monkeypatch.setattr(training_module, "causal_lm_loss", loss)
@@ -601,3 +601,21 @@ def test_generation_records_each_answers_log_probabilities_as_a_forward_pass_giv
         for t in (0.5, 1.0, 2.0):  # the logits divided by a temperature: the same tokens
             at_t = torch.log_softmax(logits.float() / t, -1)[torch.arange(len(answer)), answer]
             assert by_temperature[str(t)] == pytest.approx(at_t.sum().item(), abs=1e-4)
+
+
+def test_the_random_checkpoint_of_make_gpu_check_loads_as_a_run_loads_it(tmp_path: Path) -> None:
+    """benchmarks/random_checkpoint.py --small writes a LLaVA checkpoint (LLaVA-Med's config,
+    shrunk) that model=llava_med loads from its directory, with its processor."""
+    import subprocess
+
+    out = tmp_path / "llava-small-random"
+    script = ROOT / "benchmarks" / "random_checkpoint.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), str(out), "--small"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    cfg = compose(["model=llava_med", f"model.pretrained={out}", "model.dtype=float32"], tmp_path)
+    model, processor = load_vlm(cfg.model)
+    assert type(model).__name__ == "LlavaForConditionalGeneration"
+    assert model.config.get_text_config(decoder=True).num_hidden_layers == 2
+    assert processor.image_processor.crop_size == {"height": 336, "width": 336}

@@ -29,6 +29,7 @@ from hydra.utils import get_class
 from medvqa import CONF_DIR
 from medvqa.analysis.summary import COLUMNS
 from medvqa.evaluation.scoring import unreliable
+from medvqa.measure import PERF_PREFIX
 from medvqa.record import DISPLAY_NAMES, RESULTS_FILE, SUMMARY_PREFIX, read_record
 
 log = logging.getLogger(__name__)
@@ -596,13 +597,15 @@ def wandb_run_record(run: Any) -> dict[str, Any]:
     """
     config = {k: v for k, v in dict(run.config).items() if not str(k).startswith("_")}
     summary = dict(getattr(run.summary, "_json_dict", None) or run.summary)
-    metrics = {
-        k: v
+    numbers = {
+        str(k): v
         for k, v in summary.items()
         if not str(k).startswith(("_", SUMMARY_PREFIX))
         and isinstance(v, int | float)
         and not isinstance(v, bool)
     }
+    metrics = {k: v for k, v in numbers.items() if not k.startswith(PERF_PREFIX)}
+    perf = {k: v for k, v in numbers.items() if k.startswith(PERF_PREFIX)}  # as results.json
     state = str(getattr(run, "state", "finished"))
     # The run's own status (diverged, incomplete) where it logged one; W&B's state otherwise.
     status = str(summary.get(f"{SUMMARY_PREFIX}status") or _WANDB_STATES.get(state, state))
@@ -612,6 +615,7 @@ def wandb_run_record(run: Any) -> dict[str, Any]:
         "choices": {},
         "config": config,
         "metrics": metrics,
+        "perf": perf,
         "error": None if status == "finished" else f"{status} (W&B state {state!r})",
         "diverged_step": summary.get(f"{SUMMARY_PREFIX}diverged_step"),
         "failed_items": summary.get(f"{SUMMARY_PREFIX}failed_items"),

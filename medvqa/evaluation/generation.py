@@ -38,6 +38,7 @@ from medvqa.data.records import PREDICTION
 from medvqa.distributed import is_global_zero
 from medvqa.hashing import Hasher
 from medvqa.interrupts import stage
+from medvqa.measure import measured
 from medvqa.models.adapters import mergeable_layers, merged_adapters
 from medvqa.models.prompting import PLAIN, PromptTemplate
 from medvqa.models.saving import weights_fingerprint
@@ -449,11 +450,15 @@ def generate_predictions(
     )
     trainer = trainer or prediction_trainer(trainer_cfg)
     module = GenerationModule(model, processor.tokenizer, max_new_tokens, merge_adapters)
-    with stage(f"generate {split} -> {out_path.name}"):
+    with (
+        stage(f"generate {split} -> {out_path.name}"),
+        measured(f"generate/{out_path.stem}", "rows") as phase,
+    ):
         try:
             trainer.predict(module, datamodule=data, return_predictions=False)
         finally:  # an exception skips on_predict_end: the weights come back all the same
             module.on_predict_end()
+        phase.items = data.n_todo
     log.info("%s: generated %d of %d answers", split, data.n_todo, len(frame))
     trainer.strategy.barrier("medvqa-predictions")  # every rank's shard is complete
     if not trainer.is_global_zero:

@@ -28,6 +28,7 @@ from medvqa.models.adapters import (
     build_adapter_config,
     checkpoint_every,
     count_parameters,
+    mergeable_layers,
 )
 from medvqa.models.architectures import image_tokens, load_architecture, meta_model
 from medvqa.models.loading import processor_kwargs, resolve_pretrained, roles, torch_dtype
@@ -61,7 +62,7 @@ def build_setup(
     deepspeed = is_deepspeed(cfg.trainer.strategy)
     dtype = torch_dtype(cfg.model)
     trainable_dtype = dtype if deepspeed else torch.float32
-    trainable, total = _counts(config, cfg, images, trainable_dtype)
+    trainable, total, mergeable = _counts(config, cfg, images, trainable_dtype)
     peft = cfg.peft
 
     text = config.get_text_config(decoder=True)
@@ -100,6 +101,7 @@ def build_setup(
         nodes=nodes,
         offload_optimizer=_offloads_optimizer(cfg.trainer.strategy),
         gpu_gib=gpu_capacity_gib() if gpu_gib is None else float(gpu_gib),
+        merged=mergeable if bool(cfg.model.merge_adapters) else 0,
     )
     if every is None:
         setup = dataclasses.replace(setup, checkpoint_every=least_checkpointing(setup))
@@ -115,8 +117,10 @@ def gpu_capacity_gib() -> float:
 
 def _counts(
     config: Any, cfg: DictConfig, images: bool, trainable_dtype: torch.dtype
-) -> tuple[int, int]:
-    """(trained, total) parameters of the model with the run's method applied, on meta."""
+) -> tuple[int, int, int]:
+    """(trained, total, mergeable) parameters of the model with the run's method applied, on
+    meta; mergeable: the base weights of the adapted layers (`model.merge_adapters` copies
+    them while generating)."""
     peft = OmegaConf.to_container(cfg.peft, resolve=True)
     assert isinstance(peft, dict)
     n_virtual = int(peft.get("virtual_tokens", 0))
@@ -127,7 +131,12 @@ def _counts(
     model = meta_model(config, torch_dtype(cfg.model))
     with torch.device("meta"):  # adapters are created where the weights are: nowhere
         model = apply_method(model, method, roles(cfg.model), None, images, trainable_dtype)
-    return count_parameters(model)
+    mergeable = sum(
+        p.numel()
+        for layer in mergeable_layers(model)
+        for p in layer.get_base_layer().parameters(recurse=False)
+    )
+    return (*count_parameters(model), mergeable)
 
 
 def _injectable(adapter: Any) -> bool:

@@ -63,26 +63,28 @@ def plan(
     return metrics
 
 
-def check_fits(cfg: DictConfig) -> int | None:
+def check_fits(cfg: DictConfig) -> tuple[int | None, dict[str, float]]:
     """The pre-flight check `train_eval` runs on CUDA before loading anything: refuse a run the
     plan says cannot fit on this machine's GPUs; return the checkpointing it planned with (for
-    `model.gradient_checkpointing=auto`, the least that fits). A model whose architecture is
+    `model.gradient_checkpointing=auto`, the least that fits) and the plan's `plan/...`
+    estimates (recorded beside the run's measured peaks). A model whose architecture is
     unknown offline (no local checkpoint, no shipped config) is let through with a warning
-    (None)."""
+    (None, {})."""
     from medvqa.models.architectures import UnknownArchitectureError
 
     try:
         result = estimate(build_setup(cfg))
     except UnknownArchitectureError as err:
         log.warning("memory pre-flight skipped: %s", err)
-        return None
+        return None, {}
     if not result.fits:
         raise PlanError(
             refusal_text(result, fixes(result.setup))
             + "\n(task=plan prints the whole plan; task.check_memory=false skips this check.)"
         )
     log.info("memory pre-flight: %s", headline(result))
-    return result.setup.checkpoint_every
+    estimates = {f"plan/{key}": float(value) for key, value in describe(result).items()}
+    return result.setup.checkpoint_every, estimates
 
 
 def print_plan(result: Plan, console: Console | None = None) -> None:

@@ -15,6 +15,7 @@ from hydra.utils import get_class, instantiate
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig
 
+from medvqa import measure
 from medvqa.cluster import GPU_ACCELERATORS
 from medvqa.distributed import is_global_zero
 from medvqa.evaluation.baselines import chance_scores
@@ -97,9 +98,12 @@ def train_eval(
     if tuned:  # before any data or model is loaded
         check_trainer(cfg.trainer)
         check_precision(cfg.trainer, cfg.model)
+    measure.reset()
     planned = None  # the plan's checkpointing (model.gradient_checkpointing=auto decides there)
+    plan_metrics: dict[str, float] = {}  # its estimates, beside the measured peaks
     if fit and check_memory and str(cfg.trainer.accelerator) in GPU_ACCELERATORS:
-        planned = check_fits(cfg)  # the memory plan (task=plan) says it fits this machine's GPUs
+        # the memory plan (task=plan) says it fits this machine's GPUs
+        planned, plan_metrics = check_fits(cfg)
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
     roles_ = roles(cfg.model)
     build_adapter_config(cfg.peft.adapter, cfg.peft.adapter_scope, roles_)  # fail fast on typos
@@ -110,7 +114,8 @@ def train_eval(
         source, splits = prepare_splits(cfg, out_dir, images=True, provenance=provenance)
         frames = {s: splits[s] for s in eval_splits}
 
-        model, processor = load_vlm(cfg.model)
+        with measure.measured("load"):
+            model, processor = load_vlm(cfg.model)
         add_model(provenance, model)
         prompt = instantiate(cfg.prompt)  # one template for training and generation
         generate = partial(
@@ -199,14 +204,15 @@ def train_eval(
         if not is_global_zero():
             return {}  # rank 0 scores and reports
 
-        metrics: dict[str, float] = {}
+        metrics: dict[str, float] = dict(plan_metrics)
         if global_step is not None:
             metrics["train/global_step"] = float(global_step)
         results: dict[str, dict[str, float]] = {}
         scored: dict[str, pd.DataFrame] = {}
-        for prefix, preds in generated.items():
-            results[prefix], scored[prefix] = scoring.score(preds, scores_path(outputs[prefix]))
-            metrics.update(prefixed(prefix, results[prefix]))
+        with measure.measured("score"):
+            for prefix, preds in generated.items():
+                results[prefix], scored[prefix] = scoring.score(preds, scores_path(outputs[prefix]))
+                metrics.update(prefixed(prefix, results[prefix]))
         rows = [(label, "")]
         if "zero_shot/" in generated:
             rows.append((REFERENCES["zero_shot"], "zero_shot/"))
@@ -233,6 +239,7 @@ def train_eval(
             )
         )
 
+        metrics.update(measure.metrics())
         report_run(cfg, out_dir, loggers, metrics, rows, scored[""])
         return metrics
 
@@ -288,7 +295,9 @@ def _fit(
     )
     with (
         stage("fit", trainer),
+        measure.measured("fit", "samples") as phase,
         compiled_decoder_layers(model, bool(cfg.model.compile_layers)),
     ):
+        trainer.callbacks.append(measure.SampleCounter(phase))
         trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
     return int(trainer.global_step)

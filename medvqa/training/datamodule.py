@@ -11,8 +11,9 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from functools import partial
+from itertools import islice
 from typing import Any
 
 import lightning as L
@@ -26,12 +27,16 @@ from medvqa.data import records as R
 from medvqa.data.base import VQASource
 from medvqa.data.shifts import IMAGE_TRANSFORM
 from medvqa.data.transforms import apply_transform
-from medvqa.models.prompting import PLAIN, PromptTemplate, encode, pad_batch
+from medvqa.distributed import host_sum
+from medvqa.models.prompting import IGNORE_INDEX, PLAIN, PromptTemplate, encode, pad_batch
 from medvqa.training.spec import DataSchema
 
 log = logging.getLogger(__name__)
 
 META_KEY = "record_ids"
+# Set by the training loader on each micro-batch: the label tokens of its whole optimiser step,
+# over every micro-batch of the accumulation and every rank (VQAModule divides by it).
+STEP_TOKENS_KEY = "step_label_tokens"
 IMAGE_MODES = ("image", "none", "blank", "shuffled", "mismatched")
 # The draw of `shuffled_partners`: a constant, so every run and method pairs a split's rows with
 # the same images (their answers compare row by row).
@@ -223,6 +228,13 @@ class EpochSampler(DistributedSampler):
         return iter(order[self.rank : self.total_size : self.num_replicas][start:])
 
 
+def label_tokens(batch: Any) -> int:
+    """The tokens of a training batch that carry a label (the loss's terms), counted on the
+    host as transformers' shifted loss counts them (0 for a batch without labels)."""
+    labels = batch.get("labels") if isinstance(batch, Mapping) else None
+    return 0 if labels is None else int((labels[:, 1:] != IGNORE_INDEX).sum())
+
+
 def random_state() -> dict[str, torch.Tensor]:
     """The state of the generators training draws from (dropout): torch's CPU generator and this
     rank's GPU's, if CUDA is in use. Data order and worker seeds have generators of their own."""
@@ -251,8 +263,9 @@ class ResumableLoader(DataLoader):
 
     sampler: EpochSampler
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, accumulate: int = 1, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.accumulate = max(1, int(accumulate))  # micro-batches per optimiser step
         self._epoch = self.sampler.epoch
         self._served = 0  # batches of `_epoch` handed out, by this iterator and those before it
         self._resume: dict[str, int] | None = None
@@ -270,9 +283,32 @@ class ResumableLoader(DataLoader):
         if self.random_state is not None:
             set_random_state(self.random_state)
             self.random_state = None
-        for batch in batches:
+        for batch in self._with_step_tokens(batches, self._served):
             self._served += 1
             yield batch
+
+    def _with_step_tokens(self, batches: Iterable[Any], first: int) -> Iterator[Any]:
+        """The batches, each with `STEP_TOKENS_KEY`: the label tokens of its optimiser step.
+
+        Steps group the epoch's micro-batches as Lightning steps them: `accumulate` at a time
+        from the epoch's first, the last step of an epoch shorter. A step's micro-batches are
+        read before its first is trained (they are on the host, labels known), and their counts
+        summed over the ranks on the host (`host_sum`): the step's loss is then one token mean
+        however the step is split over micro-batches and ranks (VQAModule._loss).
+        """
+        batches = iter(batches)
+        index, total = first, len(self)
+        while True:
+            rest = self.accumulate - index % self.accumulate  # of this step; less after a resume
+            group = list(islice(batches, max(1, min(rest, total - index))))
+            if not group:
+                return
+            tokens = host_sum(sum(label_tokens(b) for b in group))
+            for batch in group:
+                if isinstance(batch, dict):
+                    batch[STEP_TOKENS_KEY] = tokens
+                yield batch
+            index += len(group)
 
     def _layout(self) -> dict[str, int]:
         """What fixes the batches of an epoch: a mid-epoch state only fits the same layout."""
@@ -326,9 +362,11 @@ def make_loader(
     seed: int = 0,
     num_replicas: int = 1,
     rank: int = 0,
+    accumulate: int = 1,
 ) -> DataLoader:
     """A loader of padded batches; `shuffle=True` gives the resumable training loader (rank
-    `rank`'s share of `num_replicas`).
+    `rank`'s share of `num_replicas`, its batches marked with their optimiser step's label
+    tokens for `accumulate` micro-batches per step).
 
     Every loader seeds its workers from a generator of its own, never from torch's global one,
     which dropout draws from: training's random stream does not depend on how many loaders
@@ -348,7 +386,7 @@ def make_loader(
     }
     if shuffle:
         sampler = EpochSampler(dataset, seed, num_replicas=num_replicas, rank=rank)
-        return ResumableLoader(dataset, sampler=sampler, **options)
+        return ResumableLoader(dataset, sampler=sampler, accumulate=accumulate, **options)
     return DataLoader(dataset, **options)
 
 
@@ -449,6 +487,7 @@ class VQADataModule(L.LightningDataModule):
             shuffle=True,
             padding_side="right",
             seed=self.seed,
+            accumulate=1 if self.trainer is None else int(self.trainer.accumulate_grad_batches),
             **loader_options(self.trainer, self.num_workers),
             **(shares or {}),
         )

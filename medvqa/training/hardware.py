@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -11,6 +13,32 @@ from medvqa.cluster import GPU_ACCELERATORS
 # frozen weights and fp32 trainables mix only inside autocast (medvqa.models.adapters.apply_method
 # makes trainables fp32).
 MIXED_PRECISION = {"bfloat16": "bf16-mixed", "float16": "16-mixed"}
+
+
+log = logging.getLogger(__name__)
+
+# PyTorch reads it when its CUDA caching allocator starts (the first allocation).
+ALLOC_CONF_ENV = "PYTORCH_CUDA_ALLOC_CONF"
+
+
+def configure_cuda_allocator(setting: str | None, environ: Any = os.environ) -> None:
+    """Apply `cuda_allocator` (e.g. "expandable_segments:True") before anything allocates on a
+    GPU, for this process and the ranks it starts (they inherit the environment). A value the
+    user exported wins; null leaves PyTorch's default. Why a default at all: on an H200 the
+    study's 7B LoRA fit reserved 120.2 GiB for 103.2 allocated with PyTorch's default segments,
+    104.0 with expandable ones, at the same speed (docs/gpus.md#a-whole-job-on-one-gpu)."""
+    if not setting:
+        return
+    current = environ.get(ALLOC_CONF_ENV)
+    if current is None:
+        environ[ALLOC_CONF_ENV] = str(setting)
+    elif current != str(setting):
+        log.info(
+            "%s=%s from the environment (cuda_allocator=%s not applied)",
+            ALLOC_CONF_ENV,
+            current,
+            setting,
+        )
 
 
 class HardwareError(RuntimeError):

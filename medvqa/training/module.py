@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 from functools import cache
 from typing import Any
@@ -16,8 +17,10 @@ from transformers import get_cosine_schedule_with_warmup
 
 from medvqa.models.adapters import role_parameters
 from medvqa.models.prompting import IGNORE_INDEX
-from medvqa.training.datamodule import META_KEY
+from medvqa.training.datamodule import META_KEY, STEP_TOKENS_KEY
 from medvqa.training.spec import PeftSchema
+
+log = logging.getLogger(__name__)
 
 # Training steps between two checks that the loss stayed finite: each check reads a flag back
 # from the GPU (and reduces it over the ranks), which stalls the host until the GPU has caught up.
@@ -50,7 +53,10 @@ def label_positions(labels: torch.Tensor) -> torch.Tensor:
 
 
 def causal_lm_loss(
-    model: torch.nn.Module, inputs: dict[str, Any], positions: torch.Tensor | None = None
+    model: torch.nn.Module,
+    inputs: dict[str, Any],
+    positions: torch.Tensor | None = None,
+    normalizer: float | None = None,
 ) -> torch.Tensor:
     """transformers' causal-LM loss (mean token cross-entropy of `labels` shifted by one), with
     the vocabulary projection computed only at the positions that predict a label.
@@ -62,11 +68,13 @@ def causal_lm_loss(
     the loss is then transformers' own formula on those (equal to float tolerance,
     tests/test_training_speed.py). A batch without labels, or a model whose forward lacks
     `logits_to_keep`, gets the model's own loss. `positions`: `label_positions(labels)`, if the
-    caller has it (on the GPU nothing here then waits for the device).
+    caller has it (on the GPU nothing here then waits for the device). `normalizer`: what the
+    summed cross-entropy is divided by instead of this batch's label count (a training step's
+    share of its whole step's count, `VQAModule._loss`).
     """
     labels = inputs.get("labels")
     if labels is None or not accepts_logits_to_keep(model):
-        return model(**inputs, use_cache=False).loss
+        return causal_lm_loss_unpruned(model, inputs, normalizer)
     targets = labels[:, 1:]  # position p predicts token p + 1 (transformers' shift)
     keep = label_positions(labels) if positions is None else positions.to(labels.device)
     rest = {k: v for k, v in inputs.items() if k != "labels"}
@@ -78,7 +86,19 @@ def causal_lm_loss(
         ignore_index=IGNORE_INDEX,
         reduction="sum",
     )
-    return total / (targets != IGNORE_INDEX).sum()
+    return total / ((targets != IGNORE_INDEX).sum() if normalizer is None else normalizer)
+
+
+def causal_lm_loss_unpruned(
+    model: torch.nn.Module, inputs: dict[str, Any], normalizer: float | None = None
+) -> torch.Tensor:
+    """transformers' own loss (logits at every position: the benchmark's "before"), divided by
+    `normalizer` instead of the batch's label count where one is given."""
+    loss = model(**inputs, use_cache=False).loss
+    labels = inputs.get("labels")
+    if labels is None or normalizer is None:
+        return loss
+    return loss * (labels[:, 1:] != IGNORE_INDEX).sum() / normalizer
 
 
 class Diverged(RuntimeError):
@@ -162,6 +182,26 @@ class VQAModule(L.LightningModule):
         # from_pretrained() leaves modules in eval mode; dropout (e.g. LoRA's) must be active.
         self.model.train()
 
+    def on_train_start(self) -> None:
+        trainer = self.trainer
+        accumulate, batches = int(trainer.accumulate_grad_batches), trainer.num_training_batches
+        if (
+            trainer.strategy.handles_gradient_accumulation
+            and accumulate > 1
+            and math.isfinite(batches)
+            and int(batches) % accumulate
+        ):
+            log.warning(
+                "%d batches per epoch with %d per optimiser step: DeepSpeed counts micro-steps "
+                "across epochs, so each epoch's last %d batches share a step with the next "
+                "epoch's first, and that step's loss is not one token mean. A batch count per "
+                "epoch that %d divides (data.batch_size, data.limit.train) avoids it.",
+                int(batches),
+                accumulate,
+                int(batches) % accumulate,
+                accumulate,
+            )
+
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         # Still on the host: where the labels are is known without waiting for the GPU.
         if self.label_logits_only and isinstance(batch, dict) and "labels" in batch:
@@ -169,17 +209,52 @@ class VQAModule(L.LightningModule):
         return batch
 
     def _loss(self, batch: dict[str, Any]) -> torch.Tensor:
-        inputs = {k: v for k, v in batch.items() if k not in (META_KEY, POSITIONS_KEY)}
+        """The batch's cross-entropy summed over its label tokens, divided so that the
+        gradient of the optimiser step is that of its token mean: over every micro-batch of the
+        accumulation and every rank (`STEP_TOKENS_KEY`, counted by the training loader).
+        Lightning divides each micro-batch's loss by `accumulate_grad_batches` and DDP averages
+        the ranks' gradients (DeepSpeed does both, and divides by its accumulation steps once
+        more), so the count is shared out by those factors. A batch without a step count (the
+        validation loader, a loader of one's own) gets its own token mean."""
+        inputs = {
+            k: v for k, v in batch.items() if k not in (META_KEY, POSITIONS_KEY, STEP_TOKENS_KEY)
+        }
+        normalizer = self._normalizer(batch)
         if self.label_logits_only:
-            return causal_lm_loss(self.model, inputs, batch.get(POSITIONS_KEY))
-        return self.model(**inputs, use_cache=False).loss
+            return causal_lm_loss(self.model, inputs, batch.get(POSITIONS_KEY), normalizer)
+        return causal_lm_loss_unpruned(self.model, inputs, normalizer)
+
+    def _normalizer(self, batch: dict[str, Any]) -> float | None:
+        """The step's label tokens shared out by the frameworks' divisions (None: no count)."""
+        if STEP_TOKENS_KEY not in batch or self._trainer is None:
+            return None
+        return max(1, int(batch[STEP_TOKENS_KEY])) / self._split_factor()
+
+    def _token_mean(self, loss: torch.Tensor, batch: dict[str, Any]) -> torch.Tensor:
+        """This micro-batch's own mean token cross-entropy (what `train/loss` shows), from the
+        step-normalised `loss`; on the device, no host sync."""
+        normalizer = self._normalizer(batch)
+        if normalizer is None:
+            return loss.detach()
+        count = (batch["labels"][:, 1:] != IGNORE_INDEX).sum().clamp(min=1)
+        return loss.detach() * normalizer / count
+
+    def _split_factor(self) -> int:
+        """What the frameworks divide a micro-batch's gradient by (see `_loss`)."""
+        trainer = self.trainer
+        accumulate = int(trainer.accumulate_grad_batches)
+        factor = accumulate * int(trainer.world_size)
+        if trainer.strategy.handles_gradient_accumulation:  # DeepSpeed: its own 1/accumulate
+            factor *= accumulate
+        return factor
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         loss = self._loss(batch)
         self._note_finite(loss.detach())
         if self._check_due(batch_idx):
             self._check_finite()
-        self.log("train/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
+        shown = self._token_mean(loss, batch)
+        self.log("train/loss", shown, prog_bar=True, batch_size=batch["input_ids"].shape[0])
         return loss
 
     def _note_finite(self, loss: torch.Tensor) -> None:

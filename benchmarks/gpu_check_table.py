@@ -1,0 +1,85 @@
+"""The per-phase table of a whole job from its results.json: wall time, items and rate, the
+steady rate (second half of the fit's steps), this rank's peak GPU memory against the memory
+plan's estimate. Used by `make gpu-check`; works on any run's record.
+
+    python benchmarks/gpu_check_table.py /tmp/gpu-check/job7b/results.json [more.json ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+# a job's phases in the order it runs them; others after
+ORDER = ["load", "generate/predictions_zero_shot", "fit", "generate/predictions", "score"]
+# phase -> the plan's estimate of its per-GPU peak (task=plan's rows)
+PLANNED = {"fit": "plan/train_gib", "generate": "plan/generation_gib"}
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    return f"{value:,.{digits}f}"
+
+
+def table(path: Path) -> str:
+    record = json.loads(path.read_text())
+    both = {**record.get("metrics", {}), **record.get("perf", {})}  # the scores, the perf/ timings
+    m = {k: (float("nan") if v is None else v) for k, v in both.items()}
+    phases = sorted(
+        {
+            k.split("/")[1] if k.count("/") == 2 else "/".join(k.split("/")[1:3])
+            for k in m
+            if k.startswith("perf/")
+        },
+        key=lambda p: (ORDER.index(p) if p in ORDER else len(ORDER), p),
+    )
+    lines = [
+        f"{path} ({record.get('status')}, {record.get('provenance', {}).get('device', '?')}, "
+        f"allocator {record.get('provenance', {}).get('cuda_alloc_conf')})",
+        "",
+        "| phase | s | items | per s | steady per s | peak allocated GiB | peak reserved GiB "
+        "| plan GiB |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for phase in phases:
+        key = f"perf/{phase}"
+        unit = next(
+            (
+                k.rsplit("/", 1)[1][: -len("_per_s")]
+                for k in m
+                if k.startswith(key + "/") and k.endswith("_per_s") and "/steady_" not in k
+            ),
+            None,
+        )
+        plan = PLANNED.get(phase.split("/")[0])
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    phase,
+                    _fmt(m.get(f"{key}/seconds")),
+                    f"{int(m[f'{key}/{unit}'])} {unit}" if unit else "",
+                    _fmt(m.get(f"{key}/{unit}_per_s"), 2) if unit else "",
+                    _fmt(m.get(f"{key}/steady_{unit}_per_s"), 2) if unit else "",
+                    _fmt(m.get(f"{key}/peak_allocated_gib")),
+                    _fmt(m.get(f"{key}/peak_reserved_gib")),
+                    _fmt(m.get(plan)) if plan else "",
+                ]
+            )
+            + " |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("records", nargs="+", type=Path)
+    for path in parser.parse_args().records:
+        print(table(path), end="\n\n")
+
+
+if __name__ == "__main__":
+    main()

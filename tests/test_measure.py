@@ -1,0 +1,75 @@
+"""A run's measurements of itself (medvqa.measure) and the CUDA allocator setting it runs with."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+
+from medvqa import measure
+from medvqa.training.hardware import ALLOC_CONF_ENV, configure_cuda_allocator
+
+
+@pytest.fixture(autouse=True)
+def fresh() -> None:
+    measure.reset()
+
+
+def test_a_phase_entered_twice_adds_its_time_and_items() -> None:
+    for rows in (3, 5):
+        with measure.measured("generate/predictions", "rows") as phase:
+            time.sleep(0.01)
+            phase.items = rows
+    m = measure.metrics()
+    assert m["perf/generate/predictions/rows"] == 8
+    assert m["perf/generate/predictions/seconds"] >= 0.02
+    rate = m["perf/generate/predictions/rows_per_s"]
+    assert rate == pytest.approx(8 / m["perf/generate/predictions/seconds"])
+    assert "perf/generate/predictions/steady_rows_per_s" not in m  # no steps were marked
+
+
+def test_a_phase_that_did_nothing_has_no_rate() -> None:
+    """A split resumed to the end generated nothing: its rate is NaN, not 0 or a survivor's."""
+    with measure.measured("generate/predictions_zero_shot", "rows"):
+        pass
+    with measure.measured("score"):
+        pass
+    m = measure.metrics()
+    assert m["perf/generate/predictions_zero_shot/rows"] == 0
+    assert math.isnan(m["perf/generate/predictions_zero_shot/rows_per_s"])
+    assert set(m) >= {"perf/score/seconds"} and "perf/score/_per_s" not in m
+
+
+def test_the_steady_rate_leaves_out_the_slow_first_half() -> None:
+    """Compilation makes the first steps slow; the steady rate is that of the second half."""
+    with measure.measured("fit", "samples") as phase:
+        time.sleep(0.2)  # a first step that compiles
+        phase.mark(4)
+        for _ in range(5):
+            time.sleep(0.01)
+            phase.mark(4)
+    m = measure.metrics()
+    assert m["perf/fit/samples"] == 24
+    whole, steady = m["perf/fit/samples_per_s"], m["perf/fit/steady_samples_per_s"]
+    assert steady > 3 * whole
+    assert steady < 4 / 0.01 * 1.01  # never faster than the steps themselves
+
+
+def test_too_few_steps_give_no_steady_rate() -> None:
+    with measure.measured("fit", "samples") as phase:
+        for _ in range(3):
+            phase.mark(2)
+    assert math.isnan(measure.metrics()["perf/fit/steady_samples_per_s"])
+
+
+def test_the_allocator_setting_applies_unless_the_user_exported_one() -> None:
+    env: dict[str, str] = {}
+    configure_cuda_allocator("expandable_segments:True", env)
+    assert env == {ALLOC_CONF_ENV: "expandable_segments:True"}
+    mine = {ALLOC_CONF_ENV: "max_split_size_mb:512"}
+    configure_cuda_allocator("expandable_segments:True", mine)
+    assert mine[ALLOC_CONF_ENV] == "max_split_size_mb:512"
+    untouched: dict[str, str] = {}
+    configure_cuda_allocator(None, untouched)
+    assert untouched == {}
