@@ -2,7 +2,8 @@
 
 Not a test (tests/test_plan.py checks the numbers against hand computations). For each preset
 (conf/model/*.yaml with a hub checkpoint) and method, at the SURE study's settings (batch 32 per
-optimiser step, the preset's checkpointing: auto, the least that fits), the plan's peak GiB per
+optimiser step, the preset's `auto` layout: the split of the step into micro-batches and the
+checkpointing the time model ranks fastest among those that fit), the plan's peak GiB per
 GPU on one GPU under trainer=gpu and, where that does not fit, the first change task=plan names
 (10 % to spare); plus the activations one decoder layer keeps per token (measured on this
 machine: on the CPU an upper bound of a GPU's). Prints a
@@ -36,7 +37,7 @@ def main() -> None:
     cache = args.cache or Path(tempfile.mkdtemp(prefix="medvqa-plan-"))
     print(
         "| model | params | tokens/sample | method | trained | KiB/token/layer "
-        "| checkpointing | 1 GPU, GiB | fits | else |"
+        "| auto: micro-batch x accumulation, checkpointing | 1 GPU, GiB | fits | else |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for model in PRESETS:
@@ -61,7 +62,8 @@ def main() -> None:
             print(
                 f"| {model} | {s.params / 1e9:.2f} B | {s.tokens} | {method} "
                 f"| {s.trainable / 1e6:.0f} M | {s.layer.per_token / 1024:.0f} "
-                f"| {checkpointing_label(s.checkpoint_every)} | {plan.peak / GIB:.1f} | {'yes' if plan.fits else 'no'} | {instead} |",
+                f"| {s.micro_batch} x {s.accumulate}, {checkpointing_label(s.checkpoint_every)} "
+                f"| {plan.peak / GIB:.1f} | {'yes' if plan.fits else 'no'} | {instead} |",
                 flush=True,
             )
 

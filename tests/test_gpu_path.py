@@ -317,3 +317,57 @@ def test_a_fit_that_cannot_fit_the_gpus_is_refused_before_anything_loads(tmp_pat
     assert estimates["plan/train_gib"] > estimates["plan/weights_gib"] > 0
     unknown = ["model=llava_med", "model.pretrained=nobody/unknown-vlm", "trainer=gpu", *cache]
     assert check_fits(compose(unknown)) == (None, {})  # no architecture offline: a warning
+
+
+def test_the_fit_trains_with_the_layout_the_plan_chose(
+    tiny_model_dir: Path, cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On CUDA `auto` hands the fit the plan's layout (train_eval._fit's `planned`): a step of
+    4 rows (data.batch_size=4) planned as 2 x 2 runs micro-batches of 2, two per step, and
+    checkpoints what the plan says; a fixed gradient_checkpointing keeps data.batch_size."""
+    from hydra.utils import instantiate
+
+    from medvqa.models.adapters import apply_method
+    from medvqa.models.loading import roles
+    from medvqa.models.prompting import PLAIN
+    from medvqa.planning.memory import Setup
+    from medvqa.tasks import train_eval
+    from medvqa.training.module import VQAModule
+
+    seen: list[tuple[int, int]] = []
+    real_step = VQAModule.training_step
+
+    def spy(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+        seen.append((int(batch["input_ids"].shape[0]), int(self.trainer.accumulate_grad_batches)))
+        return real_step(self, batch, batch_idx)
+
+    monkeypatch.setattr(VQAModule, "training_step", spy)
+    for setting, expected in (("auto", (2, 2)), ("false", (4, 1))):
+        cfg = compose(
+            [
+                *SMALL,
+                "debug=smoke",
+                "data.batch_size=4",
+                "trainer.max_steps=2",
+                "callbacks=none",
+                f"model.gradient_checkpointing={setting}",
+            ],
+            cache_dir,
+        )
+        spec = OmegaConf.create({"name": "tiny", "pretrained": str(tiny_model_dir)})
+        model, processor = load_vlm(spec)
+        model = apply_method(model, cfg.peft, roles(cfg.model))
+        source = instantiate(cfg.dataset)
+        table = source.table()
+        frames = {"train": table.head(16), "val": table.head(4)}
+        planned = Setup.__new__(Setup)  # only the layout is read
+        object.__setattr__(planned, "micro_batch", 2)
+        object.__setattr__(planned, "accumulate", 2)
+        object.__setattr__(planned, "checkpoint_every", 0)
+        seen.clear()
+        steps = train_eval._fit(
+            cfg, model, roles(cfg.model), processor, frames, source, PLAIN, tmp_path / setting,
+            [], planned,
+        )  # fmt: skip
+        assert steps == 2
+        assert set(seen) == {expected} and len(seen) == 2 * expected[1], seen

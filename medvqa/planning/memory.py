@@ -216,9 +216,9 @@ def fixes(s: Setup, max_devices: int = 8, max_nodes: int = 4) -> list[Fix]:
 
     def consider(what: str, overrides: list[str], setup: Setup) -> bool:
         plan = estimate(setup)
-        if _comfortable(plan):
+        if comfortable(plan):
             found.append(Fix(what, tuple(overrides), plan))
-        return _comfortable(plan)
+        return comfortable(plan)
 
     ckpt = dataclasses.replace(s, checkpoint_every=1)
     ckpt_override = [] if s.checkpoint_every == 1 else ["model.gradient_checkpointing=true"]
@@ -259,22 +259,53 @@ def fixes(s: Setup, max_devices: int = 8, max_nodes: int = 4) -> list[Fix]:
 # 2nd, every layer (benchmarks/gpu.py: LLaVA-Med LoRA at batch 16 on an H100 trains 10.7
 # samples/s checkpointing every layer, 12.7 every 2nd).
 AUTO_CHECKPOINTING = (0, 4, 2, 1)
+# The time model `auto` ranks layouts by (an estimate): time per sample proportional to
+# (1 + MICRO_BATCH_COST / micro-batch) x (1 + RECOMPUTE_COST x the share of layers checkpointed).
+# Fitted to the H100 rows of LLaVA-Med LoRA (eager) in benchmarks/results/gpu-h100-2026-11-26.jsonl:
+# no checkpointing 8 x 2 14.5 and 4 x 4 12.7 samples/s give the first; every layer 10.7 and every
+# 2nd 12.7 at 16 x 1 the second. It predicts every 2nd at 8 x 2 within 5 % (11.8 for 11.3), and
+# ranks Qwen2.5-VL's three setups as measured.
+MICRO_BATCH_COST = 1.31
+RECOMPUTE_COST = 0.46
 
 
 def checkpointing_label(every: int) -> str:
     return {0: "off", 1: "on"}.get(every, f"every {every} layers")
 
 
-def least_checkpointing(s: Setup) -> int:
-    """The least checkpointing (`AUTO_CHECKPOINTING`) with which `s` fits with
-    `SUGGESTED_SHARE` of the GPU; every layer (1) where none does (the plan then refuses it)."""
-    for every in AUTO_CHECKPOINTING:
-        if _comfortable(estimate(dataclasses.replace(s, checkpoint_every=every))):
-            return every
-    return 1
+def step_time(s: Setup) -> float:
+    """Time per sample of `s` relative to an unbounded micro-batch without checkpointing
+    (the time model above: an estimate, used to rank layouts, never as a measurement)."""
+    share = s.checkpointed_layers / s.layers if s.layers else 0.0
+    return (1 + MICRO_BATCH_COST / s.micro_batch) * (1 + RECOMPUTE_COST * share)
 
 
-def _comfortable(plan: Plan) -> bool:
+def layouts(s: Setup) -> list[Setup]:
+    """Every split of `s`'s per-GPU step batch (micro-batch x accumulation unchanged) with every
+    checkpointing `auto` tries: the same optimisation (one token mean per step), other memory
+    and speed."""
+    per_gpu = s.micro_batch * s.accumulate
+    micro = [m for m in range(per_gpu, 0, -1) if per_gpu % m == 0]
+    return [
+        dataclasses.replace(s, micro_batch=m, accumulate=per_gpu // m, checkpoint_every=every)
+        for m in micro
+        for every in AUTO_CHECKPOINTING
+    ]
+
+
+def fastest_layout(s: Setup) -> Setup:
+    """`model.gradient_checkpointing=auto`: the layout (`layouts`) the time model ranks
+    fastest among those that fit with `SUGGESTED_SHARE` of the GPU; ties go to the larger
+    micro-batch. Where none fits, `s` checkpointing every layer (the plan then refuses it, with
+    the fixes)."""
+    fitting = [c for c in layouts(s) if comfortable(estimate(c))]
+    if not fitting:
+        return dataclasses.replace(s, checkpoint_every=1)
+    return min(fitting, key=lambda c: (round(step_time(c), 9), -c.micro_batch))
+
+
+def comfortable(plan: Plan) -> bool:
+    """Whether `plan` leaves `SUGGESTED_SHARE` of the GPU free (what `auto` and the fixes need)."""
     return plan.peak <= SUGGESTED_SHARE * plan.setup.gpu_gib * GIB
 
 
@@ -307,7 +338,7 @@ def _zero2(
                 trainable_bytes=s.dtype_bytes,
                 offload_optimizer=offload,
             )
-            if _comfortable(estimate(setup)):
+            if comfortable(estimate(setup)):
                 overrides = [
                     "trainer=deepspeed_zero2",
                     f"trainer.devices={devices}",
@@ -342,6 +373,9 @@ def describe(plan: Plan) -> dict[str, Any]:
         "generation_gib": plan.generation / GIB,
         "host_per_node_gib": plan.host_per_node / GIB,
         "fits": float(plan.fits),
+        "micro_batch": float(s.micro_batch),
+        "accumulate": float(s.accumulate),
+        "checkpoint_every": float(s.checkpoint_every),
     }
 
 

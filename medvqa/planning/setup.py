@@ -8,7 +8,6 @@ decoder layer with that method are measured on the CPU (cached under `paths.cach
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -33,7 +32,7 @@ from medvqa.models.adapters import (
 from medvqa.models.architectures import image_tokens, load_architecture, meta_model
 from medvqa.models.loading import processor_kwargs, resolve_pretrained, roles, torch_dtype
 from medvqa.planning.activations import LayerActivations, measure_layer
-from medvqa.planning.memory import DEFAULT_GPU_GIB, TEXT_TOKENS, Setup, least_checkpointing
+from medvqa.planning.memory import DEFAULT_GPU_GIB, TEXT_TOKENS, Setup, fastest_layout
 from medvqa.training.strategies import is_deepspeed
 
 log = logging.getLogger(__name__)
@@ -104,7 +103,7 @@ def build_setup(
         merged=mergeable if bool(cfg.model.merge_adapters) else 0,
     )
     if every is None:
-        setup = dataclasses.replace(setup, checkpoint_every=least_checkpointing(setup))
+        setup = fastest_layout(setup)
     return setup
 
 

@@ -21,15 +21,20 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
+from medvqa.models.adapters import checkpoint_every
 from medvqa.planning.memory import (
     GIB,
     TEXT_TOKENS,
     Plan,
+    Setup,
     checkpointing_label,
+    comfortable,
     describe,
     estimate,
     fixes,
     headline,
+    layouts,
+    step_time,
 )
 from medvqa.planning.memory import refusal as refusal_text
 from medvqa.planning.setup import PlanError, build_setup
@@ -55,6 +60,8 @@ def plan(
     """
     result = estimate(build_setup(cfg, gpu_gib, text_tokens, devices))
     print_plan(result)
+    if checkpoint_every(cfg.model.gradient_checkpointing) is None:
+        print_layouts(result.setup)
     metrics = {f"plan/{key}": value for key, value in describe(result).items()}
     log_metrics(loggers, metrics)
     if not result.fits:
@@ -63,13 +70,13 @@ def plan(
     return metrics
 
 
-def check_fits(cfg: DictConfig) -> tuple[int | None, dict[str, float]]:
+def check_fits(cfg: DictConfig) -> tuple[Setup | None, dict[str, float]]:
     """The pre-flight check `train_eval` runs on CUDA before loading anything: refuse a run the
-    plan says cannot fit on this machine's GPUs; return the checkpointing it planned with (for
-    `model.gradient_checkpointing=auto`, the least that fits) and the plan's `plan/...`
-    estimates (recorded beside the run's measured peaks). A model whose architecture is
-    unknown offline (no local checkpoint, no shipped config) is let through with a warning
-    (None, {})."""
+    plan says cannot fit on this machine's GPUs; return the setup it planned (for
+    `model.gradient_checkpointing=auto` the fastest layout that fits: micro-batch, accumulation
+    and checkpointing) and the plan's `plan/...` estimates (recorded beside the run's measured
+    peaks). A model whose architecture is unknown offline (no local checkpoint, no shipped
+    config) is let through with a warning (None, {})."""
     from medvqa.models.architectures import UnknownArchitectureError
 
     try:
@@ -84,7 +91,35 @@ def check_fits(cfg: DictConfig) -> tuple[int | None, dict[str, float]]:
         )
     log.info("memory pre-flight: %s", headline(result))
     estimates = {f"plan/{key}": float(value) for key, value in describe(result).items()}
-    return result.setup.checkpoint_every, estimates
+    return result.setup, estimates
+
+
+def print_layouts(chosen: Setup, console: Console | None = None) -> None:
+    """What `auto` chose and what the other layouts of the same step would cost: GiB per GPU in
+    training and the time model's estimate of speed relative to the chosen one."""
+    view = Table(
+        title=f"auto layout · step of {chosen.micro_batch * chosen.accumulate} per GPU · "
+        "speed: the time model's estimate (MICRO_BATCH_COST, RECOMPUTE_COST)"
+    )
+    for column in ("micro-batch x accumulation", "checkpointing", "training GiB", "fits", "speed"):
+        view.add_column(column, justify="right")
+    mine = step_time(chosen)
+    rows = sorted(layouts(chosen), key=lambda c: (step_time(c), -c.micro_batch))
+    for c in rows:
+        plan = estimate(c)
+        picked = (c.micro_batch, c.checkpoint_every) == (
+            chosen.micro_batch,
+            chosen.checkpoint_every,
+        )
+        view.add_row(
+            f"{c.micro_batch} x {c.accumulate}",
+            checkpointing_label(c.checkpoint_every),
+            f"{plan.training / GIB:.1f}",
+            "chosen" if picked else ("yes" if comfortable(plan) else "no"),
+            f"{mine / step_time(c):.2f}x",
+            style="bold" if picked else None,
+        )
+    (console or Console()).print(view)
 
 
 def print_plan(result: Plan, console: Console | None = None) -> None:

@@ -35,6 +35,7 @@ from medvqa.models.adapters import (
 )
 from medvqa.models.loading import load_vlm, roles
 from medvqa.models.saving import load_trainable, save_trainable, trained_before
+from medvqa.planning.memory import Setup, checkpointing_label
 from medvqa.provenance import add_metrics, add_model
 from medvqa.record import config_fingerprint
 from medvqa.tasks.common import prepare_splits, report_run
@@ -99,7 +100,7 @@ def train_eval(
         check_trainer(cfg.trainer)
         check_precision(cfg.trainer, cfg.model)
     measure.reset()
-    planned = None  # the plan's checkpointing (model.gradient_checkpointing=auto decides there)
+    planned = None  # the plan's layout (model.gradient_checkpointing=auto decides there)
     plan_metrics: dict[str, float] = {}  # its estimates, beside the measured peaks
     if fit and check_memory and str(cfg.trainer.accelerator) in GPU_ACCELERATORS:
         # the memory plan (task=plan) says it fits this machine's GPUs
@@ -254,14 +255,25 @@ def _fit(
     prompt: Any,
     out_dir: Path,
     loggers: Sequence[Logger],
-    planned: int | None = None,
+    planned: Setup | None = None,
 ) -> int:
     """Fine-tune `model` in place (resuming from `cfg.ckpt_path`); returns the optimiser steps.
-    `planned`: the checkpointing the memory plan chose (None: it did not run)."""
+    `planned`: the setup the memory plan chose (None: it did not run)."""
     every = checkpoint_every(cfg.model.gradient_checkpointing)
-    if every is None:  # auto: the plan's choice, or every layer where no plan ran
-        every = 1 if planned is None else planned
-        log.info("gradient checkpointing (auto): %s", "off" if not every else f"every {every}")
+    batch_size, accumulate = int(cfg.data.batch_size), int(cfg.trainer.accumulate_grad_batches)
+    if every is None:  # auto: the plan's layout, or every layer where no plan ran
+        every = 1 if planned is None else planned.checkpoint_every
+        if planned is not None:
+            batch_size, accumulate = planned.micro_batch, planned.accumulate
+        log.info(
+            "auto layout: micro-batch %d x %d accumulation per GPU (data.batch_size x "
+            "trainer.accumulate_grad_batches = %d x %d), checkpointing %s",
+            batch_size,
+            accumulate,
+            cfg.data.batch_size,
+            cfg.trainer.accumulate_grad_batches,
+            checkpointing_label(every),
+        )
     if every:
         enable_gradient_checkpointing(model, every_n_layers=every)
     module = VQAModule.for_method(model, cfg.peft, roles_["projector"])
@@ -269,7 +281,7 @@ def _fit(
         frames,
         source,
         processor,
-        batch_size=int(cfg.data.batch_size),
+        batch_size=batch_size,
         eval_batch_size=int(cfg.data.eval_batch_size),
         num_workers=cfg.data.num_workers,
         seed=int(cfg.seed),
@@ -288,6 +300,7 @@ def _fit(
             cfg.trainer.devices,
             cfg.trainer.num_nodes,
         ),
+        accumulate_grad_batches=accumulate,
         logger=list(loggers) or False,
         callbacks=callbacks,
         default_root_dir=str(out_dir),
