@@ -13,7 +13,8 @@ MIMIC (a 2.5k x 3k radiograph under the preset's pixel cap). Per method and setu
   Trainer set-up or teardown in the timed window);
 - model-FLOPs MFU: per sample 2N.T forward + 2N.T activation gradients for the frozen language
   model, 6N.T for its trained weights, the frozen vision tower's forward, the projector, and
-  attention (causal), over the GPU's dense bf16 peak (`model_flops`); hardware-FLOPs utilisation
+  attention (causal), over the GPU's dense bf16 peak (`medvqa.models.flops`, the count a run's own
+  `perf/fit/mfu` uses); hardware-FLOPs utilisation
   adds what the setup recomputes (checkpointing) or computes for nothing (logits at every
   position);
 - peak GPU memory; generation rows/s (batch 64, 16 new tokens, greedy, as `GenerationModule`);
@@ -68,6 +69,15 @@ from medvqa.models.adapters import (  # noqa: E402
     merged_adapters,
 )
 from medvqa.models.architectures import image_tokens, load_architecture, qwen_resize  # noqa: E402
+from medvqa.models.flops import (  # noqa: E402
+    add_batch,
+    attention_shape,
+    matmul_params,
+    model_flops,
+    new_sums,
+    peak_flops,
+    recompute_flops,
+)
 from medvqa.models.loading import apply_liger_kernels, roles  # noqa: E402
 from medvqa.models.prompting import IGNORE_INDEX  # noqa: E402
 from medvqa.planning.activations import measure_layer  # noqa: E402
@@ -77,9 +87,6 @@ from medvqa.training.strategies import ResidentSingleDevice  # noqa: E402
 
 log = logging.getLogger("benchmarks.gpu")
 
-# Dense bf16 tensor-core peak, FLOP/s (vendor data sheets, without sparsity).
-PEAK_BF16 = {"H100 SXM": 989e12, "H100 NVL": 835e12, "H100 PCIe": 756e12, "H200": 989e12,
-             "A100": 312e12, "L40S": 362e12}  # fmt: skip
 METHODS = ("lora", "ia3")  # prompt tuning needs the checkpoint's tokenizer (virtual tokens)
 SAMPLES_PER_STEP = 16
 QWEN_7B = "qwen2_5_vl@Qwen/Qwen2.5-VL-7B-Instruct"  # the preset is the 3B checkpoint  # data.batch_size: every setup trains 16 samples per optimiser step
@@ -116,124 +123,6 @@ DEFAULT_SETUPS = ("before", "ckpt-16", "ckpt/2-16", "ckpt/2-8", "none-4", "none-
 
 
 # --- FLOPs -----------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class MatmulParams:
-    """Weights that multiply activations, by where they run (embedding tables excluded)."""
-
-    language_frozen: int
-    language_trained: int  # adapters and trained weights of the decoder layers
-    lm_head: int
-    vision: int
-    vision_trained: int
-    projector: int
-    projector_trained: int
-
-
-def matmul_params(model: torch.nn.Module, model_roles: Mapping[str, str]) -> MatmulParams:
-    """Count the Linear/Conv weights of `model` per role (projector before vision: Qwen's merger
-    sits inside its vision module); the rest is the language model."""
-    counts = {f.name: 0 for f in dataclasses.fields(MatmulParams)}
-    for name, module in model.named_modules():
-        if not isinstance(module, torch.nn.Linear | torch.nn.Conv2d | torch.nn.Conv3d):
-            continue
-        weight = module.weight
-        dotted = f".{name}."
-        if f".{model_roles['projector']}." in dotted:
-            role = "projector"
-        elif f".{model_roles['vision']}." in dotted:
-            role = "vision"
-        elif f".{model_roles['lm_head']}." in dotted:
-            counts["lm_head"] += weight.numel()
-            continue
-        else:
-            role = "language"
-        frozen = "language_frozen" if role == "language" else role
-        counts[f"{role}_trained" if weight.requires_grad else frozen] += weight.numel()
-    return MatmulParams(**counts)
-
-
-@dataclasses.dataclass(frozen=True)
-class Shape:
-    """The attention shapes FLOPs need."""
-
-    layers: int
-    attn_width: int  # heads x head_dim of the language model
-    vision_layers: int  # of them with full attention over the image's patches
-    vision_width: int
-    window_layers: int = 0  # Qwen2.5-VL: layers attending within windows of `window` patches
-    window: int = 0
-
-
-def attention_shape(config: Any) -> Shape:
-    text = config.get_text_config(decoder=True)
-    vision = config.vision_config
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-    v_layers = int(getattr(vision, "num_hidden_layers", None) or vision.depth)
-    full = getattr(vision, "fullatt_block_indexes", None)
-    window = 0
-    if full is not None:  # windows of window_size pixels, in patches
-        window = (int(vision.window_size) // int(vision.patch_size)) ** 2
-    return Shape(
-        layers=int(text.num_hidden_layers),
-        attn_width=int(text.num_attention_heads * head_dim),
-        vision_layers=len(full) if full is not None else v_layers,
-        vision_width=int(vision.hidden_size),
-        window_layers=v_layers - len(full) if full is not None else 0,
-        window=window,
-    )
-
-
-def model_flops(
-    p: MatmulParams,
-    shape: Shape,
-    tokens: float,
-    tokens_sq: float,
-    labelled: float,
-    patches: float,
-    patches_sq: float,
-    projected: float,
-) -> float:
-    """FLOPs a training step needs for a batch (sums over its samples): `tokens` (and the sum of
-    squared lengths `tokens_sq`) of the language model, `labelled` positions predicting a label,
-    vision `patches` (and `patches_sq`, per image), `projected` tokens through the projector.
-
-    A frozen weight costs 2 (forward) + 2 (gradient of its input) FLOPs per token where a
-    gradient flows through it, a trained one 6 (its own gradient too), a frozen part nothing
-    trains before (the vision tower) 2; attention's QK^T and AV 4·T²·width per layer forward,
-    halved by the causal mask, and twice that backward. The vocabulary projection is needed at
-    the labelled positions only. Nothing recomputed is counted (`recompute_flops`).
-    """
-    lm = 4 * p.language_frozen * tokens + 6 * p.language_trained * tokens
-    head = 4 * p.lm_head * labelled
-    # A gradient reaches the vision tower only if something in or before it trains.
-    vision_grad = p.vision_trained > 0
-    vision = (4 if vision_grad else 2) * p.vision * patches + 6 * p.vision_trained * patches
-    proj_frozen = 4 if vision_grad else 2
-    projector = proj_frozen * p.projector * projected + 6 * p.projector_trained * projected
-    attention = 3 * 2 * shape.layers * shape.attn_width * tokens_sq
-    vision_attention = (
-        4
-        * shape.vision_width
-        * (shape.vision_layers * patches_sq + shape.window_layers * shape.window * patches)
-    )
-    return lm + head + vision + projector + attention + vision_attention
-
-
-def recompute_flops(
-    p: MatmulParams, shape: Shape, setup: Setup, tokens: float, tokens_sq: float, positions: float
-) -> float:
-    """FLOPs a setup spends beyond `model_flops`: the re-forward of checkpointed decoder layers,
-    and the vocabulary projection (forward and input gradient) at `positions` beyond the
-    labelled ones (every position when logits are not restricted to the labels)."""
-    extra = 0.0
-    if setup.checkpoint_every:
-        share = math.ceil(shape.layers / setup.checkpoint_every) / shape.layers
-        forward = 2 * (p.language_frozen + p.language_trained) * tokens
-        forward += 2 * shape.layers * shape.attn_width * tokens_sq
-        extra += share * forward
-    return extra + 4 * p.lm_head * positions
 
 
 # --- synthetic batches -----------------------------------------------------------------------
@@ -388,9 +277,8 @@ class Meter(L.Callback):
         self.warmup, self.cuda = warmup, cuda
         self.batches = 0
         self.start = self.stop = 0.0
-        self.sums = dict.fromkeys(("samples", "tokens", "tokens_sq", "labelled", "positions"), 0.0)
-        self.sums.update(patches=0.0, patches_sq=0.0, projected=0.0)
-        self.patches_per_image: list[int] = []
+        self.sums = new_sums()
+        self.patch_size = 0  # the vision tower's (LLaVA's patches per image)
         self.peak = float("nan")
 
     def _sync(self) -> None:
@@ -404,7 +292,7 @@ class Meter(L.Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, module: Any, out: Any, batch: Any, i: int):
         if self.batches >= self.warmup:
-            add_batch(self.sums, batch, self.patches_per_image)
+            add_batch(self.sums, batch, self.patch_size)
         self.batches += 1
 
     def on_train_end(self, trainer: L.Trainer, module: Any) -> None:
@@ -416,30 +304,6 @@ class Meter(L.Callback):
     @property
     def seconds(self) -> float:
         return self.stop - self.start
-
-
-def add_batch(sums: dict[str, float], batch: Mapping[str, Any], patches: list[int]) -> None:
-    """Add one batch's sample, token and patch counts (attention mask and image grid, which
-    are on the host before the transfer; read after the step, so no sync is added)."""
-    lengths = batch["attention_mask"].sum(dim=1).double()
-    sums["samples"] += len(lengths)
-    sums["tokens"] += float(lengths.sum())
-    sums["tokens_sq"] += float((lengths**2).sum())
-    sums["positions"] += float(batch["attention_mask"].numel())  # logits at every position
-    if "labels" in batch:
-        sums["labelled"] += float((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
-    grid = batch.get("image_grid_thw")
-    if grid is not None:  # Qwen: patches per image from the grid, 4 patches per LLM token
-        per_image = grid.prod(dim=1).double()
-        sums["patches"] += float(per_image.sum())
-        sums["patches_sq"] += float((per_image**2).sum())
-        sums["projected"] += float(per_image.sum()) / 4
-    else:  # LLaVA: every image is the tower's full grid (+ CLS), each patch projected
-        images = batch["pixel_values"].shape[0]
-        p = patches[0] if patches else 0
-        sums["patches"] += images * (p + 1)
-        sums["patches_sq"] += images * (p + 1) ** 2
-        sums["projected"] += images * p
 
 
 def train_row(
@@ -467,8 +331,7 @@ def train_row(
     n = (args.warmup + steps) * accumulate * micro
     data = SyntheticVQA(config, pre, n, image_size, with_answer=True)
     meter = Meter(warmup=args.warmup * accumulate, cuda=cuda)
-    if config.model_type == "llava":
-        meter.patches_per_image.append(image_tokens(config, pre))
+    meter.patch_size = int(config.vision_config.patch_size)
     module = VQAModule.for_method(model, cfg.peft, roles(cfg.model)["projector"])
     module.label_logits_only = setup.label_logits_only
     module.check_finite_every = setup.check_finite_every
@@ -503,7 +366,9 @@ def train_row(
         s["patches"], s["patches_sq"], s["projected"],
     )  # fmt: skip
     beyond = 0.0 if setup.label_logits_only else s["positions"] - s["labelled"]
-    hw = flops + recompute_flops(p, shape, setup, s["tokens"], s["tokens_sq"], beyond)
+    hw = flops + recompute_flops(
+        p, shape, setup.checkpoint_every, s["tokens"], s["tokens_sq"], beyond
+    )
     seconds = meter.seconds
     return {
         "samples_s": s["samples"] / seconds,
@@ -599,17 +464,6 @@ def layer_activations(config: Any, cfg: Any, device: torch.device) -> float:
     train_weights = "language" in list(cfg.peft.train_modules)
     measured = measure_layer(config, adapter, train_weights=train_weights, device=device)
     return measured.per_token / 1024
-
-
-def peak_flops(name: str, override: float | None) -> float | None:
-    if override:
-        return override * 1e12
-    for key, value in PEAK_BF16.items():
-        if all(part in name for part in key.split()):
-            return value
-    if "H100" in name:  # the SXM part is the common one in clusters
-        return PEAK_BF16["H100 SXM"]
-    return None
 
 
 def compose_cfg(model: str, method: str, cpu: bool, overrides: list[str]) -> Any:

@@ -14,6 +14,8 @@ from pathlib import Path
 
 # a job's phases in the order it runs them; others after
 ORDER = ["load", "generate/predictions_zero_shot", "fit", "generate/predictions", "score"]
+# what a phase counts (medvqa.measure: the fit's samples, a generation's rows)
+UNITS = ("samples", "rows")
 # phase -> the plan's estimate of its per-GPU peak (task=plan's rows)
 PLANNED = {"fit": "plan/train_gib", "generate": "plan/generation_gib"}
 
@@ -22,6 +24,12 @@ def _fmt(value: float | None, digits: int = 1) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
     return f"{value:,.{digits}f}"
+
+
+def _percent(whole: float | None, steady: float | None) -> str:
+    if whole is None:
+        return ""
+    return f"{_fmt(100 * whole)} %, {_fmt(100 * steady) if steady is not None else '–'} %"
 
 
 def table(path: Path) -> str:
@@ -40,20 +48,13 @@ def table(path: Path) -> str:
         f"{path} ({record.get('status')}, {record.get('provenance', {}).get('device', '?')}, "
         f"allocator {record.get('provenance', {}).get('cuda_alloc_conf')})",
         "",
-        "| phase | s | items | per s | steady per s | peak allocated GiB | peak reserved GiB "
-        "| plan GiB |",
-        "|---|---|---|---|---|---|---|---|",
+        "| phase | s | items | per s | steady per s | MFU, steady | peak allocated GiB "
+        "| peak reserved GiB | plan GiB |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for phase in phases:
         key = f"perf/{phase}"
-        unit = next(
-            (
-                k.rsplit("/", 1)[1][: -len("_per_s")]
-                for k in m
-                if k.startswith(key + "/") and k.endswith("_per_s") and "/steady_" not in k
-            ),
-            None,
-        )
+        unit = next((u for u in UNITS if f"{key}/{u}" in m), None)
         plan = PLANNED.get(phase.split("/")[0])
         lines.append(
             "| "
@@ -64,6 +65,7 @@ def table(path: Path) -> str:
                     f"{int(m[f'{key}/{unit}'])} {unit}" if unit else "",
                     _fmt(m.get(f"{key}/{unit}_per_s"), 2) if unit else "",
                     _fmt(m.get(f"{key}/steady_{unit}_per_s"), 2) if unit else "",
+                    _percent(m.get(f"{key}/mfu"), m.get(f"{key}/steady_mfu")),
                     _fmt(m.get(f"{key}/peak_allocated_gib")),
                     _fmt(m.get(f"{key}/peak_reserved_gib")),
                     _fmt(m.get(plan)) if plan else "",

@@ -24,6 +24,9 @@ GIB = 1024**3
 # Its metrics' prefix: results.json keeps them apart from the scores (`perf`, not `metrics`),
 # which the same seed reproduces and these timings never do.
 PERF_PREFIX = "perf/"
+# Set by VQAModule on each training batch while it is still on the host: its sample, token and
+# image-patch counts (medvqa.models.flops.add_batch), which SampleCounter sums without a GPU sync.
+BATCH_COUNTS_KEY = "batch_counts"
 
 
 @dataclass
@@ -37,6 +40,8 @@ class Phase:
     # the first half, where compilation, the allocator's growth and the first step's set-up fall
     marks: list[tuple[float, int]] = field(default_factory=list)
     start: float = 0.0
+    sums: dict[str, float] = field(default_factory=dict)  # this rank's batch counts
+    extra: dict[str, float] = field(default_factory=dict)  # derived afterwards (`note`: MFU)
 
     def mark(self, items: int) -> None:
         """Add `items` done by now (a training micro-batch)."""
@@ -87,7 +92,16 @@ def measured(name: str, unit: str = "") -> Iterator[Phase]:
         total.peak_allocated = max(total.peak_allocated, current.peak_allocated)
         total.peak_reserved = max(total.peak_reserved, current.peak_reserved)
         total.marks = current.marks or total.marks  # the steady rate of the last entry
+        for key, value in current.sums.items():
+            total.sums[key] = total.sums.get(key, 0.0) + value
         log.info("measured %s: %s", name, _describe(current))
+
+
+def note(name: str, values: dict[str, float]) -> None:
+    """Add figures derived from a finished phase (the fit's MFU) to its `perf/<name>/...`."""
+    if values:
+        _phases.setdefault(name, Phase()).extra.update(values)
+        log.info("measured %s: %s", name, ", ".join(f"{k} {v:.4g}" for k, v in values.items()))
 
 
 def _describe(p: Phase) -> str:
@@ -119,6 +133,8 @@ def metrics() -> dict[str, float]:
             out[f"{key}/{p.unit}_per_s"] = p.items / p.seconds if ok else float("nan")
             if p.marks:
                 out[f"{key}/steady_{p.unit}_per_s"] = p.steady_rate
+        for name_, value in p.extra.items():
+            out[f"{key}/{name_}"] = value
         if p.peak_reserved:
             out[f"{key}/peak_allocated_gib"] = p.peak_allocated / GIB
             out[f"{key}/peak_reserved_gib"] = p.peak_reserved / GIB
@@ -126,10 +142,13 @@ def metrics() -> dict[str, float]:
 
 
 class SampleCounter(Callback):
-    """Adds the training samples of every micro-batch, over all ranks, to the `fit` phase."""
+    """Adds the training samples of every micro-batch, over all ranks, to the `fit` phase, and
+    this rank's batch counts (`BATCH_COUNTS_KEY`) to its `sums`."""
 
     def __init__(self, phase: Phase) -> None:
         self.phase = phase
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # type: ignore[no-untyped-def]
         self.phase.mark(int(batch["input_ids"].shape[0]) * trainer.world_size)
+        for key, value in (batch.get(BATCH_COUNTS_KEY) or {}).items():
+            self.phase.sums[key] = self.phase.sums.get(key, 0.0) + float(value)

@@ -61,6 +61,9 @@ def test_results_record(smoke_run: Path) -> None:
     assert perf["perf/generate/predictions/rows"] == 24
     assert perf["perf/load/seconds"] > 0 and perf["perf/score/seconds"] > 0
     assert not any(k.endswith("peak_reserved_gib") for k in perf)  # no GPU here
+    # tokens/s and FLOPs from the host-side batch counts; MFU needs a GPU's peak: NaN here
+    assert perf["perf/fit/tokens_per_s"] > perf["perf/fit/samples_per_s"]
+    assert perf["perf/fit/tflop_per_sample"] > 0 and perf["perf/fit/mfu"] is None
 
 
 def test_the_per_phase_table_reads_the_record(smoke_run: Path) -> None:

@@ -223,10 +223,11 @@ def _bench(script: str = "gpu"):
 
 def test_model_flops_of_llava_med_lora_by_hand(cache_dir: Path) -> None:
     """LLaVA-Med v1.5 (Mistral-7B + CLIP-L/336) with the shipped LoRA, built on the meta device:
-    the benchmark's FLOPs per SLAKE-shaped sample equal the formula written out by hand."""
+    the FLOPs per SLAKE-shaped sample (medvqa.models.flops: the benchmark's count and a run's)
+    equal the formula written out by hand."""
+    from medvqa.models import flops as bench
     from medvqa.models.architectures import load_architecture, meta_model
 
-    bench = _bench()
     cfg = compose(["model=llava_med", "peft=lora"], cache_dir)
     config, _ = load_architecture(cfg.model.pretrained)
     model = apply_method(meta_model(config), cfg.peft, roles(cfg.model))
@@ -256,6 +257,25 @@ def test_model_flops_of_llava_med_lora_by_hand(cache_dir: Path) -> None:
     )
     assert flops == by_hand
     assert 17.5e12 < flops < 18.5e12  # ~18 TFLOP per sample, as the issue estimated
+
+
+def test_a_batch_is_counted_on_the_host_as_the_flops_need_it() -> None:
+    """The counts a run sums per training batch (VQAModule.on_before_batch_transfer, before
+    the batch goes to the GPU): samples, tokens and squared lengths from the attention mask,
+    labelled positions, and LLaVA's patches per image from the pixels (+ the class token)."""
+    from medvqa.models.flops import add_batch, new_sums
+
+    batch = {
+        "attention_mask": torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]]),
+        "labels": torch.tensor([[-100, -100, 5, -100], [-100, -100, 6, 7]]),
+        "pixel_values": torch.zeros(2, 3, 28, 28),
+    }
+    sums = new_sums()
+    add_batch(sums, batch, patch_size=14)
+    assert sums == {
+        "samples": 2, "tokens": 7, "tokens_sq": 9 + 16, "labelled": 3, "positions": 8,
+        "patches": 2 * 5, "patches_sq": 2 * 25, "projected": 2 * 4,
+    }  # fmt: skip
 
 
 def test_the_gpu_benchmark_runs_on_a_shrunk_shape(tmp_path: Path) -> None:

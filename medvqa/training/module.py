@@ -15,7 +15,9 @@ from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.utilities import GradClipAlgorithmType
 from transformers import get_cosine_schedule_with_warmup
 
+from medvqa.measure import BATCH_COUNTS_KEY
 from medvqa.models.adapters import role_parameters
+from medvqa.models.flops import add_batch, new_sums
 from medvqa.models.prompting import IGNORE_INDEX
 from medvqa.training.datamodule import META_KEY, STEP_TOKENS_KEY
 from medvqa.training.spec import PeftSchema
@@ -31,6 +33,8 @@ NO_STEP = 2**62  # "no non-finite loss yet", the identity of the ranks' min-redu
 FUSED_DEVICES: tuple[str, ...] = ("cuda",)
 # Where `on_before_batch_transfer` puts the batch's `label_positions`.
 POSITIONS_KEY = "label_positions"
+# What a batch carries beside the model's inputs.
+BATCH_EXTRAS = (META_KEY, POSITIONS_KEY, STEP_TOKENS_KEY, BATCH_COUNTS_KEY)
 
 
 def accepts_logits_to_keep(model: torch.nn.Module) -> bool:
@@ -203,10 +207,19 @@ class VQAModule(L.LightningModule):
             )
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        # Still on the host: where the labels are is known without waiting for the GPU.
-        if self.label_logits_only and isinstance(batch, dict) and "labels" in batch:
-            batch[POSITIONS_KEY] = label_positions(batch["labels"])
+        # Still on the host: where the labels are, and what the batch holds (the run's own
+        # throughput and MFU, medvqa.measure), are known without waiting for the GPU.
+        if isinstance(batch, dict) and "labels" in batch:
+            if self.label_logits_only:
+                batch[POSITIONS_KEY] = label_positions(batch["labels"])
+            counts = new_sums()
+            add_batch(counts, batch, self._patch_size())
+            batch[BATCH_COUNTS_KEY] = counts
         return batch
+
+    def _patch_size(self) -> int:
+        vision = getattr(self.model.config, "vision_config", None)
+        return int(getattr(vision, "patch_size", 0) or 0) or 1
 
     def _loss(self, batch: dict[str, Any]) -> torch.Tensor:
         """The batch's cross-entropy summed over its label tokens, divided so that the
@@ -216,9 +229,7 @@ class VQAModule(L.LightningModule):
         the ranks' gradients (DeepSpeed does both, and divides by its accumulation steps once
         more), so the count is shared out by those factors. A batch without a step count (the
         validation loader, a loader of one's own) gets its own token mean."""
-        inputs = {
-            k: v for k, v in batch.items() if k not in (META_KEY, POSITIONS_KEY, STEP_TOKENS_KEY)
-        }
+        inputs = {k: v for k, v in batch.items() if k not in BATCH_EXTRAS}
         normalizer = self._normalizer(batch)
         if self.label_logits_only:
             return causal_lm_loss(self.model, inputs, batch.get(POSITIONS_KEY), normalizer)
