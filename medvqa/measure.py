@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from lightning.pytorch.callbacks import Callback
@@ -58,6 +59,13 @@ class Phase:
 
 
 _phases: dict[str, Phase] = {}
+
+
+def split_perf(metrics: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the scores, the `perf/...` measurements) of a flat metrics mapping: results.json and a
+    W&B run's record keep them apart."""
+    scores = {k: v for k, v in metrics.items() if not str(k).startswith(PERF_PREFIX)}
+    return scores, {k: v for k, v in metrics.items() if str(k).startswith(PERF_PREFIX)}
 
 
 def reset() -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 from medvqa import REPO_ROOT
 from medvqa.hashing import content_hash
+from medvqa.training.hardware import ALLOC_CONF_ENV
 
 log = logging.getLogger(__name__)
 
@@ -77,12 +78,12 @@ def device() -> str:
 
 def environment() -> dict[str, Any]:
     """What the runner records before the task starts (the CUDA allocator's settings too: they
-    change the memory a job reserves, docs/gpus.md#a-whole-job-on-one-gpu)."""
+    change the memory a job reserves, docs/gpus.md#a-whole-job-on-one-gpu-make-gpu-check)."""
     return {
         "git": git_state(),
         "versions": versions(),
         "device": device(),
-        "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+        "cuda_alloc_conf": os.environ.get(ALLOC_CONF_ENV),
     }
 
 

@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from medvqa.atomic import write_file
 from medvqa.hashing import Hasher
-from medvqa.measure import PERF_PREFIX
+from medvqa.measure import split_perf
 from medvqa.redaction import redact_secrets
 
 log = logging.getLogger(__name__)
@@ -82,8 +82,7 @@ class RunRecord:
     def write(self, status: str, metrics: Mapping[str, float] | None = None, **extra: Any) -> Path:
         if status not in STATUSES:
             raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
-        scores = {k: v for k, v in (metrics or {}).items() if not k.startswith(PERF_PREFIX)}
-        perf = {k: v for k, v in (metrics or {}).items() if k.startswith(PERF_PREFIX)}
+        scores, perf = split_perf(metrics or {})
         record = {
             "status": status,
             "task": self.task,

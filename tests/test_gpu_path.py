@@ -5,6 +5,7 @@ several jobs of one sweep in one process."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -330,7 +331,6 @@ def test_the_fit_trains_with_the_layout_the_plan_chose(
     from medvqa.models.adapters import apply_method
     from medvqa.models.loading import roles
     from medvqa.models.prompting import PLAIN
-    from medvqa.planning.memory import Setup
     from medvqa.tasks import train_eval
     from medvqa.training.module import VQAModule
 
@@ -360,10 +360,7 @@ def test_the_fit_trains_with_the_layout_the_plan_chose(
         source = instantiate(cfg.dataset)
         table = source.table()
         frames = {"train": table.head(16), "val": table.head(4)}
-        planned = Setup.__new__(Setup)  # only the layout is read
-        object.__setattr__(planned, "micro_batch", 2)
-        object.__setattr__(planned, "accumulate", 2)
-        object.__setattr__(planned, "checkpoint_every", 0)
+        planned = SimpleNamespace(micro_batch=2, accumulate=2, checkpoint_every=0)  # a layout
         seen.clear()
         steps = train_eval._fit(
             cfg, model, roles(cfg.model), processor, frames, source, PLAIN, tmp_path / setting,

@@ -29,7 +29,7 @@ from hydra.utils import get_class
 from medvqa import CONF_DIR
 from medvqa.analysis.summary import COLUMNS
 from medvqa.evaluation.scoring import unreliable
-from medvqa.measure import PERF_PREFIX
+from medvqa.measure import split_perf
 from medvqa.record import DISPLAY_NAMES, RESULTS_FILE, SUMMARY_PREFIX, read_record
 
 log = logging.getLogger(__name__)
@@ -604,8 +604,7 @@ def wandb_run_record(run: Any) -> dict[str, Any]:
         and isinstance(v, int | float)
         and not isinstance(v, bool)
     }
-    metrics = {k: v for k, v in numbers.items() if not k.startswith(PERF_PREFIX)}
-    perf = {k: v for k, v in numbers.items() if k.startswith(PERF_PREFIX)}  # as results.json
+    metrics, perf = split_perf(numbers)  # as results.json keeps them
     state = str(getattr(run, "state", "finished"))
     # The run's own status (diverged, incomplete) where it logged one; W&B's state otherwise.
     status = str(summary.get(f"{SUMMARY_PREFIX}status") or _WANDB_STATES.get(state, state))

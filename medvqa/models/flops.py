@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from medvqa.models.prompting import IGNORE_INDEX
+from medvqa.measure import Phase
+from medvqa.models.prompting import labelled_tokens
 
 # Dense bf16 tensor-core peak, FLOP/s (vendor data sheets, without sparsity).
 PEAK_BF16 = {"H100 SXM": 989e12, "H100 NVL": 835e12, "H100 PCIe": 756e12, "H200": 989e12,
@@ -161,7 +162,7 @@ def add_batch(sums: dict[str, float], batch: Mapping[str, Any], patch_size: int)
     sums["tokens_sq"] += float((lengths**2).sum())
     sums["positions"] += float(batch["attention_mask"].numel())  # logits at every position
     if "labels" in batch:
-        sums["labelled"] += float((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
+        sums["labelled"] += float(labelled_tokens(batch["labels"]))
     grid = batch.get("image_grid_thw")
     if grid is not None:  # Qwen: patches per image from the grid, 4 patches per LLM token
         per_image = grid.prod(dim=1).double()
@@ -207,3 +208,26 @@ def step_flops(
         sums["patches_sq"],
         sums["projected"],
     )
+
+
+def fit_rates(
+    model: torch.nn.Module, roles_: Any, phase: Phase, world_size: int
+) -> dict[str, float]:
+    """The fit's tokens/s and model-FLOPs utilisation from this rank's batch counts (`add_batch`,
+    with the FLOP count `benchmarks/gpu.py` uses), over the whole fit and its
+    steady second half (the whole fit's FLOPs per sample at the steady rate). MFU is NaN where
+    the GPU's peak is unknown (the CPU) or the family's image FLOPs are not counted."""
+    sums = phase.sums
+    if not sums.get("samples") or phase.seconds <= 0:
+        return {}
+    out = {"tokens_per_s": sums["tokens"] * world_size / phase.seconds}
+    config = model.config
+    peak = peak_flops(torch.cuda.get_device_name()) if torch.cuda.is_available() else None
+    if getattr(config, "model_type", None) not in COUNTED_FAMILIES:
+        return {**out, "mfu": float("nan")}
+    per_sample = step_flops(model, roles_, config, sums) / sums["samples"]
+    out["tflop_per_sample"] = per_sample / 1e12
+    rate = phase.items / phase.seconds  # samples/s over all ranks
+    out["mfu"] = per_sample * rate / world_size / peak if peak else float("nan")
+    out["steady_mfu"] = per_sample * phase.steady_rate / world_size / peak if peak else float("nan")
+    return out

@@ -30,6 +30,13 @@ VIRTUAL_TOKEN = "<medvqa_vt_{}>"
 _VIRTUAL = re.compile(r"^<medvqa_vt_(\d+)>$")
 
 
+def labelled_tokens(labels: torch.Tensor) -> torch.Tensor:
+    """How many tokens of `labels` carry a label, as transformers' shifted causal-LM loss counts
+    them (position p predicts token p + 1). On the tensor's device: on the host it costs nothing,
+    on a GPU reading it back waits for the GPU."""
+    return (labels[:, 1:] != IGNORE_INDEX).sum()
+
+
 def virtual_prefix(processor: Any) -> str:
     """The virtual tokens the tokenizer carries (none unless prompt tuning added them)."""
     tok = processor.tokenizer

@@ -34,6 +34,7 @@ from medvqa.planning.memory import (
     fixes,
     headline,
     layouts,
+    speed_order,
     step_time,
 )
 from medvqa.planning.memory import refusal as refusal_text
@@ -62,7 +63,7 @@ def plan(
     print_plan(result)
     if checkpoint_every(cfg.model.gradient_checkpointing) is None:
         print_layouts(result.setup)
-    metrics = {f"plan/{key}": value for key, value in describe(result).items()}
+    metrics = plan_metrics(result)
     log_metrics(loggers, metrics)
     if not result.fits:
         raise PlanError(refusal_text(result, fixes(result.setup)))
@@ -90,8 +91,12 @@ def check_fits(cfg: DictConfig) -> tuple[Setup | None, dict[str, float]]:
             + "\n(task=plan prints the whole plan; task.check_memory=false skips this check.)"
         )
     log.info("memory pre-flight: %s", headline(result))
-    estimates = {f"plan/{key}": float(value) for key, value in describe(result).items()}
-    return result.setup, estimates
+    return result.setup, plan_metrics(result)
+
+
+def plan_metrics(result: Plan) -> dict[str, float]:
+    """The plan as `plan/...` metrics (results.json, the loggers)."""
+    return {f"plan/{key}": float(value) for key, value in describe(result).items()}
 
 
 def print_layouts(chosen: Setup, console: Console | None = None) -> None:
@@ -104,13 +109,9 @@ def print_layouts(chosen: Setup, console: Console | None = None) -> None:
     for column in ("micro-batch x accumulation", "checkpointing", "training GiB", "fits", "speed"):
         view.add_column(column, justify="right")
     mine = step_time(chosen)
-    rows = sorted(layouts(chosen), key=lambda c: (step_time(c), -c.micro_batch))
-    for c in rows:
+    for c in sorted(layouts(chosen), key=speed_order):
         plan = estimate(c)
-        picked = (c.micro_batch, c.checkpoint_every) == (
-            chosen.micro_batch,
-            chosen.checkpoint_every,
-        )
+        picked = c == chosen
         view.add_row(
             f"{c.micro_batch} x {c.accumulate}",
             checkpointing_label(c.checkpoint_every),

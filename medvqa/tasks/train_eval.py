@@ -33,7 +33,7 @@ from medvqa.models.adapters import (
     compiled_decoder_layers,
     enable_gradient_checkpointing,
 )
-from medvqa.models.flops import COUNTED_FAMILIES, peak_flops, step_flops
+from medvqa.models.flops import fit_rates
 from medvqa.models.loading import load_vlm, roles
 from medvqa.models.saving import load_trainable, save_trainable, trained_before
 from medvqa.planning.memory import Setup, checkpointing_label
@@ -314,28 +314,5 @@ def _fit(
     ):
         trainer.callbacks.append(measure.SampleCounter(phase))
         trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
-    measure.note("fit", throughput(model, roles_, phase, trainer.world_size))
+    measure.note("fit", fit_rates(model, roles_, phase, trainer.world_size))
     return int(trainer.global_step)
-
-
-def throughput(
-    model: torch.nn.Module, roles_: Any, phase: measure.Phase, world_size: int
-) -> dict[str, float]:
-    """The fit's tokens/s and model-FLOPs utilisation from this rank's batch counts
-    (`medvqa.models.flops`, the count `benchmarks/gpu.py` uses), over the whole fit and its
-    steady second half (the whole fit's FLOPs per sample at the steady rate). MFU is NaN where
-    the GPU's peak is unknown (the CPU) or the family's image FLOPs are not counted."""
-    sums = phase.sums
-    if not sums.get("samples") or phase.seconds <= 0:
-        return {}
-    out = {"tokens_per_s": sums["tokens"] * world_size / phase.seconds}
-    config = model.config
-    peak = peak_flops(torch.cuda.get_device_name()) if torch.cuda.is_available() else None
-    if getattr(config, "model_type", None) not in COUNTED_FAMILIES:
-        return {**out, "mfu": float("nan")}
-    per_sample = step_flops(model, roles_, config, sums) / sums["samples"]
-    out["tflop_per_sample"] = per_sample / 1e12
-    rate = phase.items / phase.seconds  # samples/s over all ranks
-    out["mfu"] = per_sample * rate / world_size / peak if peak else float("nan")
-    out["steady_mfu"] = per_sample * phase.steady_rate / world_size / peak if peak else float("nan")
-    return out

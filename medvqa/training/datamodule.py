@@ -28,7 +28,7 @@ from medvqa.data.base import VQASource
 from medvqa.data.shifts import IMAGE_TRANSFORM
 from medvqa.data.transforms import apply_transform
 from medvqa.distributed import host_sum
-from medvqa.models.prompting import IGNORE_INDEX, PLAIN, PromptTemplate, encode, pad_batch
+from medvqa.models.prompting import PLAIN, PromptTemplate, encode, labelled_tokens, pad_batch
 from medvqa.training.spec import DataSchema
 
 log = logging.getLogger(__name__)
@@ -232,7 +232,7 @@ def label_tokens(batch: Any) -> int:
     """The tokens of a training batch that carry a label (the loss's terms), counted on the
     host as transformers' shifted loss counts them (0 for a batch without labels)."""
     labels = batch.get("labels") if isinstance(batch, Mapping) else None
-    return 0 if labels is None else int((labels[:, 1:] != IGNORE_INDEX).sum())
+    return 0 if labels is None else int(labelled_tokens(labels))
 
 
 def random_state() -> dict[str, torch.Tensor]:

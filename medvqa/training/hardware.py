@@ -26,7 +26,8 @@ def configure_cuda_allocator(setting: str | None, environ: Any = os.environ) -> 
     GPU, for this process and the ranks it starts (they inherit the environment). A value the
     user exported wins; null leaves PyTorch's default. Why a default at all: on an H200 the
     study's 7B LoRA fit reserved 120.2 GiB for 103.2 allocated with PyTorch's default segments,
-    104.0 with expandable ones, at the same speed (docs/gpus.md#a-whole-job-on-one-gpu)."""
+    104.0 with expandable ones, at the same speed
+    (docs/gpus.md#a-whole-job-on-one-gpu-make-gpu-check)."""
     if not setting:
         return
     current = environ.get(ALLOC_CONF_ENV)

@@ -18,7 +18,7 @@ from transformers import get_cosine_schedule_with_warmup
 from medvqa.measure import BATCH_COUNTS_KEY
 from medvqa.models.adapters import role_parameters
 from medvqa.models.flops import add_batch, new_sums
-from medvqa.models.prompting import IGNORE_INDEX
+from medvqa.models.prompting import IGNORE_INDEX, labelled_tokens
 from medvqa.training.datamodule import META_KEY, STEP_TOKENS_KEY
 from medvqa.training.spec import PeftSchema
 
@@ -90,7 +90,7 @@ def causal_lm_loss(
         ignore_index=IGNORE_INDEX,
         reduction="sum",
     )
-    return total / ((targets != IGNORE_INDEX).sum() if normalizer is None else normalizer)
+    return total / (labelled_tokens(labels) if normalizer is None else normalizer)
 
 
 def causal_lm_loss_unpruned(
@@ -102,7 +102,7 @@ def causal_lm_loss_unpruned(
     labels = inputs.get("labels")
     if labels is None or normalizer is None:
         return loss
-    return loss * (labels[:, 1:] != IGNORE_INDEX).sum() / normalizer
+    return loss * labelled_tokens(labels) / normalizer
 
 
 class Diverged(RuntimeError):
@@ -243,12 +243,11 @@ class VQAModule(L.LightningModule):
 
     def _token_mean(self, loss: torch.Tensor, batch: dict[str, Any]) -> torch.Tensor:
         """This micro-batch's own mean token cross-entropy (what `train/loss` shows), from the
-        step-normalised `loss`; on the device, no host sync."""
+        step-normalised `loss` and the batch's label count taken on the host (no GPU sync)."""
         normalizer = self._normalizer(batch)
         if normalizer is None:
             return loss.detach()
-        count = (batch["labels"][:, 1:] != IGNORE_INDEX).sum().clamp(min=1)
-        return loss.detach() * normalizer / count
+        return loss.detach() * normalizer / max(1.0, batch[BATCH_COUNTS_KEY]["labelled"])
 
     def _split_factor(self) -> int:
         """What the frameworks divide a micro-batch's gradient by (see `_loss`)."""
