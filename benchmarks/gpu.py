@@ -34,7 +34,6 @@ line per row as it is measured.
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import gc
 import json
@@ -68,7 +67,12 @@ from medvqa.models.adapters import (  # noqa: E402
     enable_gradient_checkpointing,
     merged_adapters,
 )
-from medvqa.models.architectures import image_tokens, load_architecture, qwen_resize  # noqa: E402
+from medvqa.models.architectures import (  # noqa: E402
+    image_tokens,
+    load_architecture,
+    qwen_resize,
+    shrink,
+)
 from medvqa.models.flops import (  # noqa: E402
     add_batch,
     attention_shape,
@@ -211,30 +215,6 @@ def loader(data: SyntheticVQA, batch: int, cuda: bool, padding_side: str) -> Dat
 
 
 # --- the model ---------------------------------------------------------------------------------
-
-
-def shrink(config: Any) -> Any:
-    """`config` with two narrow layers per tower: the same classes and code paths, CPU-sized."""
-    small = copy.deepcopy(config)
-    text = small.get_text_config(decoder=True)
-    text.num_hidden_layers = 2
-    if getattr(text, "layer_types", None):
-        text.layer_types = list(text.layer_types)[:2]
-    qwen = small.model_type.startswith("qwen")
-    # Qwen's M-RoPE sections must add up to half the head size: keep 128-wide heads there.
-    text.hidden_size, text.num_attention_heads, text.num_key_value_heads = (
-        (128, 1, 1) if qwen else (64, 4, 2)
-    )
-    text.head_dim = text.hidden_size // text.num_attention_heads
-    text.intermediate_size = 2 * text.hidden_size
-    vision = small.vision_config
-    vision.hidden_size, vision.intermediate_size = 64, 128
-    if qwen:
-        vision.depth, vision.num_heads, vision.out_hidden_size = 2, 4, text.hidden_size
-        vision.fullatt_block_indexes = [1]
-    else:
-        vision.num_hidden_layers, vision.num_attention_heads = 2, 4
-    return small
 
 
 def build_model(cfg: Any, device: torch.device, small: bool) -> tuple[Any, Any, Any]:

@@ -1,22 +1,22 @@
 #!/bin/bash
 # `make gpu-check`: one SURE job at LLaVA-Med-7B shape on one GPU, without the hub, then DeepSpeed
-# ZeRO-2 full fine-tuning with a resume. A random-weight checkpoint of the real architecture
-# (benchmarks/random_checkpoint.py) runs the study's defaults end to end (the plan's check on this
-# GPU, loading, zero-shot answers, 16 optimiser steps, generation, scoring on 256 + 256 test rows);
-# then a small LLaVA of the same processor trains 6 steps under ZeRO-2, and again to step 9 from
-# its last checkpoint (the dry run: 2, then 3). Writes summary.txt (stage exit codes and seconds), smi.csv (GPU memory
-# twice a second), each stage's output and run, and the per-phase tables (the runs' own
-# perf/... and plan/... metrics) to $GPU_CHECK_OUT. About 5 minutes on an H200.
+# ZeRO-2 full fine-tuning with a resume. A rehearsal (model=llava_med model.random_weights=true:
+# the real architecture with seeded random weights drawn on the GPU, a stand-in tokenizer) runs
+# the study's defaults end to end (the plan's check on this GPU, loading, zero-shot answers, 16
+# optimiser steps, generation, scoring on 256 + 256 test rows); then the same architecture shrunk
+# (model.random_weights=shrunk) trains 6 steps under ZeRO-2, and again to step 9 from its last
+# checkpoint (the dry run: 2, then 3). Writes summary.txt (stage exit codes and seconds), smi.csv
+# (GPU memory twice a second), each stage's output and run, and the per-phase tables (the runs'
+# own perf/... and plan/... metrics) to $GPU_CHECK_OUT. About 5 minutes on an H200.
 # Run from the project root with the project importable and its gpu extra installed.
-# --cpu: a dry run of the same stages on this machine (the small checkpoint for both, float32,
-# a few steps, DeepSpeed's CPU test strategy): it checks the script, its figures mean nothing
+# --cpu: a dry run of the same stages on this machine (shrunk for both, float32, a few steps,
+# DeepSpeed's CPU test strategy): it checks the script, its figures mean nothing
 # (tests/test_gpu_check.py, `make test-slow`).
 set -u
 CPU=0
 [ "${1:-}" = "--cpu" ] && CPU=1
 PY=${PYTHON:-python3}
 OUT=${GPU_CHECK_OUT:-$PWD/logs/gpu-check}
-CK=${CKPT_DIR:-/dev/shm}  # ~15 GB for the 7B checkpoint
 mkdir -p "$OUT"
 S=$OUT/summary.txt
 : >"$S"
@@ -45,32 +45,28 @@ stage() { # name seconds command...
   [ $rc -eq 0 ] || { FAILED=1; tail -n 20 "$OUT/$name.out" >>"$S"; }
 }
 RUN="$PY run.py +experiment=synthetic_modality logger=csv trainer.enable_progress_bar=false"
-# The dry run: the small checkpoint for the job too, trainer=cpu in float32, a few rows and steps;
+# The dry run: the shrunk architecture for the job too, trainer=cpu in float32, a few rows and steps;
 # ZeRO-2 through DeepSpeed's CPU test strategy. T scales the stages' time limits.
 if [ $CPU = 1 ]; then
-  BIG=(--small) T=3 TEST_ROWS=4 STEPS=(2 3) ZERO2_BATCH=2 EVERY=1
+  BIG=shrunk T=3 TEST_ROWS=4 STEPS=(2 3) ZERO2_BATCH=2 EVERY=1
   JOB=(trainer=cpu model.dtype=float32 trainer.max_steps=2 data.batch_size=4 data.eval_batch_size=8 data.limit.val=4)
   ZERO2_ON=(trainer.precision=bf16-mixed data.limit.val=4
     "trainer.strategy={_target_: tests.zero2_cpu.CPUZero2Strategy, exclude_frozen_parameters: true}")
 else
-  BIG=() T=1 TEST_ROWS=64 STEPS=(6 9) ZERO2_BATCH=8 EVERY=3
+  BIG=true T=1 TEST_ROWS=64 STEPS=(6 9) ZERO2_BATCH=8 EVERY=3
   JOB=(trainer=gpu trainer.max_steps=16 data.limit.test_iid=256 data.limit.test_ood=256)
   ZERO2_ON=(trainer=deepspeed_zero2 trainer.devices=1)
 fi
 [ $CPU = 1 ] && JOB+=(data.limit.test_iid=$TEST_ROWS data.limit.test_ood=$TEST_ROWS)
-stage ckpt7b $((150 * T)) $PY benchmarks/random_checkpoint.py "$CK/llavamed-random" "${BIG[@]}"
-stage job7b $((400 * T)) $RUN study=sure_vqa model.pretrained="$CK/llavamed-random" "${JOB[@]}" \
+stage job7b $((400 * T)) $RUN study=sure_vqa model=llava_med model.random_weights=$BIG "${JOB[@]}" \
   hydra.run.dir="$OUT/job7b"
-rm -rf "$CK/llavamed-random"
-stage ckptsmall $((60 * T)) $PY benchmarks/random_checkpoint.py "$CK/llava-small-random" --small
-ZERO2="model=llava_med model.pretrained=$CK/llava-small-random
+ZERO2="model=llava_med model.random_weights=shrunk
   peft=full data.batch_size=$ZERO2_BATCH data.limit.test_iid=$TEST_ROWS data.limit.test_ood=$TEST_ROWS
   callbacks.model_checkpoint.every_n_train_steps=$EVERY hydra.run.dir=$OUT/zero2"
 stage zero2 $((150 * T)) $RUN $ZERO2 trainer.max_steps=${STEPS[0]} "${ZERO2_ON[@]}"
 cp "$OUT/zero2/results.json" "$OUT/zero2_first_results.json" 2>/dev/null
 stage zero2_resume $((150 * T)) $RUN $ZERO2 trainer.max_steps=${STEPS[1]} ckpt_path=last force=true \
   "${ZERO2_ON[@]}"
-rm -rf "$CK/llava-small-random"
 echo "done ${SECONDS}s" >>"$S"
 $PY benchmarks/gpu_check_table.py "$OUT"/job7b/results.json "$OUT"/zero2_first_results.json \
   "$OUT"/zero2/results.json >"$OUT/tables.md" 2>>"$S"

@@ -13,7 +13,15 @@ import math
 from pathlib import Path
 
 # a job's phases in the order it runs them; others after
-ORDER = ["load", "generate/predictions_zero_shot", "fit", "generate/predictions", "score"]
+ORDER = [
+    "plan",
+    "data",
+    "load",
+    "generate/predictions_zero_shot",
+    "fit",
+    "generate/predictions",
+    "score",
+]
 # what a phase counts (medvqa.measure: the fit's samples, a generation's rows)
 UNITS = ("samples", "rows")
 # phase -> the plan's estimate of its per-GPU peak (task=plan's rows)

@@ -337,9 +337,13 @@ def _value_problems(cfg: DictConfig) -> list[str]:
             f"trainer.min_epochs={min_epochs}: above trainer.max_epochs={max_epochs}; lower it "
             "or raise trainer.max_epochs"
         )
-    if _plain(OmegaConf.select(cfg, "model.liger_kernels")) and _plain(
-        OmegaConf.select(cfg, "model.compile_layers")
-    ):
+    compile_layers = _plain(OmegaConf.select(cfg, "model.compile_layers"))
+    if compile_layers not in (True, False, "auto", None):
+        problems.append(
+            f"model.compile_layers={_show(compile_layers)}: use auto (compiled on CUDA GPUs, "
+            "eager elsewhere), true or false"
+        )
+    if _plain(OmegaConf.select(cfg, "model.liger_kernels")) and compile_layers is True:
         problems.append(
             "model.liger_kernels=true with model.compile_layers=true: torch.compile cannot trace "
             "Liger's Triton kernels in the decoder layers (measured on an H100); choose one "

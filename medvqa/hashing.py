@@ -15,9 +15,18 @@ from typing import Any
 _CHUNK = 1 << 20
 
 
+def _encodable(value: Any) -> Any:
+    """A set as its sorted items (its iteration order changes with the process's string
+    hashing, e.g. peft's `target_modules`), anything else JSON cannot encode as `str`."""
+    if isinstance(value, set | frozenset):
+        return sorted(value, key=canonical_json)
+    return str(value)
+
+
 def canonical_json(value: Any) -> str:
-    """JSON with sorted keys; values JSON cannot encode (paths, numpy scalars) as `str`."""
-    return json.dumps(value, sort_keys=True, default=str)
+    """JSON with sorted keys and sorted sets; values JSON cannot encode (paths, numpy scalars)
+    as `str`: the same content gives the same text in every process."""
+    return json.dumps(value, sort_keys=True, default=_encodable)
 
 
 def content_hash(value: Any, length: int | None = 16) -> str:

@@ -2,7 +2,8 @@
 rank's peak GPU memory, so a researcher can tell from results.json whether their cluster runs
 as it should (docs/gpus.md has measured figures to compare with).
 
-Phases are named by the code that runs them (`load`, `fit`, `generate/<file stem>`, `score`);
+Phases are named by the code that runs them (`plan`, `data`, `load`, `fit`,
+`generate/<file stem>`, `score`);
 a phase entered again (a job's splits) adds to its time and items and keeps the higher peak.
 Results go to `perf/<phase>/...` metrics next to the run's scores.
 """

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from medvqa.atomic import write_file
 from medvqa.hashing import Hasher
 from medvqa.measure import split_perf
+from medvqa.models.spec import random_weights_kind
 from medvqa.redaction import redact_secrets
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,19 @@ _HOW_TO_RUN = ("force", "ckpt_path", "allow_toy_model")
 # Display names (how tables name a run, a baseline or a method), not what a run computes:
 # editing one must not retrain anything nor split a table's runs.
 DISPLAY_NAMES = ("label", "peft.label")
+
+
+# How the summary and the report say it (medvqa.analysis).
+REHEARSAL_NOTE = "REHEARSAL: random weights (model.random_weights); the scores mean nothing"
+
+
+def is_rehearsal(config: Mapping[str, Any] | None) -> bool:
+    """Whether a run's resolved config drew its model's weights at random
+    (`model.random_weights`): its scores mean nothing, and reports keep it apart."""
+    model = (config or {}).get("model")
+    return (
+        isinstance(model, Mapping) and random_weights_kind(model.get("random_weights")) is not None
+    )
 
 
 def _json_number(value: Any) -> Any:
@@ -95,6 +109,8 @@ class RunRecord:
                 if perf
                 else {}
             ),
+            # random weights (model.random_weights): the pipeline ran, the scores mean nothing
+            "rehearsal": is_rehearsal(self.config),
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.started)),
             "duration_s": round(time.time() - self.started, 2),
             **extra,

@@ -406,6 +406,71 @@ def test_compiled_decoder_layers_train_the_same_weights_and_are_eager_after(
         torch.testing.assert_close(compiled_weights[name], value, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    ("value", "accelerator", "liger", "expected"),
+    [
+        ("auto", "gpu", False, True),
+        ("auto", "cuda", False, True),
+        ("auto", "cpu", False, False),
+        ("auto", "gpu", True, False),  # torch.compile cannot trace Liger's kernels
+        (True, "cpu", False, True),
+        (False, "gpu", False, False),
+    ],
+)
+def test_compile_layers_auto_compiles_on_cuda_gpus_without_liger(
+    value: object, accelerator: str, liger: bool, expected: bool, cache_dir: Path
+) -> None:
+    from medvqa.models.adapters import compiles_layers
+
+    cfg = compose(
+        [f"model.compile_layers={str(value).lower()}", f"model.liger_kernels={str(liger).lower()}"],
+        cache_dir,
+    )
+    assert cfg.model.compile_layers == value or value == "auto"
+    assert compiles_layers(cfg.model, accelerator) is expected
+
+
+def test_compile_layers_is_auto_by_default_and_a_bad_value_is_refused(cache_dir: Path) -> None:
+    from medvqa.config import ConfigError, check_config
+
+    assert compose([], cache_dir).model.compile_layers == "auto"
+    check_config(compose(["model.liger_kernels=true"], cache_dir))  # auto: no conflict
+    with pytest.raises(ConfigError, match=r"model\.compile_layers=fast: use auto"):
+        check_config(compose(["model.compile_layers=fast"], cache_dir))
+
+
+def test_a_layer_that_does_not_compile_runs_eager_under_auto_and_stops_a_forced_fit(
+    tiny_model_dir: Path, cache_dir: Path
+) -> None:
+    """`compile_layers: auto` falls back to eager (torch's warning) where the compiler fails;
+    `true` stops: a user who forced it wants to know."""
+    from medvqa.models.adapters import compiled_decoder_layers, decoder_layers
+    from tests.test_numerics import _lora
+
+    def broken(graph: torch.fx.GraphModule, inputs: list) -> object:
+        raise RuntimeError("this compiler cannot compile anything")
+
+    torch._dynamo.reset()
+    model = _lora(tiny_model_dir, cache_dir)[1]
+    layer = decoder_layers(model)[0]
+    hidden = torch.randn(1, 5, model.config.get_text_config().hidden_size)
+    positions = torch.arange(5)[None]
+    rotary_emb = next(m for n, m in model.named_modules() if n.endswith("rotary_emb"))
+    rotary = rotary_emb(hidden, positions)
+    with torch.no_grad():
+        eager = layer(hidden, position_embeddings=rotary)
+        with compiled_decoder_layers(model, True, fallback=True, backend=broken):
+            fallen_back = layer(hidden, position_embeddings=rotary)
+        torch._dynamo.reset()
+        with (
+            pytest.raises(Exception, match="cannot compile anything"),
+            compiled_decoder_layers(model, True, fallback=False, backend=broken),
+        ):
+            layer(hidden, position_embeddings=rotary)
+    torch.testing.assert_close(fallen_back, eager)
+    torch._dynamo.reset()
+
+
 def test_every_split_is_generated_with_one_prediction_trainer(
     tiny_model_dir: Path, cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -621,21 +686,3 @@ def test_generation_records_each_answers_log_probabilities_as_a_forward_pass_giv
         for t in (0.5, 1.0, 2.0):  # the logits divided by a temperature: the same tokens
             at_t = torch.log_softmax(logits.float() / t, -1)[torch.arange(len(answer)), answer]
             assert by_temperature[str(t)] == pytest.approx(at_t.sum().item(), abs=1e-4)
-
-
-def test_the_random_checkpoint_of_make_gpu_check_loads_as_a_run_loads_it(tmp_path: Path) -> None:
-    """benchmarks/random_checkpoint.py --small writes a LLaVA checkpoint (LLaVA-Med's config,
-    shrunk) that model=llava_med loads from its directory, with its processor."""
-    import subprocess
-
-    out = tmp_path / "llava-small-random"
-    script = ROOT / "benchmarks" / "random_checkpoint.py"
-    proc = subprocess.run(
-        [sys.executable, str(script), str(out), "--small"], cwd=ROOT, capture_output=True, text=True
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    cfg = compose(["model=llava_med", f"model.pretrained={out}", "model.dtype=float32"], tmp_path)
-    model, processor = load_vlm(cfg.model)
-    assert type(model).__name__ == "LlavaForConditionalGeneration"
-    assert model.config.get_text_config(decoder=True).num_hidden_layers == 2
-    assert processor.image_processor.crop_size == {"height": 336, "width": 336}

@@ -30,7 +30,13 @@ from medvqa import CONF_DIR
 from medvqa.analysis.summary import COLUMNS
 from medvqa.evaluation.scoring import unreliable
 from medvqa.measure import split_perf
-from medvqa.record import DISPLAY_NAMES, RESULTS_FILE, SUMMARY_PREFIX, read_record
+from medvqa.record import (
+    DISPLAY_NAMES,
+    RESULTS_FILE,
+    SUMMARY_PREFIX,
+    is_rehearsal,
+    read_record,
+)
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +93,7 @@ ID_COLUMNS = (
     "condition",
     "seed",
     "status",
+    "rehearsal",
     "error",
     "diverged_step",
     "primary_closed",
@@ -360,7 +367,13 @@ def record_rows(record: Mapping[str, Any], source: str) -> list[dict[str, Any]]:
         "error": str(error).strip().splitlines()[-1] if error else None,
         "diverged_step": record.get("diverged_step"),
         "started_at": record.get("started_at"),
+        "duration_s": as_number(record.get("duration_s")),
         "source": source,
+        # random weights: its scores mean nothing (the report keeps it out of real tables)
+        "rehearsal": is_rehearsal(record.get("config")),
+        "device": (record.get("provenance") or {}).get("device"),
+        # what the job measured of itself (medvqa.measure): the report's speed table
+        **{k: as_number(v) for k, v in (record.get("perf") or {}).items()},
     }
     base.update(_provenance(record.get("provenance") or {}))
     # score -> [per-sample column, answer type], for pairing scored tables (analysis.paired)

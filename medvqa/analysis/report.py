@@ -33,6 +33,7 @@ from medvqa.analysis.tables import (
     VIEWS,
     issues_table,
     long_table,
+    perf_table,
     provenance_table,
     slug,
     to_latex,
@@ -40,6 +41,7 @@ from medvqa.analysis.tables import (
     wide_tables,
     write_tables,
 )
+from medvqa.record import REHEARSAL_NOTE
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +59,9 @@ class Report:
     paired: pd.DataFrame
     ranks: pd.DataFrame
     variance: pd.DataFrame
+    perf: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # Why rehearsal runs (random weights) are or are not in the tables ("" when there are none).
+    rehearsal: str = ""
     views: dict[str, dict[str, pd.DataFrame]] = field(default_factory=dict)
     figures: dict[str, Path] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
@@ -71,6 +76,7 @@ def build_report(runs: pd.DataFrame, out_dir: Path | str) -> Report:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     placed = runs[runs["status"] != SKIPPED] if not runs.empty else runs
+    placed, rehearsal = keep_apart(placed)
     long = long_table(placed)
     issues = issues_table(runs)
     files = write_tables(long, issues, out_dir)
@@ -82,9 +88,14 @@ def build_report(runs: pd.DataFrame, out_dir: Path | str) -> Report:
     paired = paired_differences(placed)
     paired.to_csv(out_dir / "paired_differences.csv", index=False)
     files["paired_csv"] = out_dir / "paired_differences.csv"
+    perf = perf_table(runs[runs["status"] != SKIPPED] if not runs.empty else runs)
+    perf.to_csv(out_dir / "perf.csv", index=False)
+    files["perf_csv"] = out_dir / "perf.csv"
     report = Report(
         out_dir=out_dir,
         runs=runs,
+        perf=perf,
+        rehearsal=rehearsal,
         long=long,
         tables=wide_tables(long),
         issues=issues,
@@ -127,6 +138,26 @@ def build_report(runs: pd.DataFrame, out_dir: Path | str) -> Report:
     return report
 
 
+def keep_apart(placed: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """(the rows the tables are made of, a note on rehearsals): rehearsal runs (random
+    weights) never share a table with real runs; where both were given, the rehearsals are
+    left out (listed in the speed table only), and a report of rehearsals only says so."""
+    if placed.empty or "rehearsal" not in placed:
+        return placed, ""
+    mock = placed["rehearsal"].fillna(False).astype(bool)
+    if not mock.any():
+        return placed, ""
+    if mock.all():
+        return placed, f"{REHEARSAL_NOTE}: every run of this report is a rehearsal."
+    n = int((mock & (placed["kind"] == "run")).sum())
+    log.warning("%d rehearsal run(s) (random weights) left out of the tables", n)
+    note = (
+        f"{n} rehearsal run(s) (random weights: model.random_weights) left out of the tables "
+        "and figures; they are in the speed table and runs.csv."
+    )
+    return placed[~mock], note
+
+
 def _img(path: Path) -> str:
     data = base64.b64encode(path.read_bytes()).decode("ascii")
     return f'<img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">'
@@ -158,8 +189,10 @@ def write_html(report: Report) -> Path:
         f"<p>{n_runs} runs ("
         + ", ".join(f"{v} {html.escape(str(k))}" for k, v in sorted(status.items()))
         + f"), {len(report.tables)} shift table(s).</p>",
-        "<h2>Results per shift</h2>",
     ]
+    if report.rehearsal:
+        parts.append(f"<p class='bad'><b>{html.escape(report.rehearsal)}</b></p>")
+    parts.append("<h2>Results per shift</h2>")
     for name, table in report.tables.items():
         parts += [f"<h3>{html.escape(name)}</h3>", _frame_html(table)]
     parts.append(f"<p class='note'>{html.escape(FOOTNOTE)}</p>")
@@ -173,6 +206,18 @@ def write_html(report: Report) -> Path:
         parts.append("<p>None: every run finished.</p>")
     else:
         parts.append(f"<div class='bad'>{_frame_html(report.issues)}</div>")
+    parts.append("<h2>Speed and memory per job</h2>")
+    if report.perf.empty:
+        parts.append("<p>No run recorded its speed (records from before medvqa.measure).</p>")
+    else:
+        parts.append(
+            "<p class='note'>What each job measured of itself (results.json <code>perf</code>): "
+            "the fit's samples/s over the whole fit and its second half (steady, after "
+            "compilation and warm-up), model-FLOPs utilisation over the second half, this "
+            "rank's peak GPU memory against the memory plan's estimate, and the generation "
+            "passes' rows/s; compare with docs/gpus.md (perf.csv).</p>"
+        )
+        parts.append(_frame_html(report.perf, "{:.3g}"))
     parts.append("<h2>Paired differences on the same questions</h2>")
     if report.paired.empty:
         parts.append(

@@ -108,12 +108,13 @@ def _shown(row: pd.Series) -> dict[str, str]:
     }
 
 
-def write_summary(table: pd.DataFrame, out_dir: Path) -> tuple[Path, Path]:
-    """summary.csv (numbers) and summary.md (formatted) in the run directory."""
+def write_summary(table: pd.DataFrame, out_dir: Path, note: str | None = None) -> tuple[Path, Path]:
+    """summary.csv (numbers) and summary.md (formatted, below `note` where there is one: a
+    rehearsal's) in the run directory."""
     csv_path, md_path = out_dir / "summary.csv", out_dir / "summary.md"
     table.to_csv(csv_path, index=False)
     shown = table[["method"]].join(pd.DataFrame([_shown(r) for _, r in table.iterrows()]))
-    md_path.write_text(markdown_table(shown) + "\n")
+    md_path.write_text((f"**{note}**\n\n" if note else "") + markdown_table(shown) + "\n")
     return csv_path, md_path
 
 

@@ -347,6 +347,39 @@ def issues_table(frame: pd.DataFrame) -> pd.DataFrame:
     return bad[cols].sort_values(["table", "method", "seed"]).reset_index(drop=True)
 
 
+# The speed table's columns: (header, the record's perf/ or metrics key). Generation sums the
+# job's passes (zero-shot, after training, extra images): rows over seconds.
+PERF_COLUMNS = (
+    ("fit s", "perf/fit/seconds"),
+    ("samples/s", "perf/fit/samples_per_s"),
+    ("steady samples/s", "perf/fit/steady_samples_per_s"),
+    ("MFU", "perf/fit/steady_mfu"),
+    ("fit peak GiB", "perf/fit/peak_allocated_gib"),
+    ("plan GiB", "plan/train_gib"),
+)
+GENERATION = "perf/generate/"
+
+
+def perf_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per job: what it measured of itself (results.json `perf`), with the device it
+    ran on and the plan's memory estimate, so slow or memory-hungry jobs stand out. A figure a
+    job did not record (no GPU: no peak; no known peak FLOPs: no MFU) is NaN."""
+    cols = ["table", "method", "seed", "device", "rehearsal"]
+    heads = [head for head, _ in PERF_COLUMNS]
+    runs = frame[frame["kind"] == "run"] if not frame.empty else frame
+    if runs.empty or not any(str(c).startswith("perf/") for c in runs.columns):
+        return pd.DataFrame(columns=[*cols, *heads, "generated rows/s", "job s"])
+    out = runs[cols].copy()
+    for head, key in PERF_COLUMNS:
+        out[head] = runs.get(key, math.nan)
+    passes = runs.filter(regex=f"^{re.escape(GENERATION)}.*/rows$").columns
+    rows = runs[passes].sum(axis=1, min_count=1)
+    taken = runs[[c.removesuffix("rows") + "seconds" for c in passes]].sum(axis=1, min_count=1)
+    out["generated rows/s"] = rows / taken
+    out["job s"] = runs.get("duration_s", math.nan)
+    return out.sort_values(["table", "method", "seed"]).reset_index(drop=True)
+
+
 # --- writers -----------------------------------------------------------------------------
 
 _LATEX_ESCAPES = {

@@ -7,7 +7,7 @@ import json
 import logging
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from hydra.utils import instantiate
@@ -15,8 +15,13 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
 import medvqa.models.processors  # noqa: F401  (registers torchvision-free processors)
+from medvqa.models.architectures import load_architecture, shrink
 from medvqa.models.prompting import chat_template
-from medvqa.models.spec import ModelSchema
+from medvqa.models.rehearsal import random_vlm
+from medvqa.models.spec import SHRUNK, ModelSchema, random_weights_kind
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +95,21 @@ def resolve_pretrained(model_cfg: Any) -> str:
     return str(model_cfg.pretrained)
 
 
+def random_weights(model_cfg: Any) -> str | None:
+    """`model.random_weights` as None (the checkpoint's weights), "full" or "shrunk"."""
+    return random_weights_kind(model_option(model_cfg, "random_weights"))
+
+
+def architecture(model_cfg: Any) -> tuple[PretrainedConfig, dict[str, Any]]:
+    """The architecture and image-token fields of the model as it will be loaded: the local
+    checkpoint's or the shipped config (no weights, no network), shrunk for a shrunk
+    rehearsal, with `model.processor_kwargs` over the processor files' fields."""
+    config, preprocessor = load_architecture(resolve_pretrained(model_cfg))
+    if random_weights(model_cfg) == SHRUNK:
+        config = shrink(config)
+    return config, {**preprocessor, **processor_kwargs(model_cfg)}
+
+
 def roles(model_cfg: Any) -> dict[str, str]:
     """The family's module names for vision tower, projector, language model, lm head."""
     modules = model_cfg.modules
@@ -126,12 +146,49 @@ def apply_liger_kernels(model: torch.nn.Module) -> None:
 def load_vlm(model_cfg: Any) -> tuple[torch.nn.Module, Any]:
     """Return (model, processor) loaded with AutoModelForImageTextToText / AutoProcessor.
 
-    The weights come in `model.dtype` with `model.attn_implementation`'s attention kernel.
+    The weights come in `model.dtype` with `model.attn_implementation`'s attention kernel;
+    `model.random_weights` draws them instead (a rehearsal, `medvqa.models.rehearsal`).
     """
     attention = attn_implementation(model_cfg)  # before building or loading anything
     dtype = torch_dtype(model_cfg)
     source = resolve_pretrained(model_cfg)
     remote = bool(model_option(model_cfg, "trust_remote_code"))
+    if random_weights(model_cfg) is not None:
+        model, processor = random_vlm(
+            str(model_cfg.name),
+            source,
+            architecture(model_cfg),
+            dtype,
+            attention,
+            processor_kwargs(model_cfg),
+        )
+    else:
+        model, processor = _from_pretrained(model_cfg, source, dtype, attention, remote)
+    if getattr(processor, "tokenizer", None) is None:
+        raise ValueError(
+            f"AutoProcessor.from_pretrained({source!r}) returned no multimodal processor; the "
+            "family's processor is not registered (see docs/offline.md on torchvision-free setups)."
+        )
+    template = model_option(model_cfg, "chat_template")
+    if template is not None:
+        processor.chat_template = chat_template(str(template))
+    if model_option(model_cfg, "liger_kernels"):
+        apply_liger_kernels(model)
+    log.info(
+        "loaded %s (%s, %s, %s attention) from %s",
+        model_cfg.name,
+        type(model).__name__,
+        dtype,
+        attention,
+        source,
+    )
+    return model, processor
+
+
+def _from_pretrained(
+    model_cfg: Any, source: str, dtype: torch.dtype, attention: str, remote: bool
+) -> tuple[torch.nn.Module, Any]:
+    """The checkpoint's processor and weights, with the fix named for each way that fails."""
     try:
         processor = AutoProcessor.from_pretrained(
             source, trust_remote_code=remote, **processor_kwargs(model_cfg)
@@ -160,22 +217,4 @@ def load_vlm(model_cfg: Any) -> tuple[torch.nn.Module, Any]:
                 "chaoyinshe/llava-med-v1.5-mistral-7b-hf)."
             ) from err
         raise
-    if getattr(processor, "tokenizer", None) is None:
-        raise ValueError(
-            f"AutoProcessor.from_pretrained({source!r}) returned no multimodal processor; the "
-            "family's processor is not registered (see docs/offline.md on torchvision-free setups)."
-        )
-    template = model_option(model_cfg, "chat_template")
-    if template is not None:
-        processor.chat_template = chat_template(str(template))
-    if model_option(model_cfg, "liger_kernels"):
-        apply_liger_kernels(model)
-    log.info(
-        "loaded %s (%s, %s, %s attention) from %s",
-        model_cfg.name,
-        type(model).__name__,
-        dtype,
-        attention,
-        source,
-    )
     return model, processor

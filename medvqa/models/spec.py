@@ -44,8 +44,10 @@ class ModelSchema:
     # torch.compile the language model's decoder layers for the fit (not for generation): fused
     # elementwise kernels (norms, activations, the adapters' casts); the first steps compile.
     # Compiled dropout draws its masks from another generator: reproducible, but other numbers
-    # than an eager run's.
-    compile_layers: bool = False
+    # than an eager run's. auto: on CUDA GPUs without Liger, falling back to eager (with
+    # torch's warning) where a layer does not compile; eager elsewhere. true: compiled, and a
+    # layer that does not compile stops the run.
+    compile_layers: Any = "auto"
     # Fold LoRA/(IA)³ into (copies of) the base weights while generating: decoding a 7B model
     # with unmerged adapters is bound by their extra kernel launches. Costs the adapted
     # weights' bytes once more while generating; answers can differ from unmerged ones by bf16
@@ -56,6 +58,13 @@ class ModelSchema:
     # applies them (pip install liger-kernel; CUDA GPUs only). The loss stays medvqa's own
     # (labelled positions only), not Liger's fused cross-entropy.
     liger_kernels: bool = False
+    # A rehearsal (docs/gpus.md#rehearsals-modelrandom_weights): the checkpoint's architecture
+    # (its local config.json, else the shipped one) with seeded random weights built on the
+    # device, and its own processor files where the directory has them, else a stand-in of the
+    # family's processor and special tokens. true: full size; shrunk: two narrow layers per
+    # tower (as benchmarks/gpu.py --cpu), for a CPU. Records and reports mark such a run as a
+    # rehearsal: its scores mean nothing.
+    random_weights: Any = False
     # A named chat template (medvqa.models.prompting.CHAT_TEMPLATES, e.g. llava_med) replacing
     # the processor's own, for checkpoints saved without the one the model was trained with.
     chat_template: str | None = None
@@ -63,3 +72,23 @@ class ModelSchema:
     # `{min_pixels: 3136, max_pixels: 401408}`; part of what answers are keyed by (through the
     # loaded image processor's settings), and what task=plan counts image tokens with.
     processor_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+# model.random_weights=shrunk: two narrow layers per tower (medvqa.models.architectures.shrink).
+SHRUNK = "shrunk"
+
+
+def random_weights_kind(value: Any) -> str | None:
+    """A `model.random_weights` value as None (the checkpoint's weights), "full" or "shrunk":
+    the one reading of it, for loading, planning, records and reports."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return "full"
+    if value == SHRUNK:
+        return SHRUNK
+    raise ValueError(
+        f"model.random_weights={value!r}: use false (the checkpoint's weights), true (its "
+        f"architecture with random weights, a rehearsal) or {SHRUNK} (the same, two narrow "
+        "layers per tower, for a CPU)."
+    )

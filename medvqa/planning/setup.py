@@ -29,8 +29,8 @@ from medvqa.models.adapters import (
     count_parameters,
     mergeable_layers,
 )
-from medvqa.models.architectures import image_tokens, load_architecture, meta_model
-from medvqa.models.loading import processor_kwargs, resolve_pretrained, roles, torch_dtype
+from medvqa.models.architectures import image_tokens, meta_model
+from medvqa.models.loading import architecture, roles, torch_dtype
 from medvqa.planning.activations import LayerActivations, measure_layer
 from medvqa.planning.memory import DEFAULT_GPU_GIB, TEXT_TOKENS, Setup, fastest_layout
 from medvqa.training.strategies import is_deepspeed
@@ -55,8 +55,7 @@ def build_setup(
 ) -> Setup:
     """The `Setup` of the composed config `cfg` for GPUs of `gpu_gib` (None: this machine's
     GPU, or `DEFAULT_GPU_GIB` without one); `devices` replaces a `trainer.devices` of -1."""
-    config, preprocessor = load_architecture(resolve_pretrained(cfg.model))
-    preprocessor = {**preprocessor, **processor_kwargs(cfg.model)}  # the processor as loaded
+    config, preprocessor = architecture(cfg.model)  # as loaded: the processor, a shrunk rehearsal
     images = str(cfg.data.train_image) != "none"
     deepspeed = is_deepspeed(cfg.trainer.strategy)
     dtype = torch_dtype(cfg.model)

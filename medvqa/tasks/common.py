@@ -22,6 +22,7 @@ from medvqa.distributed import is_global_zero
 from medvqa.errors import DataError
 from medvqa.evaluation.scoring import finite
 from medvqa.provenance import add_data
+from medvqa.record import REHEARSAL_NOTE, is_rehearsal
 from medvqa.tracking import log_metrics, log_table
 
 log = logging.getLogger(__name__)
@@ -41,8 +42,10 @@ def report_run(
     `rows` are (label, metric-name prefix) pairs: the run itself first, then reference rows.
     """
     table = summary_table(metrics, rows, cfg.evaluation.primary_closed, cfg.evaluation.primary_open)
-    write_summary(table, out_dir)
-    print_summary(table, title=f"shift {cfg.shift.name} · {rows[0][0]} · seed {cfg.seed}")
+    note = REHEARSAL_NOTE if is_rehearsal(cfg) else None
+    write_summary(table, out_dir, note)
+    title = f"shift {cfg.shift.name} · {rows[0][0]} · seed {cfg.seed}"
+    print_summary(table, title=f"{note} · {title}" if note else title)
     log_metrics(loggers, finite(metrics))
     log_table(loggers, "summary", table)
     if predictions is not None:

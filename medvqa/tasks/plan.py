@@ -3,10 +3,13 @@
     python run.py task=plan model=llava_med peft=lora
     python run.py task=plan model=llava_med peft=full trainer=gpu          # refused, with the fixes
     python run.py task=plan +experiment=slake_modality study=sure_vqa model=llava_med trainer=gpu
+    python run.py task=plan sweep=sure_study trainer=gpu        # and every job of the sweep
 
 No data is loaded and no weights are downloaded (`medvqa.planning`). The numbers go to
 results.json as `plan/...`; a run that cannot fit is refused (status `failed`, exit status 1)
-with the settings that would make it fit.
+with the settings that would make it fit. The GPU-hours of the job, and of every job of the
+sweep a `sweep=` file describes, are estimated from the measured throughput
+(`medvqa.planning.cost`), labelled with the GPU and date of the measurement.
 """
 
 from __future__ import annotations
@@ -16,12 +19,29 @@ from collections.abc import MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
 from medvqa.models.adapters import checkpoint_every
+from medvqa.planning.cost import (
+    Composer,
+    JobCost,
+    Planner,
+    SweepCost,
+    cost_metrics,
+    describe_cost,
+    describe_sweep,
+    job_cost,
+    job_overrides,
+    memoized,
+    sweep_cost,
+    sweep_jobs,
+    sweep_metrics,
+)
 from medvqa.planning.memory import (
     GIB,
     TEXT_TOKENS,
@@ -52,18 +72,22 @@ def plan(
     gpu_gib: float | None = None,
     text_tokens: int = TEXT_TOKENS,
     devices: int | None = None,
+    splits: str | None = None,
 ) -> dict[str, float]:
     """Print the plan of `cfg` and record it; refuse (PlanError) a run that cannot fit.
 
     `gpu_gib`: each GPU's memory (None: this machine's, or an 80 GB GPU's without one);
     `text_tokens`: tokens per sample beside the image's; `devices`: the GPUs per node assumed
-    for `trainer.devices=-1` on a machine that has none.
+    for `trainer.devices=-1` on a machine that has none; `splits`: a run's splits.json (or a
+    folder of runs) whose row counts the GPU-hours use where none are documented.
     """
     result = estimate(build_setup(cfg, gpu_gib, text_tokens, devices))
     print_plan(result)
     if checkpoint_every(cfg.model.gradient_checkpointing) is None:
         print_layouts(result.setup)
     metrics = plan_metrics(result)
+    if HydraConfig.initialized():  # the job and the sweep need Hydra to compose them
+        metrics |= plan_cost(result, gpu_gib, text_tokens, devices, splits, provenance)
     log_metrics(loggers, metrics)
     if not result.fits:
         raise PlanError(refusal_text(result, fixes(result.setup)))
@@ -92,6 +116,123 @@ def check_fits(cfg: DictConfig) -> tuple[Setup | None, dict[str, float]]:
         )
     log.info("memory pre-flight: %s", headline(result))
     return result.setup, plan_metrics(result)
+
+
+def plan_cost(
+    result: Plan,
+    gpu_gib: float | None,
+    text_tokens: int,
+    devices: int | None,
+    splits: str | None,
+    provenance: MutableMapping[str, Any] | None = None,
+) -> dict[str, float]:
+    """Print and return the GPU-hours of the job this command line plans and, outside `-m`, of
+    every job of its sweep (`sweep=...`); their labels and bases go to `provenance["cost"]`."""
+    hydra = HydraConfig.get()
+    compose = memoized(_composer(str(hydra.job.config_name)))
+    job = compose(job_overrides(hydra.overrides.task))
+    cost = job_cost(job, lambda _: (result.setup, result.fits), compose, splits, text_tokens)
+    print_job_cost(cost)
+    metrics = cost_metrics(cost)
+    described: dict[str, Any] = {"job": describe_cost(cost)}
+    jobs = sweep_jobs(hydra) if hydra.mode == RunMode.RUN else []
+    if jobs:
+        grid = hydra.sweeper.params.keys()
+        sweep = sweep_cost(
+            jobs, grid, compose, _planner(gpu_gib, text_tokens, devices), splits, text_tokens
+        )
+        print_sweep_cost(sweep, str(hydra.runtime.choices.get("sweep")))
+        metrics |= sweep_metrics(sweep)
+        described["sweep"] = describe_sweep(sweep)
+    if provenance is not None:
+        provenance["cost"] = described
+    return metrics
+
+
+def _composer(config_name: str) -> Composer:
+    """Compose a job as run.py would, inside the running Hydra app."""
+    from hydra import compose
+
+    return lambda overrides: compose(config_name=config_name, overrides=list(overrides))
+
+
+def _planner(gpu_gib: float | None, text_tokens: int, devices: int | None) -> Planner:
+    def plan_job(job: DictConfig) -> tuple[Setup, bool]:
+        planned = estimate(build_setup(job, gpu_gib, text_tokens, devices))
+        return planned.setup, planned.fits
+
+    return plan_job
+
+
+def _wide() -> Console:
+    """A console wide enough for the tables' bases (a pipe's 80 columns would wrap each)."""
+    return Console(width=max(Console().width, 160))
+
+
+def print_job_cost(cost: JobCost, console: Console | None = None) -> None:
+    """The job's GPU time per phase, or why there is no estimate."""
+    console = console or _wide()
+    if cost.missing is not None:
+        console.print(f"GPU time of this job: no estimate: {cost.missing}.")
+        return
+    if not cost.phases:
+        console.print(f"GPU time of this job: none ({cost.note}).")
+        return
+    view = Table(
+        title=f"GPU time of this job · {cost.label}",
+        caption=f"{cost.gpu_hours:.2f} GPU-hours, {cost.wall_hours:.2f} h on {cost.gpus} GPU(s) "
+        f"(the rate per GPU assumed the same on more GPUs) · rows: {cost.sizes}"
+        + (f" · {cost.note}" if cost.note else ""),
+    )
+    for column, justify in (
+        ("phase", "left"),
+        ("items", "right"),
+        ("per s per GPU", "right"),
+        ("GPU-hours", "right"),
+        ("from", "left"),
+    ):
+        view.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for p in cost.phases:
+        view.add_row(p.name, f"{p.items:,.0f}", f"{p.per_s:.1f}", f"{p.gpu_s / 3600:.2f}", p.basis)
+    view.add_row("job", "", "", f"{cost.gpu_hours:.2f}", "", style="bold")
+    console.print(view)
+
+
+def print_sweep_cost(sweep: SweepCost, name: str, console: Console | None = None) -> None:
+    """Every job of the sweep, grouped over seeds: GPU-hours each and together."""
+    view = Table(title=f"GPU time of sweep={name}: {sweep.jobs} jobs · {sweep.label}")
+    for column, justify in (
+        ("jobs", "left"),
+        ("n", "right"),
+        ("GPU-h each", "right"),
+        ("GPU-h", "right"),
+        ("training from", "left"),
+    ):
+        view.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for g in sweep.groups:
+        c = g.cost
+        if c.missing is not None:
+            view.add_row(" ".join(g.overrides), str(g.jobs), "no estimate", "", c.missing)
+            continue
+        train = next((p.basis for p in c.phases if p.kind == "train"), c.note or "no training")
+        each = c.gpu_hours
+        view.add_row(
+            " ".join(g.overrides), str(g.jobs), f"{each:.2f}", f"{g.jobs * each:.1f}", train
+        )
+    if sweep.shared_s:
+        view.add_row(
+            "base answers shared by jobs (cached per sweep): counted once",
+            "",
+            "",
+            f"-{sweep.shared_s / 3600:.1f}",
+            "",
+        )
+    missing = (
+        f", {sweep.without_estimate} jobs without an estimate" if sweep.without_estimate else ""
+    )
+    total = f"{sweep.gpu_hours:.1f}" if sweep.without_estimate < sweep.jobs else "no estimate"
+    view.add_row(f"sweep{missing}", str(sweep.jobs), "", total, "", style="bold")
+    (console or _wide()).print(view)
 
 
 def plan_metrics(result: Plan) -> dict[str, float]:

@@ -31,6 +31,7 @@ from medvqa.models.adapters import (
     build_adapter_config,
     checkpoint_every,
     compiled_decoder_layers,
+    compiles_layers,
     enable_gradient_checkpointing,
 )
 from medvqa.models.flops import fit_rates
@@ -105,7 +106,8 @@ def train_eval(
     plan_metrics: dict[str, float] = {}  # its estimates, beside the measured peaks
     if fit and check_memory and str(cfg.trainer.accelerator) in GPU_ACCELERATORS:
         # the memory plan (task=plan) says it fits this machine's GPUs
-        planned, plan_metrics = check_fits(cfg)
+        with measure.measured("plan"):
+            planned, plan_metrics = check_fits(cfg)
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
     roles_ = roles(cfg.model)
     build_adapter_config(cfg.peft.adapter, cfg.peft.adapter_scope, roles_)  # fail fast on typos
@@ -113,7 +115,8 @@ def train_eval(
     # Built first: a bad metric option fails before any data or model is loaded.
     with Scoring.from_config(cfg.metric, cfg.evaluation) as scoring:
         add_metrics(provenance, scoring.families)
-        source, splits = prepare_splits(cfg, out_dir, images=True, provenance=provenance)
+        with measure.measured("data"):  # the table, the shift, every image checked
+            source, splits = prepare_splits(cfg, out_dir, images=True, provenance=provenance)
         frames = {s: splits[s] for s in eval_splits}
 
         with measure.measured("load"):
@@ -307,12 +310,15 @@ def _fit(
         default_root_dir=str(out_dir),
         plugins=[AtomicCheckpointIO()],  # DeepSpeed writes its own (atomically: strategies.py)
     )
+    compiled = compiles_layers(cfg.model, cfg.trainer.accelerator)
     with (
         stage("fit", trainer),
         measure.measured("fit", "samples") as phase,
-        compiled_decoder_layers(model, bool(cfg.model.compile_layers)),
+        compiled_decoder_layers(model, compiled, fallback=cfg.model.compile_layers == "auto"),
     ):
         trainer.callbacks.append(measure.SampleCounter(phase))
         trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
-    measure.note("fit", fit_rates(model, roles_, phase, trainer.world_size))
+    measure.note(
+        "fit", {**fit_rates(model, roles_, phase, trainer.world_size), "compiled_layers": compiled}
+    )
     return int(trainer.global_step)

@@ -20,22 +20,13 @@ import torch
 
 from medvqa.data import records as R
 from medvqa.models.builders.cache import CachedModelBuilder, plain
+from medvqa.models.stand_in import LLAVA_TEMPLATE as CHAT_TEMPLATE
+from medvqa.models.stand_in import RESERVED_TOKENS
 
 log = logging.getLogger(__name__)
 
 # 2: pre-trained with the loss at the labelled positions only (other rounding: other weights).
 BUILDER_VERSION = 2
-RESERVED_TOKENS = ["<pad>", "<s>", "</s>", "<image>"]
-# Kept deliberately plain: every token here costs sequence length on a CPU.
-CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for m in messages %}"
-    "{% if m['role'] == 'system' %}SYSTEM: {{ m['content'][0]['text'] }}{{ '\\n' }}"
-    "{% elif m['role'] == 'user' %}USER: "
-    "{% for c in m['content'] %}{% if c['type'] == 'image' %}<image>{{ '\\n' }}"
-    "{% elif c['type'] == 'text' %}{{ c['text'] }}{% endif %}{% endfor %}{{ '\\n' }}"
-    "{% else %}ASSISTANT: {% for c in m['content'] %}{{ c['text'] }}{% endfor %}{{ eos_token }}"
-    "{% endif %}{% endfor %}{% if add_generation_prompt %}ASSISTANT:{% endif %}"
-)
 
 
 @dataclass(frozen=True)

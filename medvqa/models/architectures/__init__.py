@@ -178,6 +178,44 @@ def meta_model(config: PretrainedConfig, dtype: torch.dtype = torch.bfloat16) ->
         return AutoModelForImageTextToText.from_config(copy.deepcopy(config), dtype=dtype)
 
 
+def shrink(config: PretrainedConfig) -> PretrainedConfig:
+    """`config` with two narrow layers per tower: the same classes, module names, processor
+    and code paths at a CPU's size (`benchmarks/gpu.py --cpu`, `model.random_weights=shrunk`).
+    The vocabulary, image size and image-token count stay the checkpoint's."""
+    small = copy.deepcopy(config)
+    text = small.get_text_config(decoder=True)
+    text.num_hidden_layers = 2
+    if getattr(text, "layer_types", None):
+        text.layer_types = list(text.layer_types)[:2]
+    qwen = small.model_type.startswith("qwen")
+    # Qwen's M-RoPE sections must add up to half the head size: keep 128-wide heads there.
+    text.hidden_size, text.num_attention_heads, text.num_key_value_heads = (
+        (128, 1, 1) if qwen else (64, 4, 2)
+    )
+    text.head_dim = text.hidden_size // text.num_attention_heads
+    text.intermediate_size = 2 * text.hidden_size
+    if hasattr(text, "query_pre_attn_scalar"):  # Gemma scales attention by the head size
+        text.query_pre_attn_scalar = text.head_dim
+    vision = small.vision_config
+    if small.model_type == "qwen2_vl":  # its vision `hidden_size` is the merger's output
+        vision.embed_dim, vision.hidden_size, vision.depth, vision.num_heads = (
+            64,
+            text.hidden_size,
+            2,
+            4,
+        )
+    elif qwen:
+        vision.hidden_size, vision.intermediate_size = 64, 128
+        vision.depth, vision.num_heads, vision.out_hidden_size = 2, 4, text.hidden_size
+        vision.fullatt_block_indexes = [1]
+    else:
+        vision.hidden_size, vision.intermediate_size = 64, 128
+        vision.num_hidden_layers, vision.num_attention_heads = 2, 4
+    if small.model_type == "paligemma":  # the projector maps into the text width
+        small.projection_dim = vision.projection_dim = text.hidden_size
+    return small
+
+
 # --- image tokens --------------------------------------------------------------------------------
 
 # transformers 5.23's processor defaults, used when a checkpoint's processor files omit a field.
@@ -436,4 +474,5 @@ __all__ = [
     "meta_model",
     "qwen_resize",
     "read_preprocessor",
+    "shrink",
 ]

@@ -1,0 +1,181 @@
+"""Rehearsals (`model.random_weights`): a preset's real architecture with seeded random weights.
+
+A whole job (the plan, loading, zero-shot answers, the fit, checkpoints, generation, scoring)
+then runs at the real shape on a machine without the hub: a new cluster, `make gpu-check`.
+The architecture is the local checkpoint's config.json, else the shipped one
+(`medvqa.models.architectures`); the processor is the checkpoint directory's own where it has
+one, else a stand-in: the family's processor classes with the checkpoint's image settings and
+a small byte-level tokenizer carrying the family's special tokens and chat template
+(`medvqa.models.stand_in`), whose ids the config is pointed at. The scores of such a run mean
+nothing: its record says `rehearsal` and medvqa-report keeps it apart from real runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from transformers import AutoModelForImageTextToText, AutoProcessor, PretrainedConfig
+
+from medvqa.models import processors
+from medvqa.models.stand_in import TOKENS, build_tokenizer
+
+log = logging.getLogger(__name__)
+
+# Every rehearsal of an architecture starts from the same weights; the run's seed drives the
+# rest. The weights are drawn in a forked generator, so the run's own random stream is the one
+# a real checkpoint's run would have.
+SEED = 0
+# Merges the stand-in tokenizer may learn; its corpus yields a few hundred tokens. The model
+# keeps the checkpoint's vocabulary (embedding rows), most of which the stand-in never uses.
+STAND_IN_VOCAB = 1000
+# model_type -> (image processor class, processor class, the preprocessor fields the processor
+# itself takes; the others are the image processor's): transformers' torchvision-free classes,
+# or the image-only ones of medvqa.models.processors.
+PROCESSORS: dict[str, tuple[str, Any, tuple[str, ...]]] = {
+    "llava": (
+        "LlavaImageProcessorPil",
+        "LlavaProcessor",
+        ("patch_size", "vision_feature_select_strategy", "num_additional_image_tokens"),
+    ),
+    "qwen2_vl": ("Qwen2VLImageProcessorPil", processors.ImageOnlyQwen2VLProcessor, ()),
+    "qwen2_5_vl": ("Qwen2VLImageProcessorPil", processors.ImageOnlyQwen2_5_VLProcessor, ()),
+    "idefics3": ("Idefics3ImageProcessorPil", "Idefics3Processor", ("image_seq_len",)),
+    "smolvlm": (
+        "SmolVLMImageProcessorPil",
+        processors.ImageOnlySmolVLMProcessor,
+        ("image_seq_len",),
+    ),
+    "gemma3": ("Gemma3ImageProcessorPil", "Gemma3Processor", ("image_seq_length",)),
+    "paligemma": ("SiglipImageProcessorPil", "PaliGemmaProcessor", ()),
+}
+# model_type -> config attribute -> the special token (of TOKENS) whose id it holds.
+_QWEN_TOKENS = {
+    "image_token_id": "<|image_pad|>",
+    "video_token_id": "<|video_pad|>",
+    "vision_start_token_id": "<|vision_start|>",
+    "vision_end_token_id": "<|vision_end|>",
+}
+CONFIG_TOKENS: dict[str, dict[str, str]] = {
+    "llava": {"image_token_index": "<image>"},
+    "qwen2_vl": _QWEN_TOKENS,
+    "qwen2_5_vl": _QWEN_TOKENS,
+    "idefics3": {"image_token_id": "<image>"},
+    "smolvlm": {"image_token_id": "<image>"},
+    "gemma3": {
+        "boi_token_index": "<start_of_image>",
+        "eoi_token_index": "<end_of_image>",
+        "image_token_index": "<image_soft_token>",
+    },
+    "paligemma": {"image_token_index": "<image>"},
+}
+TEXT_TOKENS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def random_vlm(
+    name: str,
+    source: str,
+    architecture: tuple[PretrainedConfig, dict[str, Any]],
+    dtype: torch.dtype,
+    attention: str,
+    processor_kwargs: dict[str, Any],
+) -> tuple[torch.nn.Module, Any]:
+    """(model with seeded random weights on this rank's device, processor) of `source`'s
+    `architecture` (its config, as shrunk or not, and image-token fields;
+    `medvqa.models.loading.architecture`)."""
+    config, preprocessor = architecture
+    processor = own_processor(source, processor_kwargs)
+    if processor is None:
+        processor = stand_in_processor(config, preprocessor)
+        point_config_at(config, processor.tokenizer)
+    device = _device()
+    forked = [device.index or 0] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=forked), torch.device(device):
+        torch.manual_seed(SEED)
+        model = AutoModelForImageTextToText.from_config(
+            config, dtype=dtype, attn_implementation=attention
+        )
+    tokenizer = processor.tokenizer
+    for token in TEXT_TOKENS:
+        setattr(model.generation_config, token, getattr(tokenizer, token))
+    model.config._name_or_path = f"random weights: {source}"
+    log.info(
+        "REHEARSAL: %s has random weights (%.3g B parameters, %s's architecture with %d "
+        "decoder layers) on %s; its scores mean nothing",
+        name,
+        sum(p.numel() for p in model.parameters()) / 1e9,
+        source,
+        config.get_text_config(decoder=True).num_hidden_layers,
+        device,
+    )
+    return model, processor
+
+
+def _device() -> torch.device:
+    """This rank's GPU where there is one (the weights are drawn there: seconds for a 7B
+    model, against minutes on a CPU), else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.device("cpu")
+
+
+def own_processor(source: str, processor_kwargs: dict[str, Any]) -> Any | None:
+    """The checkpoint directory's own processor, where it has a tokenizer (else None)."""
+    directory = Path(source)
+    if not any((directory / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+        return None
+    return AutoProcessor.from_pretrained(directory, **processor_kwargs)
+
+
+def stand_in_processor(config: PretrainedConfig, preprocessor: dict[str, Any]) -> Any:
+    """The family's processor with the checkpoint's image settings (`preprocessor`: the
+    image-token fields of its files, with model.processor_kwargs over them) and a stand-in
+    tokenizer: images become as many tokens as the real processor makes of them."""
+    family = config.model_type
+    if family not in PROCESSORS:
+        raise ValueError(
+            f"model.random_weights: no stand-in processor for model_type {family!r} (known: "
+            f"{', '.join(sorted(PROCESSORS))}); give a checkpoint directory with its own "
+            "tokenizer and processor files as model.pretrained, or add the family to "
+            f"{__name__}.PROCESSORS."
+        )
+    image_class, processor_class, own = PROCESSORS[family]
+    settings = {key: value for key, value in preprocessor.items() if value is not None}
+    image_processor = _class(image_class)(
+        **{key: value for key, value in settings.items() if key not in own}
+    )
+    tokenizer = build_tokenizer(family, STAND_IN_VOCAB)
+    return _class(processor_class)(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        chat_template=tokenizer.chat_template,
+        **{key: value for key, value in settings.items() if key in own},
+    )
+
+
+def _class(name_or_class: Any) -> Any:
+    return getattr(transformers, name_or_class) if isinstance(name_or_class, str) else name_or_class
+
+
+def point_config_at(config: PretrainedConfig, tokenizer: Any) -> None:
+    """Make `config` name the stand-in tokenizer's ids for its special tokens (image
+    placeholders, bos/eos/pad), which differ from the checkpoint tokenizer's."""
+    ids = tokenizer.convert_tokens_to_ids
+    for attribute, token in CONFIG_TOKENS[config.model_type].items():
+        if token not in TOKENS[config.model_type]["special"]:
+            raise ValueError(f"{token!r} is not a special token of {config.model_type}")
+        setattr(config, attribute, ids(token))
+    text = config.get_text_config(decoder=True)
+    for part in {id(config): config, id(text): text}.values():
+        for name in TEXT_TOKENS:
+            if hasattr(part, name):
+                setattr(part, name, getattr(tokenizer, name))
+    if len(tokenizer) > text.vocab_size:
+        raise ValueError(
+            f"the stand-in tokenizer has {len(tokenizer)} tokens, more than the model's "
+            f"vocabulary of {text.vocab_size}"
+        )

@@ -1,0 +1,261 @@
+"""task=plan's GPU-hours: the measured rates x the documented sizes x what a job runs, for one job
+and for every job of a sweep file, labelled with the GPU and date of the measurement.
+
+The jobs' memory plans are stubbed (`planner`: a layout given by hand) so that no decoder layer
+is measured here; tests/test_plan.py checks the plans themselves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from medvqa.planning import cost
+from medvqa.planning.activations import LayerActivations
+from medvqa.planning.memory import Setup, step_time
+from medvqa.record import read_record
+from tests.conftest import compose, run_main
+
+LABEL = "estimate, from NVIDIA H100 80GB HBM3 measured 2026-11-26"
+# SURE-VQA's slake_modality: 3448 / 689 / 1779 rows; SLAKE's validate split 1043 of 4866 train.
+TRAIN, TEST = 3448, 689 + 1779
+VAL = round(1043 * 3448 / 4866)  # 739: the validate rows the shift keeps (an estimate)
+# The H100 rows (benchmarks/results/gpu-h100-2026-11-26.jsonl): LLaVA-Med LoRA r16, eager,
+# micro-batch 8 without checkpointing; generation at batch 64, unmerged and merged.
+TRAIN_RATE, UNMERGED, MERGED = 14.47, 25.28, 39.47
+
+
+def setup(micro_batch: int = 8, checkpoint_every: int = 0, strategy: str = "single") -> Setup:
+    """LLaVA-Med's shape in a layout given by hand (the plan's own is tests/test_plan.py's)."""
+    return Setup(
+        model="llava_med", params=7_608_686_592, trainable=62_922_752, dtype_bytes=2,
+        trainable_bytes=4, layers=32, hidden=4096, vocab=32064, kv_width=1024,
+        intermediate=14336, layer=LayerActivations(365 * 1024, 0.0, 8192.0), image_tokens=576,
+        text_tokens=64, micro_batch=micro_batch, accumulate=32 // micro_batch, eval_batch=64,
+        max_new_tokens=16, checkpoint_every=checkpoint_every, strategy=strategy, devices=1,
+    )  # fmt: skip
+
+
+def planner(s: Setup, fits: bool = True) -> cost.Planner:
+    return lambda job: (s, fits)
+
+
+@pytest.fixture(scope="module")
+def composer(tmp_path_factory: pytest.TempPathFactory) -> cost.Composer:
+    cache = tmp_path_factory.mktemp("cost-cache")
+    return cost.memoized(lambda overrides: compose([*overrides, f"paths.cache_dir={cache}"]))
+
+
+STUDY_JOB = ["sweep=sure_study", "+experiment=slake_modality", "trainer=gpu"]
+# the row's method and kernels exactly: no FLOP or kernel scaling in between
+LORA_R16_EAGER = ["peft=lora", "peft.adapter.r=16", "model.compile_layers=false"]
+
+
+def test_one_job_is_the_measured_rates_times_the_published_sizes(
+    composer: cost.Composer,
+) -> None:
+    """LoRA r16 on slake_modality, 3 epochs, eager, trained 8 x 4 without checkpointing: the
+    H100 row of that layout as measured; the base's answers at the merged rate (no adapter
+    layers), the trained model's at the unmerged one, over test i.i.d. + OoD."""
+    job = composer([*STUDY_JOB, *LORA_R16_EAGER])
+    s = setup()
+    estimate = cost.job_cost(job, planner(s), composer)
+    assert estimate.missing is None, estimate.missing
+    phases = {p.kind + ":" + p.name: p for p in estimate.phases}
+    train = phases["train:training, 3 x 3448 rows"]
+    assert (train.items, train.per_s) == (3 * TRAIN, pytest.approx(TRAIN_RATE))
+    assert train.gpu_s == pytest.approx(3 * TRAIN / TRAIN_RATE)
+    base = phases["generate:base answers (zero-shot reference)"]
+    tuned = phases["generate:answers after training"]
+    assert (base.items, base.per_s) == (TEST, pytest.approx(MERGED))
+    assert (tuned.items, tuned.per_s) == (TEST, pytest.approx(UNMERGED))
+    # validation: 3 x 739 rows, a forward at batch 64 (the time model), ~half the FLOPs
+    val = phases["val:validation, 3 x 739 rows"]
+    share = cost.sample_flops(job.model, job.peft, True).forward_share  # type: ignore[union-attr]
+    assert 0.45 < share < 0.5
+    at_eval = step_time(setup(micro_batch=64)) / step_time(s)
+    assert val.items == 3 * VAL and val.per_s == pytest.approx(TRAIN_RATE / (share * at_eval))
+    by_hand = 3 * TRAIN / TRAIN_RATE + TEST / MERGED + TEST / UNMERGED + val.items / val.per_s
+    assert estimate.gpu_hours == pytest.approx(by_hand / 3600)
+    assert estimate.wall_hours == estimate.gpu_hours and estimate.gpus == 1
+    metrics = cost.cost_metrics(estimate)
+    assert metrics["plan/gpu_hours"] == pytest.approx(by_hand / 3600)
+    assert metrics["plan/train_gpu_hours"] == pytest.approx(3 * TRAIN / TRAIN_RATE / 3600)
+    assert sum(metrics[f"plan/{k}_gpu_hours"] for k in ("train", "val", "generate")) == (
+        pytest.approx(metrics["plan/gpu_hours"])
+    )
+
+
+def test_the_figures_are_labelled_with_the_gpu_and_date_they_were_measured_on(
+    composer: cost.Composer,
+) -> None:
+    estimate = cost.job_cost(composer([*STUDY_JOB, *LORA_R16_EAGER]), planner(setup()), composer)
+    assert estimate.label == LABEL
+    described = cost.describe_cost(estimate)
+    assert described["label"] == LABEL
+    assert described["measured"] == ["benchmarks/results/gpu-h100-2026-11-26.jsonl"]
+    assert described["sizes"].startswith("published")
+    assert "micro-batch 8, checkpointing off: 14.5 samples/s" in described["phases"][1]["from"]
+    assert cost.label([]) == "no estimate"
+
+
+def test_another_layout_method_and_kernels_are_scaled_from_the_nearest_row(
+    composer: cost.Composer,
+) -> None:
+    """The study's LoRA (r128 on SLAKE) planned 8 x 4 with every 4th layer checkpointed: the
+    eager row nearest by the time model, scaled by FLOPs (r128 costs more than the row's r16)
+    and by the time model; with compiled layers (`auto` on a GPU), the compiled row."""
+    job = composer([*STUDY_JOB, "peft=lora", "model.compile_layers=false"])
+    s = setup(checkpoint_every=4)
+    per_s, basis, measured = cost.training_rate(job, s, composer)  # type: ignore[misc]
+    row = next(r for r in cost.TRAIN_ROWS if r.name in basis)
+    assert (row.micro_batch, row.checkpoint_every, row.kernels) == (4, 0, "eager")
+    r16 = composer(["model=llava_med", "peft=lora", "trainer=gpu"])
+    flops = cost.sample_flops(r16.model, r16.peft, True).train  # type: ignore[union-attr]
+    flops /= cost.sample_flops(job.model, job.peft, True).train  # type: ignore[union-attr]
+    assert 0.9 < flops < 1.0 and f"x {flops:.2f} FLOPs (lora as configured)" in basis
+    layout = step_time(setup(micro_batch=4)) / step_time(s)
+    assert per_s == pytest.approx(row.samples_per_s * flops * layout)
+    assert measured.label == LABEL
+
+    compiled = cost.job_cost(composer([*STUDY_JOB, "peft=ia3"]), planner(setup()), composer)
+    train = next(p for p in compiled.phases if p.kind == "train")
+    assert "compiled: 23.5 samples/s" in train.basis and "compile" in compiled.note
+
+
+def test_longer_answers_generate_slower_in_proportion(composer: cost.Composer) -> None:
+    """MIMIC-CXR-VQA generates up to 100 new tokens, the rows 16: an upper bound of the time."""
+    job = composer(["sweep=sure_study", "+experiment=mimic_age", "trainer=gpu", "peft=none"])
+    long = dataclasses.replace(setup(), max_new_tokens=100)
+    estimate = cost.job_cost(job, planner(long), composer)
+    (base,) = estimate.phases
+    assert base.items == 6686 + 2076 and base.per_s == pytest.approx(MERGED * 16 / 100)
+    assert "x 16/100 new tokens (an upper bound)" in base.basis
+
+
+SLAKE = ["sweep=sure_study", "+experiment=slake_modality"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "plan", "why"),
+    [
+        (["sweep=sure_study", "trainer=gpu"], setup(), "synthetic under shift modality are not"),
+        ([*SLAKE, "trainer=cpu"], setup(), "is not a GPU"),
+        ([*STUDY_JOB, "model=medgemma"], setup(), "no training row was measured for gemma3"),
+        ([*STUDY_JOB, "baseline=no_image"], setup(), "further than 2x"),
+        ([*SLAKE, "peft=full", "trainer=deepspeed_zero2"], setup(strategy="zero2"), "ZeRO-2"),
+    ],
+)
+def test_no_estimate_where_no_measured_row_applies(
+    overrides: list[str], plan: Setup, why: str, composer: cost.Composer
+) -> None:
+    """Without documented sizes, on a CPU, for a family without rows, without images (10x
+    fewer FLOPs per sample than any row) or under ZeRO-2: no number, a reason."""
+    estimate = cost.job_cost(composer(overrides), planner(plan), composer)
+    assert estimate.missing is not None and why in estimate.missing, estimate.missing
+    assert cost.cost_metrics(estimate) == {}
+    assert cost.describe_cost(estimate) == {"estimate": None, "why": estimate.missing}
+
+
+def test_no_estimate_for_a_job_that_does_not_fit(composer: cost.Composer) -> None:
+    job = composer([*STUDY_JOB, *LORA_R16_EAGER])
+    refused = cost.job_cost(job, planner(setup(), fits=False), composer)
+    assert "does not fit" in str(refused.missing)
+
+
+def test_baselines_without_a_model_need_no_gpu(composer: cost.Composer) -> None:
+    estimate = cost.job_cost(
+        composer([*STUDY_JOB, "baseline=most_frequent"]), planner(setup()), composer
+    )
+    assert estimate.missing is None and estimate.gpu_hours == 0 and "no GPU" in estimate.note
+
+
+def test_sizes_come_from_a_runs_splits_json_where_none_are_documented(
+    composer: cost.Composer, tmp_path: Path
+) -> None:
+    job = composer(["trainer=gpu", "model=llava_med", "peft=ia3"])  # synthetic / modality
+    assert isinstance(cost.known_sizes(job), str)
+    run = tmp_path / "runs" / "0"
+    run.mkdir(parents=True)
+    report = {"dataset": "synthetic", "shift": str(job.shift.name),
+              "splits": {"train": {"n": 100}, "val": {"n": 20}, "test_iid": {"n": 30},
+                         "test_ood": {"n": 10}}}  # fmt: skip
+    (run / "splits.json").write_text(json.dumps(report))
+    sizes = cost.known_sizes(job, tmp_path / "runs")
+    assert isinstance(sizes, cost.Sizes)
+    assert (sizes.train, sizes.val, sizes.test_iid, sizes.test_ood) == (100, 20, 30, 10)
+    assert sizes.source == str(run / "splits.json")
+    capped = composer(["trainer=gpu", "model=llava_med", "peft=ia3", "data.limit.test_ood=4"])
+    estimate = cost.job_cost(capped, planner(setup()), composer, splits=run / "splits.json")
+    assert estimate.missing is None and {
+        p.items for p in estimate.phases if p.kind == "generate"
+    } == {34}
+
+
+def test_a_sweep_file_is_enumerated_as_hydra_would_and_summed(composer: cost.Composer) -> None:
+    """sweep=sure_study is 7 shifts x 4 methods x 3 seeds = 84 jobs; with +experiment on the
+    command line, as under -m, one shift's 12. Seeds repeat a job; the untuned base's answers,
+    cached per sweep, count once for the shift's four methods and three seeds."""
+    top = composer(["task=plan", "sweep=sure_study", "trainer=gpu"])
+    assert len(cost.sweep_jobs(top.hydra)) == 84
+    one = composer(["task=plan", "sweep=sure_study", "trainer=gpu", "+experiment=slake_modality",
+                    "model.compile_layers=false", "+task.gpu_gib=80"])  # fmt: skip
+    jobs = cost.sweep_jobs(one.hydra)
+    assert len(jobs) == 12
+    assert all("+experiment=slake_modality" in j and "task=plan" in j for j in jobs)
+    assert cost.job_overrides(jobs[0]) == [
+        o for o in jobs[0] if not o.startswith(("task", "+task"))
+    ]
+
+    sweep = cost.sweep_cost(jobs, one.hydra.sweeper.params.keys(), composer, planner(setup()))
+    assert (sweep.jobs, sweep.without_estimate, len(sweep.groups)) == (12, 0, 4)
+    assert [g.overrides for g in sweep.groups] == [
+        ("peft=none",), ("peft=prompt_tuning",), ("peft=lora",), ("peft=ia3",)]  # fmt: skip
+    assert all(g.jobs == 3 for g in sweep.groups)
+    base = TEST / MERGED  # the base's answers, one pass
+    assert sweep.shared_s == pytest.approx(11 * base)  # 12 jobs generate them, once counts
+    each = sum(3 * g.cost.gpu_hours for g in sweep.groups)
+    assert sweep.gpu_hours == pytest.approx(each - 11 * base / 3600)
+    assert sweep.label == LABEL
+    metrics = cost.sweep_metrics(sweep)
+    assert metrics["plan/sweep_jobs"] == 12 and metrics["plan/sweep_gpu_hours"] == sweep.gpu_hours
+    assert cost.describe_sweep(sweep)["groups"][2]["overrides"] == ["peft=lora"]
+
+
+def test_a_sweep_counts_jobs_without_an_estimate(composer: cost.Composer) -> None:
+    top = composer(["task=plan", "sweep=synthetic_study", "trainer=gpu", "model=llava_med"])
+    jobs = cost.sweep_jobs(top.hydra)
+    assert len(jobs) == 24
+    grid = top.hydra.sweeper.params.keys()
+    sweep = cost.sweep_cost(jobs[:3], grid, composer, planner(setup()))  # one group, 3 seeds
+    assert (sweep.jobs, sweep.without_estimate) == (3, 3) and sweep.label == "no estimate"
+    assert cost.sweep_metrics(sweep) == {
+        "plan/sweep_jobs": 3.0,
+        "plan/sweep_jobs_without_estimate": 3.0,
+    }
+
+
+def test_task_plan_prints_and_records_the_job_and_its_sweep(
+    cache_dir: Path, tmp_path: Path
+) -> None:
+    """`python run.py task=plan sweep=...` (not -m): the job's table and the sweep's, the job's
+    `plan/gpu_hours` and the sweep's totals in results.json, their labels in its provenance."""
+    args = ["task=plan", "sweep=sure_study", "+experiment=slake_modality", "peft=ia3",
+            "trainer=gpu", "logger=csv", "+task.gpu_gib=80"]  # fmt: skip
+    run = run_main(args, tmp_path / "plan", cache_dir, small=[])
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert f"GPU time of this job · {LABEL}" in run.stdout
+    assert f"GPU time of sweep=sure_study: 3 jobs · {LABEL}" in run.stdout
+    record = read_record(tmp_path / "plan" / "results.json")
+    metrics = record["metrics"]
+    assert 0.1 < metrics["plan/gpu_hours"] < 1 and metrics["plan/sweep_jobs"] == 3
+    # three seeds of the job; the base's answers once
+    base = TEST / MERGED / 3600
+    assert metrics["plan/sweep_gpu_hours"] == pytest.approx(
+        3 * metrics["plan/gpu_hours"] - 2 * base
+    )
+    described = record["provenance"]["cost"]
+    assert described["job"]["label"] == described["sweep"]["label"] == LABEL
