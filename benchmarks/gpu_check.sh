@@ -5,7 +5,7 @@
 # the study's defaults end to end (the plan's check on this GPU, loading, zero-shot answers, 16
 # optimiser steps, generation, scoring on 256 + 256 test rows); then the same architecture shrunk
 # (model.random_weights=shrunk) trains 6 steps under ZeRO-2, and again to step 9 from its last
-# checkpoint (the dry run: 2, then 3). Writes summary.txt (stage exit codes and seconds), smi.csv
+# checkpoint (the dry run: 2, then 3); then benchmarks/gpu.py's headline row. Writes summary.txt (stage exit codes and seconds), smi.csv
 # (GPU memory twice a second), each stage's output and run, and the per-phase tables (the runs'
 # own perf/... and plan/... metrics) to $GPU_CHECK_OUT. About 5 minutes on an H200.
 # Run from the project root with the project importable and its gpu extra installed.
@@ -49,11 +49,13 @@ RUN="$PY run.py +experiment=synthetic_modality logger=csv trainer.enable_progres
 # ZeRO-2 through DeepSpeed's CPU test strategy. T scales the stages' time limits.
 if [ $CPU = 1 ]; then
   BIG=shrunk T=3 TEST_ROWS=4 STEPS=(2 3) ZERO2_BATCH=2 EVERY=1
+  HEADLINE=(--cpu --setups none-8 --warmup 1 --steps 1)
   JOB=(trainer=cpu model.dtype=float32 trainer.max_steps=2 data.batch_size=4 data.eval_batch_size=8 data.limit.val=4)
   ZERO2_ON=(trainer.precision=bf16-mixed data.limit.val=4
     "trainer.strategy={_target_: tests.zero2_cpu.CPUZero2Strategy, exclude_frozen_parameters: true}")
 else
   BIG=true T=1 TEST_ROWS=64 STEPS=(6 9) ZERO2_BATCH=8 EVERY=3
+  HEADLINE=(--setups none-8-compile --warmup 10 --steps 8)
   JOB=(trainer=gpu trainer.max_steps=16 data.limit.test_iid=256 data.limit.test_ood=256)
   ZERO2_ON=(trainer=deepspeed_zero2 trainer.devices=1)
 fi
@@ -67,8 +69,13 @@ stage zero2 $((150 * T)) $RUN $ZERO2 trainer.max_steps=${STEPS[0]} "${ZERO2_ON[@
 cp "$OUT/zero2/results.json" "$OUT/zero2_first_results.json" 2>/dev/null
 stage zero2_resume $((150 * T)) $RUN $ZERO2 trainer.max_steps=${STEPS[1]} ckpt_path=last force=true \
   "${ZERO2_ON[@]}"
+# The benchmark's headline row (benchmarks/gpu.py): LoRA on LLaVA-Med 7B, 8 x 2, no
+# checkpointing, compiled layers, and generation unmerged and merged, beside the job's own rates.
+stage headline $((240 * T)) $PY benchmarks/gpu.py --models llava_med --methods lora --no-mimic \
+  "${HEADLINE[@]}" --out "$OUT/gpu_rows.jsonl"
 echo "done ${SECONDS}s" >>"$S"
 $PY benchmarks/gpu_check_table.py "$OUT"/job7b/results.json "$OUT"/zero2_first_results.json \
   "$OUT"/zero2/results.json >"$OUT/tables.md" 2>>"$S"
+tail -n 30 "$OUT/headline.out" >>"$OUT/tables.md" 2>/dev/null
 cat "$S" "$OUT/tables.md"
 exit $FAILED

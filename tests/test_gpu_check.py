@@ -33,7 +33,7 @@ def test_the_gpu_check_runs_every_stage_on_the_cpu(tmp_path: Path) -> None:
     )
     summary = (tmp_path / "out" / "summary.txt").read_text()
     assert proc.returncode == 0, summary + proc.stdout[-2000:]
-    for stage in ("job7b", "zero2", "zero2_resume"):
+    for stage in ("job7b", "zero2", "zero2_resume", "headline"):
         assert f"{stage} rc=0" in summary, summary
     first = json.loads((tmp_path / "out" / "zero2_first_results.json").read_text())
     resumed = json.loads((tmp_path / "out" / "zero2" / "results.json").read_text())
@@ -44,5 +44,7 @@ def test_the_gpu_check_runs_every_stage_on_the_cpu(tmp_path: Path) -> None:
         first["metrics"]["train/global_step"] == 2 and resumed["metrics"]["train/global_step"] == 3
     )
     assert resumed["perf"]["perf/fit/samples"] == 2  # one step after the checkpoint: resumed
+    rows = (tmp_path / "out" / "gpu_rows.jsonl").read_text().splitlines()
+    assert any(json.loads(r).get("setup") == "none-8" for r in rows)
     tables = (tmp_path / "out" / "tables.md").read_text()
     assert tables.count("| fit |") == 3

@@ -213,11 +213,15 @@ def test_task_plan_prints_a_fitting_plan_and_refuses_full_fine_tuning(
     assert record["status"] == "finished" and record["metrics"]["plan/fits"] == 1.0
     assert record["metrics"]["plan/trainable"] == LORA + PROJECTOR
     assert "training" in fits.stdout and "fits" in fits.stdout
+    # the default trainer is the CPU's: compile_layers=auto leaves the layers eager there
+    assert record["metrics"]["plan/compiled_layers"] == 0.0
+    assert "decoder layers in the fit: eager (model.compile_layers=auto" in fits.stdout
 
     full = ["task=plan", "model=llava_med", "peft=full", "trainer=gpu", "logger=csv"]
     refused = run_main(full, tmp_path / "full", cache_dir, small=[])
     assert refused.returncode != 0
     assert "does not fit" in refused.stderr and "trainer=deepspeed_zero2" in refused.stderr
+    assert "decoder layers in the fit: compiled" in refused.stdout  # auto, on a CUDA trainer
     record = read_record(tmp_path / "full" / "results.json")
     assert record["status"] == "failed" and "trainer.devices=" in record["error"]
 

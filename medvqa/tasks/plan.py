@@ -26,7 +26,7 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
-from medvqa.models.adapters import checkpoint_every
+from medvqa.models.adapters import checkpoint_every, compiles_layers
 from medvqa.planning.cost import (
     Composer,
     JobCost,
@@ -85,7 +85,13 @@ def plan(
     print_plan(result)
     if checkpoint_every(cfg.model.gradient_checkpointing) is None:
         print_layouts(result.setup)
-    metrics = plan_metrics(result)
+    compiled = compiles_layers(cfg.model, cfg.trainer.accelerator)
+    Console().print(
+        f"decoder layers in the fit: {'compiled' if compiled else 'eager'} "
+        f"(model.compile_layers={cfg.model.compile_layers}, trainer.accelerator="
+        f"{cfg.trainer.accelerator}; auto compiles on CUDA GPUs without Liger)"
+    )
+    metrics = plan_metrics(result) | {"plan/compiled_layers": float(compiled)}
     if HydraConfig.initialized():  # the job and the sweep need Hydra to compose them
         metrics |= plan_cost(result, gpu_gib, text_tokens, devices, splits, provenance)
     log_metrics(loggers, metrics)
