@@ -5,6 +5,7 @@ weights (`medvqa.models.rehearsal`) use them where no checkpoint tokenizer exist
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from medvqa.models.prompting import chat_template
@@ -137,8 +138,9 @@ CORPUS = [
 ]
 
 
-def build_tokenizer(family: str, vocab_size: int) -> Any:
-    """A byte-level BPE (any text tokenises) with the family's special tokens and template."""
+def build_tokenizer(family: str, vocab_size: int, corpus: Sequence[str] = CORPUS) -> Any:
+    """A byte-level BPE (any text tokenises) trained on `corpus`, with the family's special
+    tokens and template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -147,7 +149,7 @@ def build_tokenizer(family: str, vocab_size: int) -> Any:
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
     bpe.train_from_iterator(
-        CORPUS,
+        corpus,
         trainers.BpeTrainer(
             vocab_size=vocab_size,
             special_tokens=list(spec["special"]),
