@@ -23,7 +23,7 @@ import torch
 
 from medvqa.models.builders.cache import CachedModelBuilder, plain
 from medvqa.models.builders.gguf import SmolLM2GgufInput, load_smollm2
-from medvqa.zoo.tiny import pretrain_stage
+from medvqa.zoo.tiny import PRETRAIN_FINGERPRINT, pretrain_stage
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,11 @@ class SmolLM2LlavaBuilder(SmolLM2GgufInput, CachedModelBuilder):
         )
 
     name = "smollm2-llava"
+
+    def key_extra(self) -> dict[str, Any]:
+        """The GGUF file, and what `pretrain_stage` computes (medvqa.zoo.tiny's fingerprint of
+        it): a change of the shared pre-training code rebuilds this model too."""
+        return {**super().key_extra(), "pretrain_fingerprint": PRETRAIN_FINGERPRINT}
 
     def _build_into(self, out: Path) -> None:
         p = self.params
