@@ -55,6 +55,7 @@ bench: install  ## throughput figures (not tests): see benchmarks/
 	$(BIN)/python benchmarks/smollm2_throughput.py
 	$(BIN)/python benchmarks/dataset_tables.py
 	$(BIN)/python benchmarks/evaluation.py
+	$(BIN)/python benchmarks/shared_prefix.py
 	$(BIN)/python benchmarks/memory_plan.py
 
 bench-gpu: install  ## on a CUDA machine: train/generation throughput, peak memory, MFU (benchmarks/gpu.py)

@@ -17,7 +17,9 @@ MIMIC (a 2.5k x 3k radiograph under the preset's pixel cap). Per method and setu
   `perf/fit/mfu` uses); hardware-FLOPs utilisation
   adds what the setup recomputes (checkpointing) or computes for nothing (logits at every
   position);
-- peak GPU memory; generation rows/s (batch 64, 16 new tokens, greedy, as `GenerationModule`);
+- peak GPU memory; generation rows/s (batch 64, 16 new tokens, greedy, as `GenerationModule`):
+  every image asked once, unmerged and merged; and with shared image prefixes (the default,
+  `model.share_image_prefix`) at SLAKE's 11 questions per image and at one;
 - the activation bytes one decoder layer keeps per token, measured on the GPU by the code
   `task=plan` measures them with on the CPU (`medvqa.planning.activations.measure_layer`).
 
@@ -50,6 +52,7 @@ import lightning as L
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
+from lightning.fabric.utilities.apply_func import move_data_to_device
 from rich.console import Console
 from rich.table import Table
 from torch.utils.data import DataLoader, Dataset
@@ -59,7 +62,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import medvqa.config  # noqa: E402,F401  (registers the schemas)
-from medvqa.evaluation.generation import ChosenLogProbs  # noqa: E402
+from medvqa.evaluation.generation import ChosenLogProbs, generate  # noqa: E402
+from medvqa.evaluation.prefix import SHARED_KEY, collate_shared, generate_shared  # noqa: E402
 from medvqa.models.adapters import (  # noqa: E402
     apply_method,
     build_adapter_config,
@@ -136,7 +140,8 @@ class SyntheticVQA(Dataset):
     """Samples shaped as the processor of `config`'s family makes them (what `encode` returns):
     a prompt with one image's placeholder tokens and ~35 text tokens, an answer of 2-6 tokens
     (labelled, with the end-of-turn token), the image tensors. Token ids are random (the weights
-    are too); lengths vary per sample as real questions do."""
+    are too); lengths vary per sample as real questions do. `per_image` consecutive samples ask
+    about one image (the same pixels and prompt up to the end of the image; SLAKE: 11)."""
 
     def __init__(
         self,
@@ -146,9 +151,11 @@ class SyntheticVQA(Dataset):
         image_size: tuple[int, int],
         with_answer: bool,
         seed: int = 0,
+        per_image: int = 1,
     ) -> None:
         self.config, self.pre, self.n = config, preprocessor, n
         self.image_size, self.with_answer, self.seed = image_size, with_answer, seed
+        self.per_image = per_image
         self.family = config.model_type
         if self.family not in ("llava", "qwen2_vl", "qwen2_5_vl"):
             raise ValueError(f"no synthetic sample shape for model_type {self.family!r}")
@@ -159,6 +166,9 @@ class SyntheticVQA(Dataset):
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         g = torch.Generator().manual_seed(self.seed * 100_003 + i)
+        # The image and the prompt before it: one draw per image.
+        gi = torch.Generator().manual_seed(self.seed * 100_003 + 50_000 + i // self.per_image)
+        head = torch.randint(10, min(self.vocab, 30_000), (5,), generator=gi)
         # The SURE prompt around a SLAKE question: 8-16 question tokens, options on every
         # other sample (closed questions), the turn markers; 2-6 answer tokens + end of turn.
         question = int(torch.randint(8, 17, (), generator=g))
@@ -168,10 +178,10 @@ class SyntheticVQA(Dataset):
         if self.family == "llava":
             n_image = image_tokens(self.config, self.pre)
             image = torch.full((n_image,), int(self.config.image_token_index))
-            head, tail = text[:5], text[5 : 5 + 1 + question + options + 4]
+            tail = text[5 : 5 + 1 + question + options + 4]
             ids = [head, image, tail]
             side = int(self.config.vision_config.image_size)
-            extra = {"pixel_values": torch.rand(1, 3, side, side, generator=g)}
+            extra = {"pixel_values": torch.rand(1, 3, side, side, generator=gi)}
         else:
             patch, merge, _, resize = qwen_resize(self.config, self.pre)
             h, w = resize(*self.image_size)
@@ -181,11 +191,11 @@ class SyntheticVQA(Dataset):
             image = torch.full((n_image,), int(self.config.image_token_id))
             start = torch.tensor([int(self.config.vision_start_token_id)])
             end = torch.tensor([int(self.config.vision_end_token_id)])
-            head, tail = text[:5], text[5 : 5 + 1 + question + options + 4]
+            tail = text[5 : 5 + 1 + question + options + 4]
             ids = [head, start, image, end, tail]
             depth = 3 * self.config.vision_config.temporal_patch_size * patch**2
             extra = {
-                "pixel_values": torch.rand(n_patches, depth, generator=g),
+                "pixel_values": torch.rand(n_patches, depth, generator=gi),
                 "image_grid_thw": grid,
             }
         prompt = torch.cat(ids)
@@ -202,12 +212,24 @@ class SyntheticVQA(Dataset):
         return out
 
 
-def loader(data: SyntheticVQA, batch: int, cuda: bool, padding_side: str) -> DataLoader:
-    """The job's loader settings: the project's collate, two workers, pinned memory."""
+def loader(
+    data: SyntheticVQA, batch: int, cuda: bool, padding_side: str, image_token: int | None = None
+) -> DataLoader:
+    """The job's loader settings: the project's collate (with `image_token`, generation's with
+    shared image prefixes), two workers, pinned memory."""
+    collate_fn = partial(collate, pad_token_id=0, padding_side=padding_side)
+    if image_token is not None:
+        collate_fn = partial(
+            collate_shared,
+            pad_token_id=0,
+            padding_side=padding_side,
+            image_token=image_token,
+            meta_key="record_ids",
+        )
     return DataLoader(
         data,
         batch_size=batch,
-        collate_fn=partial(collate, pad_token_id=0, padding_side=padding_side),
+        collate_fn=collate_fn,
         num_workers=2,
         pin_memory=cuda,
         persistent_workers=True,
@@ -371,25 +393,30 @@ def generation_row(
     args: argparse.Namespace,
     image_size: tuple[int, int],
     merge: bool = False,
+    per_image: int = 1,
+    share: bool = False,
 ) -> dict[str, float]:
     """Greedy generation of `--gen-batch` left-padded prompts, `--new-tokens` each (forced, as
     random weights could stop early), under bf16 autocast as the predict Trainer runs it, with
     the per-step log-probability recorder `GenerationModule` adds;
     one warm-up batch, then `--gen-batches` timed. `merge`: adapters folded into the weights
-    (`model.merge_adapters`), as `GenerationModule` does."""
+    (`model.merge_adapters`), as `GenerationModule` does; `per_image` questions per image;
+    `share`: each image's prompt prefix run once (`model.share_image_prefix`)."""
     cuda = not args.cpu
     device = next(model.parameters()).device
     model.eval()
     rows = args.gen_batch * (1 + args.gen_batches)
-    data = SyntheticVQA(config, pre, rows, image_size, with_answer=False, seed=1)
-    batches = iter(loader(data, args.gen_batch, cuda, "left"))
+    data = SyntheticVQA(config, pre, rows, image_size, False, seed=1, per_image=per_image)
+    token = config.image_token_index if config.model_type == "llava" else config.image_token_id
+    batches = iter(loader(data, args.gen_batch, cuda, "left", int(token) if share else None))
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda)
 
     def run(batch: dict[str, Any]) -> None:
         batch.pop("record_ids")
-        inputs = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-        model.generate(
-            **inputs,
+        inputs = move_data_to_device(batch, device)
+        (generate_shared if SHARED_KEY in inputs else generate)(
+            model,
+            inputs,
             max_new_tokens=args.new_tokens,
             min_new_tokens=args.new_tokens,
             do_sample=False,
@@ -502,10 +529,17 @@ def rows_for(model_name: str, args: argparse.Namespace) -> Iterator[dict[str, An
                 if not args.cpu:
                     gc.collect()  # an out-of-memory row's trainer and optimizer state
                     torch.cuda.empty_cache()
-            for merge in (False, True) if args.gen_batches else ():
-                gen = {**base, "setup": "generate-merged" if merge else "generate"}
+            # Unmerged and merged, every image asked once; then with shared image prefixes
+            # (the default), SLAKE's 11 questions per image and one.
+            generations = [("generate", False, 1, False), ("generate-merged", True, 1, False),
+                           ("generate-shared-11q", False, 11, True),
+                           ("generate-shared-1q", False, 1, True)]  # fmt: skip
+            for name, merge, per_image, share in generations if args.gen_batches else ():
+                gen = {**base, "setup": name}
                 try:
-                    gen.update(generation_row(model, config, pre, args, size, merge))
+                    gen.update(
+                        generation_row(model, config, pre, args, size, merge, per_image, share)
+                    )
                 except torch.OutOfMemoryError:
                     gen["error"] = "out of memory"
                 except Exception as err:  # one failing row must not hide the others

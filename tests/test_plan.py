@@ -295,3 +295,42 @@ def test_auto_refuses_as_before_where_no_layout_fits(plan_cache: Path) -> None:
     keeps the configured micro-batch with every layer checkpointed, and refuses it."""
     plan = _plan(["peft=full", "trainer=gpu"], plan_cache, gpu_gib=79.2)
     assert (plan.setup.micro_batch, plan.setup.checkpoint_every) == (16, 1) and not plan.fits
+
+
+def test_generation_with_shared_image_prefixes_equals_a_hand_computation(plan_cache: Path) -> None:
+    """Shared image prefixes (the default): the larger of every image's prefix (one image per
+    row at worst) with its prefill, and the rows' repeated cache plus one layer of the prefixes'
+    cache with the suffixes' prefill; never more than every prompt in full."""
+    shared = _plan(["peft=lora", "trainer=gpu"], plan_cache, gpu_gib=79.2)
+    full = _plan(
+        ["peft=lora", "trainer=gpu", "model.share_image_prefix=false"], plan_cache, gpu_gib=79.2
+    )
+    s = shared.setup
+    assert s.shared_prefix and not full.setup.shared_prefix
+    per_token_kv = LAYERS * 2 * KV * 2  # bytes per token: K and V of every layer in bf16
+    length = TOKENS + s.max_new_tokens
+
+    def prefill(tokens: int) -> int:
+        return s.eval_batch * tokens * (4 * H + 3 * MLP) * 2
+
+    unshared = s.eval_batch * length * per_token_kv + prefill(TOKENS)
+    weights = full.generation - unshared
+    prefixes = s.eval_batch * IMAGE_TOKENS * per_token_kv + prefill(IMAGE_TOKENS)
+    rows = s.eval_batch * (length * per_token_kv + IMAGE_TOKENS * 2 * KV * 2) + prefill(TEXT_TOKENS)
+    assert shared.generation == pytest.approx(weights + max(prefixes, rows))
+    assert shared.generation < full.generation
+    cfg = compose(["model=paligemma", "peft=lora", "trainer=gpu", f"paths.cache_dir={plan_cache}"])
+    assert not build_setup(cfg, gpu_gib=79.2).shared_prefix  # its image attends to the question
+
+
+def test_a_generation_that_does_not_fit_is_told_a_smaller_eval_batch(plan_cache: Path) -> None:
+    from medvqa.planning.memory import fixes
+
+    plan = _plan(
+        ["peft=lora", "trainer=gpu", "data.eval_batch_size=4096"], plan_cache, gpu_gib=79.2
+    )
+    assert plan.generation > plan.training and not plan.fits
+    first = fixes(plan.setup)[0]
+    batch = int(first.overrides[0].split("=")[1])
+    assert first.overrides[0].startswith("data.eval_batch_size=") and batch < 4096
+    assert first.what == f"eval batch {batch}" and first.plan.fits

@@ -9,6 +9,10 @@ killed run loses at most one batch per rank: on restart the ids already predicte
 weights (in the file or in a shard left behind) are skipped. Answers of other weights (an
 attempt that trained differently) are moved out of the file into `<file>.stale` before
 generation starts, and a row answered twice is kept once: the file holds one answer per row.
+
+With shared image prefixes (`model.share_image_prefix`, `medvqa.evaluation.prefix`) the rows to
+answer are ordered by the image they show and each rank takes a contiguous run of them, so a
+batch holds the questions of as few images as possible and each image's prompt prefix runs once.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import logging
 import shutil
 from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +41,28 @@ from medvqa.data import records as R
 from medvqa.data.base import VQASource
 from medvqa.data.records import PREDICTION
 from medvqa.distributed import is_global_zero
+from medvqa.evaluation.prefix import (
+    SHARED_KEY,
+    collate_shared,
+    generate_shared,
+    image_token_id,
+    sharing_refusal,
+    sliding_window,
+)
 from medvqa.hashing import Hasher
 from medvqa.interrupts import stage
 from medvqa.measure import measured
 from medvqa.models.adapters import mergeable_layers, merged_adapters
 from medvqa.models.prompting import PLAIN, PromptTemplate
 from medvqa.models.saving import weights_fingerprint
-from medvqa.training.datamodule import META_KEY, VQADataset, loader_options, make_loader
+from medvqa.models.spec import ModelSchema
+from medvqa.training.datamodule import (
+    META_KEY,
+    VQADataset,
+    collate,
+    loader_options,
+    make_loader,
+)
 from medvqa.training.spec import DataSchema
 from medvqa.training.strategies import prediction_strategy
 
@@ -98,6 +118,11 @@ class ChosenLogProbs(LogitsProcessor):
             grid = {str(t): v for t, v in zip(self.temperatures, by_t, strict=True)}
             out.append((m, lo, n, grid) if n else (nan, nan, 0, {}))
         return out
+
+
+def generate(model: torch.nn.Module, batch: dict[str, Any], **settings: Any) -> torch.Tensor:
+    """`model.generate` of a plain batch (`prefix.generate_shared`'s counterpart)."""
+    return model.generate(**batch, **settings)
 
 
 def end_token_ids(model: torch.nn.Module, tokenizer: Any) -> list[int]:
@@ -241,13 +266,13 @@ class GenerationModule(L.LightningModule):
         ids = batch.pop(META_KEY)
         pad = self.tokenizer.pad_token_id
         recorder = ChosenLogProbs()
-        out = self.model.generate(
-            **batch,
-            max_new_tokens=self.max_new_tokens,
-            do_sample=False,
-            pad_token_id=self.tokenizer.eos_token_id if pad is None else pad,
-            logits_processor=LogitsProcessorList([recorder]),
-        )
+        settings = {
+            "max_new_tokens": self.max_new_tokens,
+            "do_sample": False,
+            "pad_token_id": self.tokenizer.eos_token_id if pad is None else pad,
+            "logits_processor": LogitsProcessorList([recorder]),
+        }
+        out = (generate_shared if SHARED_KEY in batch else generate)(self.model, batch, **settings)
         new = out[:, batch["input_ids"].shape[1] :]
         texts = self.tokenizer.batch_decode(new, skip_special_tokens=True)
         confidence = recorder.per_answer(new, end_token_ids(self.model, self.tokenizer))
@@ -278,9 +303,14 @@ class GenerationData(L.LightningDataModule):
         prompt: PromptTemplate = PLAIN,
         mismatch_field: str = DataSchema.mismatch_field,
         pool: pd.DataFrame | None = None,
+        share_prefix: bool = False,
+        shared_length: int | None = None,
     ) -> None:
         super().__init__()
         self.frame = frame
+        # Shared image prefixes, on rows of at most `shared_length` tokens (a sliding window).
+        self.share_prefix = share_prefix
+        self.shared_length = shared_length
         self.mismatch_field = mismatch_field
         # The rows the partner-image modes draw from: this whole split (not a rank's shard) or
         # what the caller gives (`mismatched`: every test split of the job).
@@ -317,9 +347,32 @@ class GenerationData(L.LightningDataModule):
         self.n_todo = len(todo)
         # This rank's shard, cut here rather than by Lightning's sampler, which refuses a rank
         # without rows (prediction_trainer turns it off).
-        mine = set(todo[self.trainer.global_rank :: self.trainer.world_size])
-        rows = self.frame.loc[self.frame[R.ID].isin(mine)]
-        dataset = VQADataset(
+        rank, ranks = self.trainer.global_rank, self.trainer.world_size
+        if self.share_prefix:  # a contiguous run of the rows, in the order of their images
+            pending = self.frame.loc[self.frame[R.ID].isin(set(todo))]
+            pending = pending.iloc[self._dataset(pending).by_image()]
+            rows = pending.iloc[rank * len(pending) // ranks : (rank + 1) * len(pending) // ranks]
+        else:
+            rows = self.frame.loc[self.frame[R.ID].isin(set(todo[rank::ranks]))]
+        collate_fn = collate
+        if self.share_prefix:
+            collate_fn = partial(
+                collate_shared,
+                image_token=image_token_id(self.processor),
+                meta_key=META_KEY,
+                max_length=self.shared_length,
+            )
+        return make_loader(
+            self._dataset(rows),
+            self.batch_size,
+            shuffle=False,
+            padding_side="left",
+            collate_fn=collate_fn,
+            **loader_options(self.trainer, self.num_workers),
+        )
+
+    def _dataset(self, rows: pd.DataFrame) -> VQADataset:
+        return VQADataset(
             rows,
             self.source,
             self.processor,
@@ -328,13 +381,6 @@ class GenerationData(L.LightningDataModule):
             self.prompt,
             pool=self.pool,
             mismatch_field=self.mismatch_field,
-        )
-        return make_loader(
-            dataset,
-            self.batch_size,
-            shuffle=False,
-            padding_side="left",
-            **loader_options(self.trainer, self.num_workers),
         )
 
     def records(self, answers: Sequence[tuple[Any, ...]]) -> list[dict[str, Any]]:
@@ -424,6 +470,7 @@ def generate_predictions(
     mismatch_field: str = DataSchema.mismatch_field,
     pool: pd.DataFrame | None = None,
     merge_adapters: bool = False,
+    share_image_prefix: bool = ModelSchema.share_image_prefix,
 ) -> pd.DataFrame | None:
     """Generate answers for `frame` into `out_path` (resuming), return this split's records.
 
@@ -431,9 +478,11 @@ def generate_predictions(
     the other ranks get None. `model_id`: the weights' fingerprint, if the caller has it;
     `trainer`: a `prediction_trainer` to reuse (a job generates every split and image mode with
     one), else one is made from `trainer_cfg`; `merge_adapters`: fold LoRA/(IA)³ into the base
-    weights while generating (`model.merge_adapters`), the weights unchanged afterwards.
+    weights while generating (`model.merge_adapters`), the weights unchanged afterwards;
+    `share_image_prefix`: run each image's prompt prefix once per batch (`shares_prefixes`).
     """
     model_id = model_id or weights_fingerprint(model)
+    window = sliding_window(getattr(model, "config", None))
     data = GenerationData(
         frame,
         source,
@@ -447,6 +496,8 @@ def generate_predictions(
         prompt,
         mismatch_field,
         pool,
+        shares_prefixes(model, processor, share_image_prefix),
+        None if window is None else window - max_new_tokens,
     )
     trainer = trainer or prediction_trainer(trainer_cfg)
     module = GenerationModule(model, processor.tokenizer, max_new_tokens, merge_adapters)
@@ -466,6 +517,17 @@ def generate_predictions(
     merge_shards(out_path)
     preds = _ours(read_predictions(out_path), split, model_id)
     return preds.drop_duplicates(subset=[R.ID], keep="last").reset_index(drop=True)
+
+
+def shares_prefixes(model: torch.nn.Module, processor: Any, enabled: bool) -> bool:
+    """Whether generation runs each image's prompt prefix once (`model.share_image_prefix` and a
+    family that allows it; where it does not, a log line says why)."""
+    if not enabled:
+        return False
+    refusal = sharing_refusal(model, processor)
+    if refusal is not None:
+        log.info("generating without shared image prefixes: %s", refusal)
+    return refusal is None
 
 
 def generate_splits(
@@ -533,7 +595,8 @@ def prediction_key(
     """What determines a set of answers: the weights, their dtype and attention kernel; the
     templates and the image processor's settings (Qwen's size cap changes the tokens); the rows
     and prompt; and how they are computed: precision, matmul precision, device type, and the
-    batches (batch size and ranks decide the left padding, which can flip a near tie in bf16).
+    batches (batch size and ranks decide the left padding, which can flip a near tie in bf16;
+    so do shared image prefixes and merged adapters).
     Not the strategy: generation runs under DDP for DeepSpeed runs too."""
     key = Hasher().update(model_id).update(str(next(model.parameters()).dtype))
     key.update(getattr(getattr(model, "config", None), "_attn_implementation", None))
@@ -549,6 +612,9 @@ def prediction_key(
         what["mismatch_field"] = settings.get("mismatch_field", DataSchema.mismatch_field)
     if settings.get("merge_adapters") and mergeable_layers(model):  # W + BA rounds otherwise
         what["merge_adapters"] = True
+    shares = settings.get("share_image_prefix", ModelSchema.share_image_prefix)
+    if shares and sharing_refusal(model, processor) is None:
+        what["share_image_prefix"] = True  # other batches, other kernel shapes: bf16 rounds
     prompt = settings.get("prompt", PLAIN)
     key.update(
         {

@@ -252,11 +252,17 @@ def _is_per_token(value: Any, input_ids: torch.Tensor) -> bool:
     )
 
 
+def per_token_keys(feature: dict[str, torch.Tensor]) -> list[str]:
+    """The keys of an example's per-token tensors (ids, masks, token types); the others are
+    its image's tensors."""
+    return [k for k, v in feature.items() if v.dim() == 1 or k == "input_ids"]
+
+
 def pad_batch(
     features: list[dict[str, torch.Tensor]], pad_token_id: int, padding_side: str = "right"
 ) -> dict[str, torch.Tensor]:
     """Pad per-token tensors to the longest example; concatenate image tensors along dim 0."""
-    seq_keys = [k for k, v in features[0].items() if v.dim() == 1 or k == "input_ids"]
+    seq_keys = per_token_keys(features[0])
     max_len = max(f["input_ids"].shape[0] for f in features)
     pad_value = {"input_ids": pad_token_id, "labels": IGNORE_INDEX}
     batch: dict[str, torch.Tensor] = {}

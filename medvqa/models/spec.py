@@ -53,6 +53,12 @@ class ModelSchema:
     # weights' bytes once more while generating; answers can differ from unmerged ones by bf16
     # rounding (W + BA rounded once), so they are keyed apart. Training is unaffected.
     merge_adapters: bool = False
+    # Generation runs the prompt prefix an image's questions share (the template up to the end
+    # of the image) once per batch, then each question's suffix from its cache: rows are
+    # batched by image (SLAKE asks ~11 questions per image). Same answers in float32; in bf16 a
+    # near tie can flip (other kernel shapes), so they are keyed apart. Families whose image
+    # depends on the question (PaliGemma, a prefix-LM) generate unshared. false: every prompt in full.
+    share_image_prefix: bool = True
     # Liger's fused Triton kernels (RMSNorm, SwiGLU, RoPE) in the language model, through
     # `liger_kernel.transformers._apply_liger_kernel_to_instance` as transformers' Trainer
     # applies them (pip install liger-kernel; CUDA GPUs only). The loss stays medvqa's own

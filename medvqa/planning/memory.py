@@ -19,6 +19,8 @@ it into a `Plan`. The terms, per GPU, for a step of training:
 - a fixed reserve for the CUDA context, cuBLAS and NCCL workspaces and allocator slack.
 
 Generation needs the weights, the KV cache of `eval_batch` sequences and one layer's prefill.
+With shared image prefixes (`model.share_image_prefix`) it runs each image's prefix (at worst one
+image per row) and then the rows' suffixes against the repeated cache: the larger of the two.
 The host holds each rank's copy of the model as loaded (every rank loads it on the CPU before its
 first Trainer moves it to the GPU) plus a process's libraries.
 The reserve and per-process figures are estimates; every other term is counted.
@@ -93,6 +95,8 @@ class Setup:
     # Parameters copied while generating: the adapted layers' base weights, merged into copies
     # (`model.merge_adapters`; on an H200 LLaVA-Med's LoRA generation peaked 11.3 GiB higher)
     merged: int = 0
+    # Generation runs each image's prompt prefix once (`medvqa.evaluation.prefix`).
+    shared_prefix: bool = False
 
     @property
     def checkpointing(self) -> bool:
@@ -188,14 +192,25 @@ def estimate(s: Setup) -> Plan:
 
 def _generation(s: Setup) -> float:
     """Weights (and the merged copies of the adapted ones), the KV cache of an eval batch and
-    one layer's prefill (bf16 activations)."""
+    one layer's prefill (bf16 activations). With shared prefixes, the larger of: the prefixes
+    (the image tokens) of every image of a batch, at worst one per row, with their prefill; and
+    the rows' whole cache, one layer of the prefixes' cache being repeated (the rest is freed
+    layer by layer) and the suffixes' (the text tokens) prefill."""
     frozen = s.params - s.trainable
     weights = (frozen + s.merged) * s.dtype_bytes + s.trainable * s.trainable_bytes
     length = s.tokens + s.max_new_tokens
-    kv_cache = s.eval_batch * length * s.layers * 2 * s.kv_width * s.dtype_bytes
-    # One layer's attention and MLP tensors in flight for the whole prompt (logits: last token).
-    prefill = s.eval_batch * s.tokens * (4 * s.hidden + 3 * s.intermediate) * s.dtype_bytes
-    return weights + kv_cache + prefill
+
+    def kv_cache(tokens: int, layers: int = s.layers) -> float:
+        return s.eval_batch * tokens * layers * 2 * s.kv_width * s.dtype_bytes
+
+    def prefill(tokens: int) -> float:  # one layer's attention and MLP tensors in flight
+        return s.eval_batch * tokens * (4 * s.hidden + 3 * s.intermediate) * s.dtype_bytes
+
+    if not s.shared_prefix:
+        return weights + kv_cache(length) + prefill(s.tokens)
+    prefixes = kv_cache(s.image_tokens) + prefill(s.image_tokens)
+    rows = kv_cache(length) + kv_cache(s.image_tokens, 1) + prefill(s.text_tokens)
+    return weights + max(prefixes, rows)
 
 
 @dataclass(frozen=True)
@@ -213,12 +228,26 @@ def fixes(s: Setup, max_devices: int = 8, max_nodes: int = 4) -> list[Fix]:
     on these GPUs, ZeRO-2 on enough GPUs (the same global batch), else with the optimizer state
     on the host."""
     found: list[Fix] = []
+    limit = SUGGESTED_SHARE * s.gpu_gib * GIB
+    evaluation: list[str] = []  # a smaller eval batch where generation does not fit
+    if estimate(s).generation > limit:
+        batch = s.eval_batch
+        while batch > 1 and estimate(dataclasses.replace(s, eval_batch=batch)).generation > limit:
+            batch //= 2
+        s = dataclasses.replace(s, eval_batch=batch)
+        evaluation = [f"data.eval_batch_size={batch}"]
 
     def consider(what: str, overrides: list[str], setup: Setup) -> bool:
-        plan = estimate(setup)
+        plan = estimate(dataclasses.replace(setup, eval_batch=s.eval_batch))
         if comfortable(plan):
-            found.append(Fix(what, tuple(overrides), plan))
+            label = [f"eval batch {s.eval_batch}"] if evaluation else []
+            found.append(
+                Fix(", ".join([*label, what] if what else label), (*evaluation, *overrides), plan)
+            )
         return comfortable(plan)
+
+    if evaluation and consider("", [], s):
+        return found
 
     ckpt = dataclasses.replace(s, checkpoint_every=1)
     ckpt_override = [] if s.checkpoint_every == 1 else ["model.gradient_checkpointing=true"]

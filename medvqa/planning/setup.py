@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from medvqa.atomic import write_file
 from medvqa.cluster import device_count
 from medvqa.evaluation.lengths import generation_length
+from medvqa.evaluation.prefix import family_refusal
 from medvqa.hashing import Hasher
 from medvqa.models.adapters import (
     apply_method,
@@ -100,6 +101,7 @@ def build_setup(
         offload_optimizer=_offloads_optimizer(cfg.trainer.strategy),
         gpu_gib=gpu_capacity_gib() if gpu_gib is None else float(gpu_gib),
         merged=mergeable if bool(cfg.model.merge_adapters) else 0,
+        shared_prefix=bool(cfg.model.share_image_prefix) and family_refusal(config) is None,
     )
     if every is None:
         setup = fastest_layout(setup)

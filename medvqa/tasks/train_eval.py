@@ -136,6 +136,7 @@ def train_eval(
             prompt=prompt,
             mismatch_field=str(cfg.data.mismatch_field),
             merge_adapters=bool(cfg.model.merge_adapters),
+            share_image_prefix=bool(cfg.model.share_image_prefix),
         )
         shared = Path(cfg.paths.cache_dir) / SHARED_PREDICTIONS
         eval_image = str(cfg.data.eval_image)

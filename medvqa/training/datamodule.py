@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
 from itertools import islice
 from typing import Any
@@ -156,6 +156,21 @@ class VQADataset(Dataset):
         if isinstance(spec, str):  # transform shifts (corruption, Kvasir augments)
             image = apply_transform(image, spec, str(row[R.ID]), str(row[R.IMAGE_ID]))
         return image
+
+    def image_key(self, i: int) -> str:
+        """Which image row `i` is shown, from its metadata (no pixels read): rows with one key
+        usually see the same pixels (a transform shift may draw per row)."""
+        row = self.frame.iloc[i]
+        if self.image_mode in PARTNER_MODES:
+            row = self.pool.iloc[self.partners[str(row[R.ID])]]
+        elif self.image_mode in ("none", "blank"):
+            return self.image_mode
+        return f"{row[R.IMAGE]}\0{row.get(IMAGE_TRANSFORM)}"
+
+    def by_image(self) -> list[int]:
+        """The rows' positions ordered by the image they are shown (stable: a fixed order)."""
+        keys = [self.image_key(i) for i in range(len(self))]
+        return sorted(range(len(self)), key=keys.__getitem__)
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         row = self.frame.iloc[i]
@@ -363,10 +378,11 @@ def make_loader(
     num_replicas: int = 1,
     rank: int = 0,
     accumulate: int = 1,
+    collate_fn: Callable[..., dict[str, Any]] = collate,
 ) -> DataLoader:
-    """A loader of padded batches; `shuffle=True` gives the resumable training loader (rank
-    `rank`'s share of `num_replicas`, its batches marked with their optimiser step's label
-    tokens for `accumulate` micro-batches per step).
+    """A loader of padded batches (`collate_fn`, given the pad id and side); `shuffle=True`
+    gives the resumable training loader (rank `rank`'s share of `num_replicas`, its batches
+    marked with their optimiser step's label tokens for `accumulate` micro-batches per step).
 
     Every loader seeds its workers from a generator of its own, never from torch's global one,
     which dropout draws from: training's random stream does not depend on how many loaders
@@ -382,7 +398,7 @@ def make_loader(
         "num_workers": num_workers,
         "persistent_workers": num_workers > 0,
         "pin_memory": pin_memory,
-        "collate_fn": partial(collate, pad_token_id=pad_id, padding_side=padding_side),
+        "collate_fn": partial(collate_fn, pad_token_id=pad_id, padding_side=padding_side),
     }
     if shuffle:
         sampler = EpochSampler(dataset, seed, num_replicas=num_replicas, rank=rank)

@@ -1,0 +1,178 @@
+"""Shared image prefixes: the part of a prompt an image's questions have in common is run once.
+
+Generating a short answer is almost all prefill, and a test set asks ~11 questions per image
+(SLAKE). Every supported template puts the image before the question, so the keys and values of
+the prompt up to the end of its image are the same for all questions of one image. The
+generation collate (`collate_shared`) groups a batch's rows by their image tensors (bit for
+bit, so only rows that would see the very same pixels share) and cuts each group's longest
+common token prefix, which must hold every image token; `generate_shared` runs those prefixes
+once per group, repeats their cache over the group's rows and lets `generate` go on from it with
+the questions' suffixes.
+
+Every token keeps its position and its attention mask: a row is [its group's prefix, right-padded
+to the longest prefix][padding][its suffix], with the padding masked out, so positions counted
+from the mask (and Qwen's multimodal rotary positions, computed by `generate` from the whole row)
+are those of the unshared left-padded row. In float32 the answers equal the unshared path's and
+their log-probabilities differ by float rounding (tests/test_shared_prefix.py); in bf16 the
+kernels see other shapes, so a near tie can flip, and such answers are keyed apart
+(`generation.prediction_key`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from medvqa.models.prompting import pad_batch, per_token_keys
+
+log = logging.getLogger(__name__)
+
+SHARED_KEY = "shared_prefix"
+# Families whose image keys and values depend on what follows the image: sharing would change
+# the answers, so they generate unshared (one log line says why).
+UNSHAREABLE = {
+    "paligemma": (
+        "PaliGemma attends bidirectionally over its whole prompt (a prefix-LM), so the image's "
+        "keys and values depend on the question after it"
+    ),
+}
+# Image tensors the model needs after the prefix, one row per image: Qwen-VL computes its
+# multimodal rotary positions of the whole row from the image grid. Pixels are never needed again.
+POSITION_INPUTS = ("image_grid_thw",)
+
+
+def family_refusal(config: Any) -> str | None:
+    """Why models of `config`'s family cannot share image prefixes, or None when they can."""
+    return UNSHAREABLE.get(str(getattr(config, "model_type", "")))
+
+
+def sharing_refusal(model: torch.nn.Module, processor: Any) -> str | None:
+    """Why `model` with `processor` cannot share image prefixes, or None when it can."""
+    refusal = family_refusal(getattr(model, "config", None))
+    if refusal is None and image_token_id(processor) is None:
+        refusal = "its processor names no image token"
+    return refusal
+
+
+def sliding_window(config: Any) -> int | None:
+    """The language model's sliding attention window (Gemma 3: 1024 tokens), if it has one.
+
+    A shared row puts padding between prefix and suffix where an unshared row has it in front;
+    a window counts cache positions, padding included, so the two rows see the same tokens only
+    while a whole row (prompt and answer) fits in the window."""
+    text = config.get_text_config() if config is not None else None
+    window = getattr(text, "sliding_window", None)
+    layers = getattr(text, "layer_types", None)
+    if not window or getattr(text, "use_sliding_window", True) is False:
+        return None
+    if layers is not None and "sliding_attention" not in layers:
+        return None
+    return int(window)
+
+
+def image_token_id(processor: Any) -> int | None:
+    """The token an image's features replace (the processor's `image_token_id`), or None."""
+    value = getattr(processor, "image_token_id", None)
+    if value is None:
+        token = getattr(processor, "image_token", None)
+        value = processor.tokenizer.convert_tokens_to_ids(token) if token else None
+    return None if value is None else int(value)
+
+
+def _image_key(feature: dict[str, torch.Tensor], token_keys: Sequence[str]) -> str:
+    """The identity of a row's image: the bytes of its image tensors (none: the text alone)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for key in sorted(k for k in feature if k not in token_keys):
+        value = feature[key].contiguous()
+        digest.update(key.encode())
+        digest.update(str((value.dtype, tuple(value.shape))).encode())
+        digest.update(value.numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _common_prefix(seqs: Sequence[torch.Tensor]) -> int:
+    """The length of the longest prefix all `seqs` share."""
+    n = min(len(s) for s in seqs)
+    same = (torch.stack([s[:n] for s in seqs]) == seqs[0][:n]).all(dim=0)
+    return int(same.int().cumprod(dim=0).sum())
+
+
+def share_prefixes(
+    features: Sequence[dict[str, torch.Tensor]],
+    pad_token_id: int,
+    image_token: int | None,
+    max_length: int | None = None,
+) -> dict[str, Any] | str:
+    """The batch with shared prefixes, or why it cannot be: an image token after the prefix, or
+    rows longer than `max_length` (`sliding_window` less the new tokens). The batch holds the
+    whole rows ([prefix, padding, suffix], their masks and token types; Qwen's image grids) and,
+    under `SHARED_KEY`, the groups' right-padded prefixes with their image tensors (`prefix`)
+    and each row's group (`rows`)."""
+    token_keys = per_token_keys(features[0])
+    groups: dict[str, int] = {}
+    rows = [groups.setdefault(_image_key(f, token_keys), len(groups)) for f in features]
+    members: list[list[int]] = [[] for _ in groups]
+    for i, g in enumerate(rows):
+        members[g].append(i)
+    if len(members) == len(features):  # nothing to share: the plain batch does less work
+        return "no image of the batch is asked twice"
+    cuts = []
+    for group in members:
+        seqs = [features[i]["input_ids"] for i in group]
+        # At least one token of every row is left for `generate` to run.
+        cut = min(_common_prefix(seqs), min(len(s) for s in seqs) - 1)
+        if image_token is not None and any((s[cut:] == image_token).any() for s in seqs):
+            return "an image token comes after the prompt text its questions share"
+        if cut < 1:
+            return "the rows have no prompt prefix in common"
+        cuts.append(cut)
+    heads = [
+        {k: (v[: cuts[g]] if k in token_keys else v) for k, v in features[group[0]].items()}
+        for g, group in enumerate(members)
+    ]
+    prefix = pad_batch(heads, pad_token_id, "right")
+    tails = [{k: f[k][cuts[g] :] for k in token_keys} for f, g in zip(features, rows, strict=True)]
+    suffix = pad_batch(tails, pad_token_id, "left")
+    index = torch.tensor(rows)
+    length = prefix["input_ids"].shape[1] + suffix["input_ids"].shape[1]
+    if max_length is not None and length > max_length:
+        return f"shared rows of {length} tokens exceed the sliding window's {max_length}"
+    batch: dict[str, Any] = {k: torch.cat([prefix[k][index], suffix[k]], 1) for k in token_keys}
+    batch.update({k: prefix[k][index] for k in POSITION_INPUTS if k in prefix})
+    batch[SHARED_KEY] = {"prefix": prefix, "rows": index}
+    return batch
+
+
+def collate_shared(
+    features: list[dict[str, Any]],
+    pad_token_id: int,
+    padding_side: str,
+    image_token: int | None,
+    meta_key: str,
+    max_length: int | None = None,
+) -> dict[str, Any]:
+    """`datamodule.collate` for generation with shared prefixes (`share_prefixes`), or the plain
+    left-padded batch where it cannot share; the row ids beside."""
+    ids = [f.pop(meta_key) for f in features]
+    batch = share_prefixes(features, pad_token_id, image_token, max_length)
+    if isinstance(batch, str):
+        log.debug("batch generated unshared: %s", batch)
+        batch = pad_batch(features, pad_token_id, padding_side)
+    batch[meta_key] = ids
+    return batch
+
+
+def generate_shared(model: torch.nn.Module, batch: dict[str, Any], **settings: Any) -> torch.Tensor:
+    """`generate` of a `share_prefixes` batch: each group's prefix once, its cache repeated over
+    the group's rows, then the rows' suffixes (the prompt is `batch["input_ids"]`)."""
+    shared = batch.pop(SHARED_KEY)
+    cache = model(**shared["prefix"], use_cache=True, logits_to_keep=1).past_key_values
+    cache.batch_select_indices(shared["rows"])
+    for module in model.modules():  # Qwen-VL keeps the prefix's; `generate` recomputes rows'
+        if getattr(module, "rope_deltas", None) is not None:
+            module.rope_deltas = None
+    return model.generate(**batch, past_key_values=cache, **settings)
