@@ -10,6 +10,7 @@ and runs on import.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -177,6 +178,10 @@ def _non_negative_number(v: Any) -> bool:
     return _number(v) and v >= 0
 
 
+def _finite_positive_or_null(v: Any) -> bool:
+    return v is None or (_positive_number(v) and math.isfinite(v))
+
+
 def _batch_limit(v: Any) -> bool:
     """Lightning's limit_*_batches: null, a whole number of batches, or a fraction in [0, 1]."""
     return v is None or (_whole(v) and v >= 0) or (isinstance(v, float) and 0.0 <= v <= 1.0)
@@ -296,6 +301,23 @@ _RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("judge.backoff", _non_negative_number, "needs seconds >= 0"),
     ("judge.selfcheck_min_closed_acc", _between(0, 1), "needs an accuracy in [0, 1]"),
     ("judge.selfcheck_min_open_tau", _between(-1, 1), "needs a rank correlation in [-1, 1]"),
+    # task=plan's own options (+task.<name>=...)
+    (
+        "task.gpu_gib",
+        _finite_positive_or_null,
+        "needs each GPU's memory in GiB, a number > 0 (+task.gpu_gib=80), or null (this "
+        "machine's GPU, else an 80 GB one)",
+    ),
+    (
+        "task.text_tokens",
+        _at_least(1),
+        "needs a whole number of text tokens per sample >= 1 (+task.text_tokens=64)",
+    ),
+    (
+        "task.devices",
+        _at_least(1, None),
+        "needs a whole number of GPUs per node >= 1 (+task.devices=8), or null",
+    ),
 )
 
 

@@ -213,6 +213,43 @@ ADOPTED = ("model", "peft", "seed", "trainer.precision", "data.train_image")
 ADOPTED_CHOICES = ("model", "peft")
 
 
+def check_trained_weights(run_dir: Path, trained: DictConfig) -> None:
+    """Before any data or model work: the run `eval.from_run` names trained weights, they are
+    all there (weights and manifest), and the manifest's method is the run's. A method that
+    trains nothing (peft=none) needs none. (The manifest's config fingerprint is not compared
+    with the record's config: the record is written before the run settles `auto` settings.)"""
+    from medvqa.models.saving import META_FILE, TRAINED_DIR, WEIGHTS_FILE  # torch: only here
+
+    where = f"eval.from_run={run_dir}"
+    task = OmegaConf.select(trained, "task.name", default=None)
+    if task not in (None, "train_eval"):
+        source = OmegaConf.select(trained, "eval.from_run", default=None)
+        evaluated = f" (this one evaluated eval.from_run={source})" if source else ""
+        raise ValueError(
+            f"{where}: that is a task={task} run; it trained no weights{evaluated}. Give the "
+            "directory of a task=train_eval run."
+        )
+    if not OmegaConf.select(trained, "peft.fit", default=True):
+        return
+    weights, manifest = run_dir / TRAINED_DIR / WEIGHTS_FILE, run_dir / TRAINED_DIR / META_FILE
+    if not weights.is_file() or not manifest.is_file():
+        raise FileNotFoundError(
+            f"{where}: its trained weights are not there ({weights} and {manifest.name}); they "
+            "were moved or deleted. Restore the run's trained/ folder, or train again "
+            "(task=train_eval)."
+        )
+    try:
+        meta = json.loads(manifest.read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{where}: {manifest} cannot be read ({err}); train again") from err
+    method = OmegaConf.select(trained, "peft.name", default=None)
+    if isinstance(meta, dict) and method is not None and meta.get("method") != method:
+        raise ValueError(
+            f"{where}: {weights} holds {meta.get('method')!r} weights, but the run's method is "
+            f"{method!r}; the folder was overwritten. Train again (task=train_eval)."
+        )
+
+
 def adopt_run(cfg: DictConfig, choices: Mapping[str, Any]) -> tuple[DictConfig, dict[str, Any]]:
     """For `eval.from_run`: `cfg` and `choices` with the model, method and seed of that run."""
     from_run = OmegaConf.select(cfg, "eval.from_run")
@@ -236,6 +273,7 @@ def adopt_run(cfg: DictConfig, choices: Mapping[str, Any]) -> tuple[DictConfig, 
             "weights need are unknown; evaluate a run whose record has one."
         )
     trained = OmegaConf.create(record["config"])
+    check_trained_weights(Path(from_run), trained)
     with open_dict(cfg):
         for key in ADOPTED:
             value = OmegaConf.select(trained, key, default=None)

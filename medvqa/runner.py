@@ -6,7 +6,10 @@ Every ending is written to results.json before the process moves on: `finished`,
 always finished. A single run then exits with its status's code (`EXIT_CODES`; interrupted:
 128 + the signal). In a multirun, a job that did not finish raises `JobNotFinished` after its
 record is written: Hydra runs the sweep's other jobs and exits 1 at the end, naming the first
-such job (SIGINT, Ctrl-C, stops the whole sweep instead).
+such job. SIGINT (Ctrl-C) stops the whole sweep instead, and so does SIGTERM to a local sweep (a
+`timeout`, a shutdown: whoever sends it wants it to stop), exiting 143; under SLURM each job keeps
+its own handling (requeue, resume). A job of a sweep that the config check refuses is recorded
+`failed` with the problems, as a crashed job is, so reports and relaunches see it.
 
 Global rank 0 holds the run directory's lock for the whole job (`RUN_LOCK`): a second launch
 into the same directory refuses, naming the pid and host that run it. In a multi-GPU run every
@@ -19,6 +22,7 @@ import logging
 import signal
 import traceback
 from pathlib import Path
+from typing import Any
 
 import torch
 from hydra.core.hydra_config import HydraConfig
@@ -29,6 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 from medvqa.atomic import LockHeld, describe_owner, hold_lock
 from medvqa.config import check_config, check_judge_config
 from medvqa.distributed import Job, global_rank, is_global_zero, job_ranks
+from medvqa.errors import ConfigError
 from medvqa.evaluation.scoring import failed_items
 from medvqa.interrupts import as_interrupted, interrupts_job, where
 from medvqa.provenance import environment
@@ -60,9 +65,14 @@ def run(cfg: DictConfig) -> dict[str, float] | None:
     # task=eval adopts only what a run trained with (model, method, seed, precision, train
     # image); the checked data, shift, breakdown, trainer and judge values stay as composed.
     check_judge_config(cfg)  # before anything could record a key pasted as its name
-    check_config(cfg)
-    configure_cuda_allocator(cfg.cuda_allocator)  # before anything allocates on a GPU
     hydra_cfg = HydraConfig.get()
+    try:
+        check_config(cfg)
+    except ConfigError as err:
+        if hydra_cfg.mode == RunMode.MULTIRUN and is_global_zero():
+            _record_refusal(cfg, Path(hydra_cfg.runtime.output_dir), hydra_cfg, err)
+        raise
+    configure_cuda_allocator(cfg.cuda_allocator)  # before anything allocates on a GPU
     out_dir = Path(hydra_cfg.runtime.output_dir)
     cfg, choices = adopt_run(cfg, hydra_cfg.runtime.choices)  # task=eval: the run's model
     record = RunRecord(out_dir, cfg, choices=choices)
@@ -89,14 +99,36 @@ def run(cfg: DictConfig) -> dict[str, float] | None:
         ) from None
     if status == "finished":
         return metrics
-    return _not_finished(status, err, record, hydra_cfg.mode)
+    return _not_finished(status, err, record, hydra_cfg.mode, _local(hydra_cfg))
+
+
+def _local(hydra_cfg: Any) -> bool:
+    """Whether the jobs run one after the other in this process (Hydra's basic launcher)."""
+    return str(OmegaConf.select(hydra_cfg, "launcher._target_", default="")).endswith(
+        "BasicLauncher"
+    )
+
+
+def _record_refusal(cfg: DictConfig, out_dir: Path, hydra_cfg: Any, err: ConfigError) -> None:
+    """A sweep job the config check refused: a `failed` record with the problems, so that
+    `medvqa-report` and a relaunch see it (a single run just exits 1 with them)."""
+    try:
+        record = RunRecord(out_dir, cfg, choices=hydra_cfg.runtime.choices)
+    except Exception as why:  # a value too broken to record (the refusal is raised anyway)
+        log.warning("the refused job could not be recorded: %r", why)
+        return
+    record.write("failed", error=f"{type(err).__name__}: {err}")
 
 
 def _not_finished(
-    status: str, err: BaseException | None, record: RunRecord, mode: RunMode | None
+    status: str,
+    err: BaseException | None,
+    record: RunRecord,
+    mode: RunMode | None,
+    local: bool = True,
 ) -> None:
     """Leave the job with its status: the exit code of a single run, `JobNotFinished` in a
-    multirun (Hydra goes on with the other jobs), SIGINT ends a sweep."""
+    multirun (Hydra goes on with the other jobs); SIGINT ends a sweep, SIGTERM a local one."""
     if isinstance(err, SystemExit) and err.code not in (None, 0):
         # A scheduler's own exit: submitit requeued the job and leaves with sys.exit(-1) so that
         # no result is written for this attempt. It must leave as it came.
@@ -108,6 +140,9 @@ def _not_finished(
         raise SystemExit(interrupted.exit_code if interrupted else EXIT_CODES[status])
     if interrupted is not None and interrupted.signum == signal.SIGINT:
         raise KeyboardInterrupt from err  # Ctrl-C: the user stops the sweep
+    if interrupted is not None and interrupted.signum == signal.SIGTERM and local:
+        log.error("SIGTERM: the sweep stops; this job's record says where it was")
+        raise SystemExit(interrupted.exit_code) from err  # `timeout`, a shutdown
     detail = f": {err}" if err is not None and status in ("failed", "interrupted") else ""
     raise JobNotFinished(f"the job is {status}{detail} (record: {record.path})")
 

@@ -65,7 +65,7 @@ def test_the_family_scores_confidence_against_right_and_wrong_per_answer_type() 
         ["no", "yes", "no", "yes", "left lung", "heart"],
         ["closed"] * 4 + ["open"] * 2,
     )
-    family = CalibrationMetric(bins=2, coverages=[0.5, 0.8])
+    family = CalibrationMetric(bins=2, coverages=[0.5, 0.8], min_rows=1)
     columns = family.per_sample(preds)
     assert columns["calibration_confidence"].tolist() == pytest.approx([*CONF, 0.5, 0.9])
     assert columns["calibration_correct"].tolist() == [*RIGHT, 1, 0]
@@ -90,7 +90,7 @@ def test_the_family_scores_confidence_against_right_and_wrong_per_answer_type() 
 def test_a_row_without_a_confidence_makes_the_figures_nan_not_those_of_the_rest() -> None:
     preds = _preds([math.log(0.9), float("nan")], [1, 1], ["yes", "no"], ["yes", "yes"],
                    ["closed", "closed"])  # fmt: skip
-    family = CalibrationMetric()
+    family = CalibrationMetric(min_rows=1)
     scores = family.aggregate(preds.join(family.per_sample(preds)))
     assert math.isnan(scores["calibration_closed_ece"])
     assert math.isnan(scores["calibration_closed_acc_at_50"])
@@ -141,7 +141,7 @@ def test_a_temperature_fitted_on_validation_answers_tempers_an_overconfident_mod
         temperature_metrics,
     )
 
-    family = CalibrationMetric(bins=2)
+    family = CalibrationMetric(bins=2, min_rows=1)
     val = _two_token_answers([5.0] * 8, [1, 0] * 4, "val")
     test = _two_token_answers([5.0] * 6 + [1.0] * 4, [1, 0, 1, 0, 1, 0, 1, 1, 0, 0], "test_ood")
     preds = pd.concat([val, test], ignore_index=True)
@@ -167,3 +167,24 @@ def test_a_temperature_fitted_on_validation_answers_tempers_an_overconfident_mod
     # answers generated before the grid was recorded: no temperature, NaN not a guess
     old = scored.assign(**{R.LOGPROB_BY_TEMPERATURE: None})
     assert math.isnan(temperature_metrics(old, family)[1]["val/calibration_closed_temperature"])
+
+
+def test_too_few_answers_give_nan_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """One closed answer used to give `ece 0.99`: its distance from 0 or 1. Below
+    `min_rows` (10, as the subgroup family's) the figures are NaN and a warning says why; the
+    count stays."""
+    from medvqa.evaluation.families.calibration import temperature_metrics
+
+    preds = _preds([math.log(0.99)], [1], ["no"], ["yes"], ["closed"])
+    family = CalibrationMetric()
+    scored = preds.join(family.per_sample(preds))
+    with caplog.at_level("WARNING"):
+        scores = family.aggregate(scored)
+    assert math.isnan(scores["calibration_closed_ece"]) and scores["calibration_closed_n"] == 1
+    assert "fewer than metric.calibration.min_rows=10" in caplog.text
+    assert CalibrationMetric(min_rows=1).aggregate(scored)["calibration_closed_ece"] > 0.9
+    val = _two_token_answers([5.0] * 8, [1, 0] * 4, "val")  # 8 < 10: no temperature
+    val = val.join(family.per_sample(val))
+    assert math.isnan(temperature_metrics(val, family)[1]["val/calibration_closed_temperature"])
+    with pytest.raises(ValueError, match="min_rows=0"):
+        CalibrationMetric(min_rows=0)

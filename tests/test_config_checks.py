@@ -314,3 +314,24 @@ def test_medvqa_score_still_skips_a_breakdown_column_the_file_lacks(tmp_path: Pa
     ]
     assert main(args) == 0
     assert json.loads((out / "results.json").read_text())["status"] == "finished"
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("+task.gpu_gib=-5", "task.gpu_gib=-5: needs each GPU's memory in GiB"),
+        ("+task.gpu_gib=0", "task.gpu_gib=0: needs each GPU's memory in GiB"),
+        ("+task.gpu_gib=nan", "task.gpu_gib=nan: needs each GPU's memory in GiB"),
+        ("+task.gpu_gib=abc", "task.gpu_gib=abc: needs each GPU's memory in GiB"),
+        ("+task.text_tokens=-100", "task.text_tokens=-100: needs a whole number of text tokens"),
+        ("+task.devices=0", "task.devices=0: needs a whole number of GPUs per node"),
+    ],
+)
+def test_the_plan_options_are_checked(override: str, message: str) -> None:
+    """task=plan's own options: refused naming the key, where the plan used to answer a GPU of
+    -5 GiB with "a smaller model" and accept -100 text tokens."""
+    assert message in _error(["task=plan", override])
+
+
+def test_good_plan_options_pass() -> None:
+    check_config(compose(["task=plan", "+task.gpu_gib=141", "+task.text_tokens=64"], COMPOSE_CACHE))

@@ -175,6 +175,18 @@ def test_task_eval_reproduces_a_finished_run(
     assert pd.read_json(run / "predictions.jsonl", lines=True)["prediction"].tolist() == (
         pd.read_json(again / "predictions.jsonl", lines=True)["prediction"].tolist()
     )
+    # Refused before any data or model work: weights gone, or a run that trained none.
+    import shutil
+
+    gone = tmp_path / "gone"
+    shutil.copytree(run, gone)
+    shutil.rmtree(gone / "trained")
+    splits = tmp_path / "splits"
+    assert run_main([*SMOKE, "task=splits"], splits, cache_dir).returncode == 0
+    for source, said in ((gone, "its trained weights are not there"), (splits, "task=splits run")):
+        proc = run_main([*SMOKE, "task=eval", f"eval.from_run={source}"], tmp_path / "x", cache_dir)
+        assert proc.returncode != 0 and said in proc.stderr, proc.stderr[-2000:]
+        assert "generate" not in proc.stderr and not (tmp_path / "x" / "splits.json").exists()
 
 
 def test_task_eval_needs_a_finished_run(cache_dir: Path, tmp_path: Path) -> None:

@@ -116,6 +116,7 @@ def test_a_run_reports_the_delta_of_another_rows_image(
     if mode == "shuffled":  # val answers too: the temperature is fitted on them
         args += [
             "metric=[traditional,calibration,subgroups]",
+            "metric.calibration.min_rows=1",  # the smoke splits' few closed answers
             "task.eval_splits=[val,test_iid,test_ood]",
         ]
     else:
@@ -320,3 +321,26 @@ def test_the_synthetic_text_cue_modality_is_found_by_the_reliance_analysis(
     assert mri < 0.8  # the guessed answers that were not "yes"
     closed_mri = table[(table["modality"] == "mri") & (table[R.ANSWER_TYPE] == "closed")]
     assert mri == pytest.approx((closed_mri[R.ANSWER] == "yes").mean())
+
+
+def test_a_split_without_partners_is_refused_before_training(
+    tmp_path: Path, cache_dir: Path, tiny_model_dir: Path
+) -> None:
+    """`shuffled` on a split of one row (no other case to take an image from) used to fail
+    after training and generation, naming no split; now before the model loads."""
+    args = [
+        "debug=smoke",
+        "logger=csv",
+        "data.extra_eval_images=[shuffled]",
+        "data.limit.test_iid=1",
+    ]
+    proc = run_main(args, tmp_path, cache_dir)
+    assert proc.returncode == 1
+    assert "image mode 'shuffled' on test_iid (1 rows" in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "trained").exists() and not (tmp_path / "predictions.jsonl").exists()
+    from medvqa.training.datamodule import check_partners
+
+    one = pd.DataFrame({R.ID: ["a", "b"], R.CASE_ID: ["c1", "c2"], "modality": ["CT", "CT"]})
+    check_partners({"test_iid": one}, ["image", "shuffled"], "modality")  # two cases: fine
+    with pytest.raises(ValueError, match=r"'mismatched' on the test splits together .*\['CT'\]"):
+        check_partners({"test_iid": one, "test_ood": one}, ["mismatched"], "modality")

@@ -906,3 +906,36 @@ def test_the_report_puts_the_beyond_accuracy_views_beside_each_method(tmp_path: 
         pd.read_csv(csv).set_index("method").loc["LoRA", "survive blank OoD"]
         == lora["survive blank OoD"]
     )
+
+
+def test_a_report_killed_midway_leaves_the_earlier_one_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The report is built in a hidden sibling folder and swapped in whole: killed while
+    writing, the earlier report stays as it was (never new tables beside old figures), and the
+    half-built folder is gone; W&B's offline folder survives a rebuild."""
+    from medvqa.analysis import report as report_module
+
+    runs_dir, out = tmp_path / "runs", tmp_path / "out"
+    write_record(runs_dir, "lora", 0)
+    first = build_report(collect([runs_dir]), out)
+    assert first.files["html"] == out / "report.html" and first.files["html"].is_file()
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    (out / "wandb").mkdir()
+    (out / "wandb" / "run.log").write_text("an upload")
+    write_record(runs_dir, "full", 0)
+
+    def killed(report: Any) -> Path:
+        raise KeyboardInterrupt("killed while writing the report")
+
+    monkeypatch.setattr(report_module, "write_html", killed)
+    with pytest.raises(KeyboardInterrupt):
+        build_report(collect([runs_dir]), out)
+    after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert {k: v for k, v in after.items() if k.parts[0] != "wandb"} == before
+    assert not list(tmp_path.glob(".out.building-*"))
+    monkeypatch.undo()
+    second = build_report(collect([runs_dir]), out)
+    assert "Full Finetune" in (out / "tables.md").read_text()
+    assert (out / "wandb" / "run.log").read_text() == "an upload"
+    assert all(p.is_file() and out in p.parents for p in second.files.values())

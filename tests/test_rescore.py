@@ -479,6 +479,11 @@ def test_bytes_that_are_not_utf8_are_placed(
         assert f"{path}: byte {offset} (line {2 if suffix == '.jsonl' else 3})" in text
         assert "re-save the file as UTF-8" in text
         assert "Traceback" not in text
+    utf16 = tmp_path / "unicode.txt.csv"  # Excel's "Unicode Text", PowerShell's default
+    utf16.write_bytes(table.encode("utf-16"))
+    text = refused(utf16, tmp_path, caplog)
+    assert "UTF-16 byte-order mark" in text and "iconv -f UTF-16 -t UTF-8" in text
+    assert "WINDOWS-1252" not in text
     bom = tmp_path / "excel.csv"  # Excel's "CSV UTF-8": a byte-order mark, then UTF-8
     bom.write_bytes(table.encode("utf-8-sig"))
     assert read(bom)[0]["answer"].tolist() == ["yes", "fémur"]

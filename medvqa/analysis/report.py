@@ -16,8 +16,11 @@ naming its file and listed with the reason among the issues, never shown as a ta
 from __future__ import annotations
 
 import base64
+import dataclasses
 import html
 import logging
+import os
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +44,7 @@ from medvqa.analysis.tables import (
     wide_tables,
     write_tables,
 )
+from medvqa.atomic import replace_dir
 from medvqa.record import REHEARSAL_NOTE
 
 log = logging.getLogger(__name__)
@@ -67,8 +71,44 @@ class Report:
     skipped: dict[str, str] = field(default_factory=dict)
     files: dict[str, Path] = field(default_factory=dict)
 
+    def moved(self, to: Path) -> Report:
+        """The same report, its folder moved to `to` (the paths it lists follow)."""
+
+        def follow(path: Path) -> Path:
+            return to / Path(path).relative_to(self.out_dir)
+
+        return dataclasses.replace(
+            self,
+            out_dir=to,
+            figures={k: follow(v) for k, v in self.figures.items()},
+            files={k: follow(v) for k, v in self.files.items()},
+        )
+
+
+# What `build_report` keeps of an earlier report's folder: W&B's offline runs of the uploads.
+KEPT = ("wandb",)
+
 
 def build_report(runs: pd.DataFrame, out_dir: Path | str) -> Report:
+    """`build` into a hidden sibling of `out_dir`, then swapped in whole (`replace_dir`): a
+    report killed midway leaves the earlier one as it was, never new tables beside old figures.
+    A folder a killed build left behind is removed by the next."""
+    out_dir = Path(out_dir)
+    for stale in out_dir.parent.glob(f".{out_dir.name}.building-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    staging = out_dir.with_name(f".{out_dir.name}.building-{os.getpid()}")
+    try:
+        report = build(runs, staging)
+        for name in KEPT:
+            if (out_dir / name).exists():
+                os.replace(out_dir / name, staging / name)
+        replace_dir(staging, out_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return report.moved(out_dir)
+
+
+def build(runs: pd.DataFrame, out_dir: Path | str) -> Report:
     """Tables, figures and report.html under `out_dir` from the tidy run table.
 
     Skipped records (status `unreadable`) are listed among the issues only: their rows say

@@ -78,9 +78,29 @@ def _check_readable(path: Path) -> None:
         line = data[: err.start].count(b"\n") + 1
         raise ScoreInputError(
             f"{path}: byte {err.start} (line {line}) is {data[err.start : err.start + 1]!r}, "
-            "not UTF-8; re-save the file as UTF-8 (e.g. Excel's 'CSV UTF-8', or "
-            "`iconv -f latin1 -t utf-8`)"
+            f"not UTF-8; {_likely_encoding(data)}"
         ) from err
+
+
+# Byte-order marks and the encoding they mark, as `iconv -f` names it (it reads the mark).
+BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"),
+        (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16"))  # fmt: skip
+
+
+def _likely_encoding(data: bytes) -> str:
+    """How to re-save a file that is not UTF-8: its byte-order mark names its encoding (Excel's
+    'Unicode Text' and PowerShell write UTF-16); without one, most likely Latin-1/Windows-1252."""
+    for bom, name in BOMS:
+        if data.startswith(bom):
+            return (
+                f"it starts with a {name} byte-order mark, so it is {name} (Excel's 'Unicode "
+                f"Text' and PowerShell write UTF-16). Re-save it as UTF-8 (Excel: 'CSV UTF-8'), "
+                f"or `iconv -f {name} -t UTF-8 FILE > FILE.utf8`"
+            )
+    return (
+        "re-save the file as UTF-8 (e.g. Excel's 'CSV UTF-8'), or, if it came from Windows "
+        "or Excel, `iconv -f WINDOWS-1252 -t UTF-8 FILE > FILE.utf8`"
+    )
 
 
 def _json_rows(path: Path) -> list[dict[str, Any]]:

@@ -22,6 +22,8 @@ log = logging.getLogger(__name__)
 
 WEIGHTS_FILE = "trainable.safetensors"
 META_FILE = "trainable.json"
+# A run directory's folder of the weights it trained (`task=eval eval.from_run=<run>` loads them).
+TRAINED_DIR = "trained"
 
 
 def save_trainable(

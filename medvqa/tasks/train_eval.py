@@ -36,7 +36,7 @@ from medvqa.models.adapters import (
 )
 from medvqa.models.flops import fit_rates
 from medvqa.models.loading import load_vlm, roles
-from medvqa.models.saving import load_trainable, save_trainable, trained_before
+from medvqa.models.saving import TRAINED_DIR, load_trainable, save_trainable, trained_before
 from medvqa.planning.memory import Setup, checkpointing_label
 from medvqa.provenance import add_metrics, add_model
 from medvqa.record import config_fingerprint
@@ -44,14 +44,13 @@ from medvqa.tasks.common import prepare_splits, report_run
 from medvqa.tasks.plan import check_fits
 from medvqa.tracking import instantiate_group
 from medvqa.training.checkpoints import AtomicCheckpointIO, set_aside_stale
-from medvqa.training.datamodule import VQADataModule
+from medvqa.training.datamodule import VQADataModule, check_partners
 from medvqa.training.hardware import check_precision, check_trainer
 from medvqa.training.module import VQAModule
 from medvqa.training.strategies import is_deepspeed, resident
 
 log = logging.getLogger(__name__)
 
-TRAINED_DIR = "trained"
 REFERENCES = {"zero_shot": "zero-shot base", "chance": "chance (1/k)"}
 # Under paths.cache_dir: answers of the untuned base, shared by the jobs of a sweep.
 SHARED_PREDICTIONS = "predictions"
@@ -118,6 +117,12 @@ def train_eval(
         with measure.measured("data"):  # the table, the shift, every image checked
             source, splits = prepare_splits(cfg, out_dir, images=True, provenance=provenance)
         frames = {s: splits[s] for s in eval_splits}
+        # The counterfactual image modes' partners, before the model loads and trains.
+        check_partners(
+            frames,
+            [cfg.data.eval_image, *cfg.data.extra_eval_images],
+            str(cfg.data.mismatch_field),
+        )
 
         with measure.measured("load"):
             model, processor = load_vlm(cfg.model)

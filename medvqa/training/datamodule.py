@@ -82,6 +82,29 @@ def shuffled_partners(
     return {ids[order[k]]: int(order[picked[k]]) for k in range(len(frame))}
 
 
+def check_partners(
+    frames: Mapping[str, pd.DataFrame], modes: Iterable[str], mismatch_field: str
+) -> None:
+    """Before any training: every row of every split can be shown a partner's image in each of
+    `modes` that needs one (`shuffled`: another case of its split; `mismatched`: another value
+    of `mismatch_field` among all of `frames`, as generation draws them). The error names the
+    split, the mode and the field's values."""
+    for mode in dict.fromkeys(m for m in modes if m in PARTNER_MODES):
+        if mode == "mismatched":
+            pools = {"the test splits together": pd.concat(list(frames.values()))}
+            by = mismatch_field
+        else:
+            pools, by = dict(frames), R.CASE_ID
+        for split, pool in pools.items():
+            try:
+                shuffled_partners(pool, by=by)
+            except ValueError as err:
+                values = sorted(map(str, pool[by].unique())) if by in pool else []
+                raise ValueError(
+                    f"image mode {mode!r} on {split} ({len(pool)} rows; {by}: {values[:10]}): {err}"
+                ) from None
+
+
 def auto_workers(trainer: L.Trainer | None) -> int:
     """Loader processes for one rank when `data.num_workers` is null: none on a CPU trainer (the
     model's own threads use every core), else the cores this rank may use less one for the rank

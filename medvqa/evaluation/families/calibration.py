@@ -101,6 +101,7 @@ class CalibrationMetric(MetricFamily):
         confidence: str = "sequence",
         bins: int = 10,
         coverages: Sequence[float] = (0.5, 0.8),
+        min_rows: int = 10,
     ) -> None:
         if confidence not in CONFIDENCES:
             raise ValueError(
@@ -108,6 +109,10 @@ class CalibrationMetric(MetricFamily):
             )
         if int(bins) < 1:
             raise ValueError(f"metric.calibration.bins={bins}: needs a whole number >= 1")
+        if isinstance(min_rows, bool) or int(min_rows) != min_rows or min_rows < 1:
+            raise ValueError(
+                f"metric.calibration.min_rows={min_rows}: needs a whole number >= 1 (10)"
+            )
         bad = [c for c in coverages if not 0 < float(c) <= 1]
         if bad:
             raise ValueError(
@@ -117,6 +122,21 @@ class CalibrationMetric(MetricFamily):
         self.confidence = confidence
         self.bins = int(bins)
         self.coverages = [float(c) for c in coverages]
+        # Fewer answers of a type than this: its figures are NaN (an ECE of one answer is its
+        # distance from 0 or 1, not a calibration), as the subgroup family's `min_rows`.
+        self.min_rows = int(min_rows)
+
+    def too_few(self, n: int, what: str) -> bool:
+        """Whether `n` answers are too few for calibration figures (a warning says so)."""
+        if 0 < n < self.min_rows:
+            log.warning(
+                "calibration: %s has %d answers, fewer than metric.calibration.min_rows=%d: "
+                "its figures are NaN",
+                what,
+                n,
+                self.min_rows,
+            )
+        return n < self.min_rows
 
     def per_sample(self, preds: pd.DataFrame) -> pd.DataFrame:
         correct = binary_correct(per_sample_scores(preds, ["exact_match"]))
@@ -143,7 +163,7 @@ class CalibrationMetric(MetricFamily):
             keep = ~np.isnan(correct)
             correct, confidence = correct[keep], confidence[keep]
             names = [f"{answer_type}_{n}" for n in self._names()]
-            if not len(correct) or np.isnan(confidence).any():
+            if self.too_few(len(correct), f"{answer_type} questions") or np.isnan(confidence).any():
                 if len(correct):
                     log.warning(
                         "calibration: %d of %d %s answers have no recorded confidence "
@@ -240,7 +260,9 @@ def temperature_metrics(
         fit = of_type & (scored[R.SPLIT] == fit_split).to_numpy()
         if not fit.any():
             continue
-        t = fit_temperature(scored[fit], correct_all[fit], family.confidence)
+        t = math.nan
+        if not family.too_few(int(fit.sum()), f"the temperature fit on {fit_split} {answer_type}"):
+            t = fit_temperature(scored[fit], correct_all[fit], family.confidence)
         out[f"{fit_split}/{family.column(f'{answer_type}_temperature')}"] = t
         if math.isnan(t):
             continue
@@ -249,7 +271,7 @@ def temperature_metrics(
             rows = of_type & (scored[R.SPLIT] == split).to_numpy()
             c, y = scaled[rows].to_numpy(float), correct_all[rows]
             name = f"{split}/{family.column(answer_type)}"
-            nan = np.isnan(c).any()
+            nan = np.isnan(c).any() or family.too_few(len(c), f"{split} {answer_type}")
             out[f"{name}_ece_scaled"] = math.nan if nan else adaptive_ece(c, y, family.bins)
             out[f"{name}_brier_scaled"] = math.nan if nan else float(np.mean((c - y) ** 2))
             out[f"{name}_aurc_scaled"] = math.nan if nan else float(risk_coverage(c, y).mean())
