@@ -549,6 +549,9 @@ def generate_splits(
     there for the next job.
     """
     model_id = weights_fingerprint(model)  # once for every split (it reads every tensor)
+    # Decided (and a refusal logged) once for every split, not per split.
+    enabled = settings.get("share_image_prefix", ModelSchema.share_image_prefix)
+    settings = {**settings, "share_image_prefix": shares_prefixes(model, processor, enabled)}
     if is_global_zero():
         set_aside_other_weights(out_path, model_id)
     shared = None
