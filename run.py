@@ -1,16 +1,7 @@
-"""medvqa entry point: `python run.py [group=option ...]` (see conf/ and README.md)."""
+"""medvqa entry point: `python run.py [group=option ...]` (see conf/ and README.md); the same
+`@hydra.main` as the installed console script `medvqa-run` (medvqa/cli/run.py)."""
 
-import hydra
-from omegaconf import DictConfig
-
-import medvqa.config  # noqa: F401  (registers the typed schemas with Hydra)
-from medvqa.runner import run
-
-
-@hydra.main(version_base="1.3", config_path="conf", config_name="config")
-def main(cfg: DictConfig) -> None:
-    run(cfg)
-
+from medvqa.cli.run import main
 
 if __name__ == "__main__":
     main()

@@ -5,7 +5,7 @@ Reports LoRA and full fine-tuning samples/s at batch 4 on the synthetic dataset 
 the same module the main job uses), after a short warm-up. Extra Hydra-style overrides are
 passed through, e.g. `python benchmarks/smollm2_throughput.py data.batch_size=8`.
 The model is built without the alignment stage by default (it does not change the speed);
-pass `model.builder.pretrain=...` overrides to measure the configured build instead.
+pass `+model.builder.pretrain=...` overrides to measure the configured build instead.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ TRAIN_STEPS = 10
 WARMUP_STEPS = 2
 BATCH_SIZE = 4
 CACHE = Path(os.environ.get("MEDVQA_CACHE", ROOT / ".cache"))
-DEFAULTS = ["model=smollm2_llava", "model.builder.pretrain=null", f"data.batch_size={BATCH_SIZE}"]
+DEFAULTS = ["model=smollm2_llava", f"data.batch_size={BATCH_SIZE}"]
 
 
 def _cfg(overrides: list[str]):

@@ -1,5 +1,6 @@
-"""Build a directory once, atomically: the one cache pattern of medvqa; and replace a file
-atomically (`write_file`), for records and tables that readers may open at any time.
+"""Build a directory once, atomically: the one cache pattern of medvqa; replace a file
+atomically (`write_file`), for records and tables that readers may open at any time; and write a
+command's multi-file output folder whole (`staged_dir`): the report, a rescoring, a rater sheet.
 
 Normalised dataset tables, generated synthetic datasets and offline-built models are all
 directories that are expensive to make and shared by concurrent jobs (a multirun, a SLURM
@@ -21,7 +22,7 @@ import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -116,6 +117,71 @@ def replace_dir(new: Path, target: Path) -> None:
         os.replace(target, old)
     os.replace(new, target)
     shutil.rmtree(old, ignore_errors=True)
+
+
+class OutputDirError(FileExistsError):
+    """An output folder that holds something else; the message names it and the fix."""
+
+
+# Written into every `staged_dir` output, naming the command: only such a folder is replaced.
+OUTPUT_MARKER = ".medvqa-output"
+
+
+@contextlib.contextmanager
+def staged_dir(
+    target: Path, tool: str, keep: Sequence[str] = (), legacy: str | None = None
+) -> Iterator[Path]:
+    """Yield a hidden sibling of `target` to write `tool`'s output into; swap it in whole
+    (`replace_dir`) when the block ends normally. Killed or failed midway, `target` stays as it
+    was (never new tables beside old figures); a folder a killed build left behind is removed by
+    the next. Entries named in `keep` (e.g. W&B's offline runs) move over from the old folder.
+
+    Only an empty folder or an earlier output of `tool` (its `OUTPUT_MARKER`, or the file
+    `legacy` that outputs from before the marker hold) is replaced: pointed at a run directory or
+    any other folder, it refuses before any work instead of deleting what is there.
+    """
+    target = Path(target)
+    if target.exists() and not _replaceable(target, tool, legacy):
+        raise OutputDirError(
+            f"{target} exists and is not a {tool} output (it has no {OUTPUT_MARKER}"
+            f"{f' or {legacy}' if legacy else ''}); its contents would be replaced. Choose "
+            "another output folder, or empty or remove this one."
+        )
+    for stale in target.parent.glob(f".{target.name}.building-*"):
+        if not _pid_alive(stale.name.rsplit("-", 1)[-1]):
+            shutil.rmtree(stale, ignore_errors=True)
+    staging = target.with_name(f".{target.name}.building-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        yield staging
+        (staging / OUTPUT_MARKER).write_text(tool + "\n")
+        for name in keep:
+            if (target / name).exists():
+                os.replace(target / name, staging / name)
+        replace_dir(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _replaceable(target: Path, tool: str, legacy: str | None) -> bool:
+    if not target.is_dir():
+        return False
+    marker = target / OUTPUT_MARKER
+    if marker.is_file():
+        return marker.read_text().strip() == tool
+    return not any(target.iterdir()) or (legacy is not None and (target / legacy).is_file())
+
+
+def _pid_alive(pid: str) -> bool:
+    """Whether the process that named a staging folder still runs (on this host)."""
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def is_built(target: Path, marker: str) -> bool:

@@ -16,6 +16,7 @@ import platform
 import subprocess
 from collections.abc import Iterable, MutableMapping
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from medvqa import REPO_ROOT
@@ -115,6 +116,16 @@ def add_model(provenance: MutableMapping[str, Any] | None, model: Any) -> None:
         ),
         "weights_fingerprint": weights_fingerprint(model),
     }
+
+
+def add_trained(provenance: MutableMapping[str, Any] | None, weights_dir: Path) -> None:
+    """The manifest of the weights this run trained (method, sizes, the config fingerprint
+    they were trained for, the step): `eval.from_run` checks its trained/ folder against it."""
+    if provenance is None:
+        return
+    from medvqa.models.saving import read_manifest
+
+    provenance["trained"] = read_manifest(weights_dir)
 
 
 def add_metrics(provenance: MutableMapping[str, Any] | None, families: Iterable[Any]) -> None:

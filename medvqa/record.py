@@ -213,11 +213,14 @@ ADOPTED = ("model", "peft", "seed", "trainer.precision", "data.train_image")
 ADOPTED_CHOICES = ("model", "peft")
 
 
-def check_trained_weights(run_dir: Path, trained: DictConfig) -> None:
+def check_trained_weights(
+    run_dir: Path, trained: DictConfig, provenance: Mapping[str, Any] | None = None
+) -> None:
     """Before any data or model work: the run `eval.from_run` names trained weights, they are
-    all there (weights and manifest), and the manifest's method is the run's. A method that
-    trains nothing (peft=none) needs none. (The manifest's config fingerprint is not compared
-    with the record's config: the record is written before the run settles `auto` settings.)"""
+    all there (weights and manifest), the manifest's method is the run's, and the manifest is
+    the one the run recorded (`provenance["trained"]`: the same training, config fingerprint
+    and step; records from before it was kept are not compared). A method that trains nothing
+    (peft=none) needs none."""
     from medvqa.models.saving import META_FILE, TRAINED_DIR, WEIGHTS_FILE  # torch: only here
 
     where = f"eval.from_run={run_dir}"
@@ -248,6 +251,15 @@ def check_trained_weights(run_dir: Path, trained: DictConfig) -> None:
             f"{where}: {weights} holds {meta.get('method')!r} weights, but the run's method is "
             f"{method!r}; the folder was overwritten. Train again (task=train_eval)."
         )
+    recorded = (provenance or {}).get("trained")
+    if isinstance(recorded, dict) and recorded != meta:
+        differ = sorted(k for k in {*recorded, *meta} if recorded.get(k) != meta.get(k))
+        raise ValueError(
+            f"{where}: {manifest} is not the manifest the run recorded (they differ in "
+            f"{differ}: recorded {[recorded.get(k) for k in differ]}, found "
+            f"{[meta.get(k) for k in differ]}); the trained/ folder was replaced by another "
+            "training. Evaluate the run that trained these weights, or train again."
+        )
 
 
 def adopt_run(cfg: DictConfig, choices: Mapping[str, Any]) -> tuple[DictConfig, dict[str, Any]]:
@@ -273,7 +285,7 @@ def adopt_run(cfg: DictConfig, choices: Mapping[str, Any]) -> tuple[DictConfig, 
             "weights need are unknown; evaluate a run whose record has one."
         )
     trained = OmegaConf.create(record["config"])
-    check_trained_weights(Path(from_run), trained)
+    check_trained_weights(Path(from_run), trained, record.get("provenance"))
     with open_dict(cfg):
         for key in ADOPTED:
             value = OmegaConf.select(trained, key, default=None)

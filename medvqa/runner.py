@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import signal
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -184,12 +185,18 @@ def _run_on_rank_zero(
         return None, "interrupted" if interrupted else "failed", err
 
 
-def _run_task(cfg: DictConfig, out_dir: Path, loggers: list, provenance: dict) -> dict[str, float]:
-    torch.set_float32_matmul_precision(str(cfg.matmul_precision))
+def task_of(cfg: DictConfig) -> Callable[..., dict[str, float]]:
+    """The task function with its `task.*` options bound (conf/task/*.yaml declares them, the
+    function has no defaults of its own for them); it takes `cfg`, `out_dir`, and optionally
+    `loggers` and `provenance`."""
     # `task.name` names the run in results.json; the task function does not take it.
     options = OmegaConf.to_container(cfg.task, resolve=True)  # may refer to other keys
-    task = instantiate({k: v for k, v in options.items() if k != "name"})  # type: ignore[union-attr]
-    return task(cfg=cfg, out_dir=out_dir, loggers=loggers, provenance=provenance)
+    return instantiate({k: v for k, v in options.items() if k != "name"})  # type: ignore[union-attr]
+
+
+def _run_task(cfg: DictConfig, out_dir: Path, loggers: list, provenance: dict) -> dict[str, float]:
+    torch.set_float32_matmul_precision(str(cfg.matmul_precision))
+    return task_of(cfg)(cfg=cfg, out_dir=out_dir, loggers=loggers, provenance=provenance)
 
 
 def _other_rank(cfg: DictConfig, out_dir: Path, record: RunRecord) -> None:

@@ -205,3 +205,20 @@ def test_report_over_only_bad_records_is_still_written(tmp_path: Path) -> None:
     assert report_main([str(runs), "--out", str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "report.html").is_file()
     assert len(pd.read_csv(tmp_path / "out" / "issues.csv")) == 2
+
+
+def test_a_callback_or_prompt_that_cannot_be_built_fails_before_any_data_or_model_work(
+    tmp_path: Path, cache_dir: Path, tiny_model_dir: Path
+) -> None:
+    """Both were built after the splits and the zero-shot pass (the callbacks only when
+    training began); now before anything is read or loaded."""
+    from tests.conftest import run_main
+
+    for bad, said in (
+        ("+callbacks.broken._target_=medvqa.NoSuchCallback", "NoSuchCallback"),
+        ("prompt._target_=medvqa.NoSuchPrompt", "NoSuchPrompt"),
+    ):
+        out = tmp_path / said
+        proc = run_main(["debug=smoke", "logger=csv", bad], out, cache_dir)
+        assert proc.returncode == 1 and said in proc.stderr, proc.stderr[-2000:]
+        assert not (out / "splits.json").exists() and not (out / "predictions.jsonl").exists()

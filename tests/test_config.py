@@ -232,8 +232,8 @@ def _default(obj: object, key: str) -> object:
 def _disagreements(path: Path) -> list[tuple[str, str]]:
     """(`<class>.<key>`, what disagrees) for every key `path` sets on a nested node it defines
     for a medvqa class (`model.builder`, `trainer.strategy`, `callbacks.*`: `_target_` written
-    there), and on typed fields of it (`model.builder.pretrain`), where the class has a default other than the composed (resolved)
-    value. Third-party classes (peft.LoraConfig, lightning.Trainer) may be overridden freely,
+    there), and on typed fields of it (`model.builder.pretrain`), where the class has a default
+    of its own: a different one disagrees, an equal one is a copy. Third-party classes (peft.LoraConfig, lightning.Trainer) may be overridden freely,
     and so may plug-ins, whose schema is their signature."""
     import inspect
 
@@ -259,7 +259,7 @@ def _disagreements(path: Path) -> list[tuple[str, str]]:
 
     def check(owner: object, where: str, key: str, value: object) -> None:
         default = _default(owner, key)
-        if default is not inspect.Parameter.empty and _plain(default) != value:
+        if default is not inspect.Parameter.empty:
             name = f"{owner.__module__}.{owner.__qualname__}.{key}"
             found.append(
                 (name, f"{path.relative_to(CONF)}: {where}={value!r}, default {default!r}")
@@ -299,10 +299,11 @@ YAML_FILES = sorted(p.relative_to(CONF).as_posix() for p in CONF.rglob("*.yaml")
 @pytest.mark.parametrize("name", YAML_FILES)
 def test_no_yaml_value_disagrees_with_a_class_default(name: str) -> None:
     """Every default once: a key a YAML file sets on a node a medvqa class configures (nested
-    `_target_` nodes, typed fields such as the tiny builder's `pretrain`) has no other default
-    in that class's signature, so neither copy can silently win over the other."""
+    `_target_` nodes, typed fields such as the tiny builder's `pretrain`) has no default in
+    that class's signature, equal or not, so neither copy can silently win over the other (the
+    SmolLM2 builder's seven defaults were copied into its YAML)."""
     found = [d for _, d in _disagreements(CONF / name)]
-    assert not found, "a value declared twice, disagreeing (drop the class default): " + str(found)
+    assert not found, "a value declared twice (drop one copy): " + str(found)
 
 
 def _schema_pairs() -> list[tuple[type, object]]:
@@ -330,3 +331,126 @@ def test_schemas_and_the_runtime_classes_they_configure_agree(pair: int) -> None
         if default is not inspect.Parameter.empty and default != field.default:
             disagree.append(f"{field.name}: {schema.__name__} {field.default!r}, {default!r}")
     assert not disagree, f"{runtime.__qualname__} disagrees with {schema.__name__}: {disagree}"
+
+
+# -- every default once: a schema's value is read from it, never written out again ------------
+
+# The modules that take each schema's settings as parameters (schema -> modules).
+SCHEMA_READERS = {
+    "medvqa.training.spec.DataSchema": (
+        "medvqa.training.datamodule",
+        "medvqa.evaluation.generation",
+        "medvqa.evaluation.prefix",
+    ),
+    "medvqa.training.spec.PeftSchema": ("medvqa.training.module", "medvqa.models.adapters"),
+    "medvqa.training.spec.TrainerSchema": (
+        "medvqa.training.strategies",
+        "medvqa.training.hardware",
+        "medvqa.evaluation.generation",
+        "medvqa.planning.setup",
+    ),
+    "medvqa.models.spec.ModelSchema": (
+        "medvqa.evaluation.generation",
+        "medvqa.models.loading",
+        "medvqa.models.adapters",
+    ),
+    "medvqa.evaluation.statistics.Bootstrap": ("medvqa.evaluation.statistics",),
+    "medvqa.config.EvaluationSchema": ("medvqa.evaluation.scoring",),
+}
+# Parameters that share a setting's name but not its meaning.
+NOT_THE_SETTING = {
+    ("make_loader", "num_workers"): "a resolved process count (DataLoader's own default)",
+    ("make_loader", "seed"): "the sampler's seed, the caller's",
+    ("configure_gradient_clipping", "gradient_clip_val"): "Lightning's hook signature",
+    ("score", "breakdown"): "None: the scoring's own configured breakdown",
+    ("score_frame", "breakdown"): "(): no breakdown; a run passes evaluation.breakdown",
+    ("build_setup", "devices"): "None: the trainer config's devices",
+}
+
+
+def restated_defaults(schema: type, source: str) -> list[str]:
+    """`name(param=literal)` for every function in `source` whose parameter is a field of
+    `schema` and whose default is a literal (a number, string, None, or a tuple of them)
+    rather than read from the schema (`DataSchema.eval_batch_size`) or left to the caller: a
+    copy that can drift (the same value today is a disagreement tomorrow)."""
+    import ast
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(schema)}
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        a = node.args
+        positional = a.posonlyargs + a.args
+        pairs = list(zip(positional[len(positional) - len(a.defaults) :], a.defaults, strict=True))
+        pairs += [
+            (arg, d) for arg, d in zip(a.kwonlyargs, a.kw_defaults, strict=True) if d is not None
+        ]
+        for arg, default in pairs:
+            literal = isinstance(default, ast.Constant) or (
+                isinstance(default, ast.Tuple | ast.List)
+                and all(isinstance(e, ast.Constant) for e in default.elts)
+            )
+            if arg.arg in fields and literal and (node.name, arg.arg) not in NOT_THE_SETTING:
+                found.append(f"{node.name}({arg.arg}={ast.unparse(default)})")
+    return found
+
+
+@pytest.mark.parametrize("schema", sorted(SCHEMA_READERS))
+def test_no_function_restates_a_schema_default(schema: str) -> None:
+    """A schema's setting taken as a parameter has no literal default of its own: it reads the
+    schema's (`batch_size: int = DataSchema.eval_batch_size`) or has none. `generate_predictions`
+    once defaulted to 32 against the schema's 64; an equal copy fails too."""
+    import importlib
+    import inspect
+
+    from hydra.utils import get_object
+
+    owner = get_object(schema)
+    found = {
+        module: restated_defaults(owner, inspect.getsource(importlib.import_module(module)))
+        for module in SCHEMA_READERS[schema]
+    }
+    found = {k: v for k, v in found.items() if v}
+    assert not found, f"defaults of {schema} written out again (read them from it): {found}"
+
+
+def test_the_restatement_guard_fails_on_a_planted_copy() -> None:
+    """The guard's own check: a literal copy of a schema default is found, equal or not; a
+    default read from the schema, or none, is not."""
+    from medvqa.training.spec import DataSchema
+
+    planted = (
+        "def generate(frame, batch_size: int = 64, num_workers=None, seed=0):\n    pass\n"
+        "def fine(frame, batch_size: int = DataSchema.eval_batch_size, *, train_image):\n"
+        "    pass\n"
+        "def also(frame, *, eval_batch_size=(64,)):\n    pass\n"
+    )
+    assert restated_defaults(DataSchema, planted) == [
+        "generate(batch_size=64)",
+        "generate(num_workers=None)",
+        "also(eval_batch_size=(64,))",
+    ]
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (CONF / "task").glob("*.yaml")))
+def test_a_task_option_is_declared_in_its_yaml_only(name: str) -> None:
+    """conf/task/<name>.yaml declares the task's options (`task.eval_splits=...` overrides
+    them); the task function takes them without defaults of its own, so the two cannot drift."""
+    import inspect
+
+    import yaml
+    from hydra.utils import get_object
+
+    raw = yaml.safe_load((CONF / "task" / f"{name}.yaml").read_text())
+    node = raw.get("task", raw)
+    params = inspect.signature(get_object(node["_target_"])).parameters
+    doubled = {
+        key: (value, params[key].default)
+        for key, value in node.items()
+        if key in params
+        and params[key].default is not inspect.Parameter.empty
+        and not (isinstance(value, str) and value.startswith("${"))
+    }
+    assert not doubled, f"task={name}: set in the YAML and defaulted in the function: {doubled}"

@@ -185,3 +185,19 @@ def test_vqarad_paraphrase_run_reports_flips_between_the_free_form_and_the_parap
     )  # fmt: skip
     assert pairs == across
     assert "test_ood/calibration_closed_ece" in metrics and "test_ood/subgroups_tested" in metrics
+
+
+def test_option_orders_without_options_are_refused_before_the_model_loads() -> None:
+    """A split whose questions all have fewer than two candidates has no order to change:
+    refused naming the split, instead of generating the same answers again."""
+    from medvqa.evaluation.consistency import check_reorderable
+
+    frames = {
+        "test_iid": pd.DataFrame({R.ID: ["a", "b"], R.CANDIDATES: [["yes", "no"], None]}),
+        "test_ood": pd.DataFrame({R.ID: ["c"], R.CANDIDATES: [["yes"]]}),
+        "val": pd.DataFrame({R.ID: ["d"]}),
+    }
+    check_reorderable(frames, 0)
+    check_reorderable({"test_iid": frames["test_iid"]}, 2)
+    with pytest.raises(ValueError, match=r"split\(s\) \['test_ood', 'val'\].*option_orders=0"):
+        check_reorderable(frames, 1)

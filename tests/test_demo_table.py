@@ -61,5 +61,5 @@ def this_cpu() -> dict[str, object]:
 def test_the_readme_table_parses() -> None:
     """Also guards the parser: three rows of six cells each."""
     table = readme_table()
-    assert list(table) == ["LoRA", "zero-shot base", "chance (1/k)"]
+    assert list(table) == ["LoRA", "No Finetune", "Random (1/k)"]
     assert all(len(cells) == 6 for cells in table.values()), table

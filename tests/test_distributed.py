@@ -14,7 +14,7 @@ from medvqa.evaluation import generation
 from medvqa.evaluation.generation import generate_predictions, read_predictions
 from medvqa.models.loading import load_vlm
 from medvqa.record import read_record
-from medvqa.tasks.train_eval import train_eval
+from medvqa.runner import task_of
 from tests.conftest import ROOT, SMALL, compose, run_main
 
 SMOKE = ["debug=smoke", "logger=csv"]
@@ -80,7 +80,8 @@ def test_evaluation_runs_in_the_predict_loop_on_the_strategy_device(
         return original(self, batch, batch_idx)
 
     monkeypatch.setattr(generation.GenerationModule, "predict_step", spy)
-    metrics = train_eval(_job([], cache_dir, tmp_path), tmp_path)
+    cfg = _job([], cache_dir, tmp_path)
+    metrics = task_of(cfg)(cfg=cfg, out_dir=tmp_path)
     assert seen and all(p and m and b for p, m, b, _ in seen)
     assert sum(n for *_, n in seen) == 2 * (12 + 12)  # zero-shot and tuned, both test splits
     assert metrics["test_iid/n"] == 12 and "zero_shot/test_iid/n" in metrics
@@ -103,7 +104,7 @@ def test_two_methods_generate_the_zero_shot_answers_once(
         cfg = _job([f"peft={method}"], cache_dir, out)
         cfg.paths.cache_dir = str(shared_cache)  # the sweep's shared answers live here
         cfg.model.builder.cache_dir = str(cache_dir)  # the tiny model is built once per session
-        runs[method] = (out, train_eval(cfg, out))
+        runs[method] = (out, task_of(cfg)(cfg=cfg, out_dir=out))
     assert sum(rows) == 3 * 24  # base answers once, then each method's own
     (lora_dir, lora), (ia3_dir, ia3) = runs["lora"], runs["ia3"]
     zs = {k: v for k, v in lora.items() if k.startswith("zero_shot/")}
@@ -175,15 +176,27 @@ def test_task_eval_reproduces_a_finished_run(
     assert pd.read_json(run / "predictions.jsonl", lines=True)["prediction"].tolist() == (
         pd.read_json(again / "predictions.jsonl", lines=True)["prediction"].tolist()
     )
-    # Refused before any data or model work: weights gone, or a run that trained none.
+    # The record keeps the manifest of the weights it trained: what task=eval checks them by.
+    manifest = before["provenance"]["trained"]
+    assert manifest["method"] == "ia3"
+    assert manifest["global_step"] == before["metrics"]["train/global_step"]
+    # Refused before any data or model work: weights gone, replaced by another training's, or
+    # a run that trained none.
     import shutil
 
-    gone = tmp_path / "gone"
+    gone, replaced = tmp_path / "gone", tmp_path / "replaced"
     shutil.copytree(run, gone)
     shutil.rmtree(gone / "trained")
+    shutil.copytree(run, replaced)
+    other = {**manifest, "trained_for": "another config", "global_step": 7}
+    (replaced / "trained" / "trainable.json").write_text(json.dumps(other))
     splits = tmp_path / "splits"
     assert run_main([*SMOKE, "task=splits"], splits, cache_dir).returncode == 0
-    for source, said in ((gone, "its trained weights are not there"), (splits, "task=splits run")):
+    for source, said in (
+        (gone, "its trained weights are not there"),
+        (replaced, "differ in ['global_step', 'trained_for']"),
+        (splits, "task=splits run"),
+    ):
         proc = run_main([*SMOKE, "task=eval", f"eval.from_run={source}"], tmp_path / "x", cache_dir)
         assert proc.returncode != 0 and said in proc.stderr, proc.stderr[-2000:]
         assert "generate" not in proc.stderr and not (tmp_path / "x" / "splits.json").exists()

@@ -286,7 +286,7 @@ def test_the_answer_frequency_prior_may_count_validation_too(
     """`task.prior_splits=[train,val]` (RoboSurg-VQA's answer-frequency prior) answers each test
     question with its most frequent answer over both splits; an evaluated split is refused."""
     from medvqa.evaluation.baselines import most_frequent_predictions
-    from medvqa.tasks.baselines import most_frequent
+    from medvqa.runner import task_of
     from medvqa.tasks.common import prepare_splits
 
     cfg = compose(["debug=smoke", "baseline=most_frequent", "logger=csv"], cache_dir)
@@ -297,10 +297,10 @@ def test_the_answer_frequency_prior_may_count_validation_too(
     expected, coverage = most_frequent_predictions(prior, splits["test_iid"])
     train_only, _ = most_frequent_predictions(splits["train"], splits["test_iid"])
     assert not train_only["prediction"].equals(expected["prediction"])  # val changes answers
-    metrics = most_frequent(cfg, tmp_path / "run", prior_splits=("train", "val"))
+    metrics = task_of(cfg)(cfg=cfg, out_dir=tmp_path / "run", prior_splits=("train", "val"))
     assert metrics["test_iid/coverage"] == coverage
     written = read_predictions(tmp_path / "run" / "predictions.jsonl")
     iid = written[written["split"] == "test_iid"].set_index("id")["prediction"]
     assert iid.to_dict() == expected.set_index("id")["prediction"].to_dict()
     with pytest.raises(ValueError, match=r"prior_splits: \['test_iid'\]"):
-        most_frequent(cfg, tmp_path / "bad", prior_splits=("train", "test_iid"))
+        task_of(cfg)(cfg=cfg, out_dir=tmp_path / "bad", prior_splits=("train", "test_iid"))

@@ -244,3 +244,53 @@ def test_same_seed_same_weights_cold_or_warm_and_a_forced_rerun_leaves_nothing_s
     assert "last.ckpt" in checkpoints and not any("-v1" in name for name in checkpoints)
     assert len(list((tmp_path / "a").glob("checkpoints.stale-*"))) == 1
     assert _sha(tmp_path / "a" / "trained" / "trainable.safetensors") == weights["a"]
+
+
+def test_a_staged_output_is_swapped_in_whole_and_replaces_only_its_own_kind(
+    tmp_path: Path,
+) -> None:
+    """`staged_dir` (the report, medvqa-score, the rater sheet): a block that fails leaves the
+    earlier output as it was; a folder a dead build left behind is removed; a folder of
+    something else (a run directory, another command's output) is refused, not emptied."""
+    from medvqa.atomic import OUTPUT_MARKER, OutputDirError, staged_dir
+
+    out = tmp_path / "out"
+    with staged_dir(out, "tool", keep=("wandb",)) as staging:
+        assert staging.parent == tmp_path and staging.name.startswith(".out.building-")
+        (staging / "a.md").write_text("first")
+        (staging / "fig.png").write_text("old figure")
+    assert (out / OUTPUT_MARKER).read_text() == "tool\n"
+    (out / "wandb").mkdir()
+    (out / "wandb" / "upload").write_text("kept")
+    with pytest.raises(KeyboardInterrupt), staged_dir(out, "tool") as staging:
+        (staging / "a.md").write_text("second")
+        raise KeyboardInterrupt
+    assert (out / "a.md").read_text() == "first" and (out / "fig.png").is_file()
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+    dead = tmp_path / ".out.building-999999999"  # no such process
+    dead.mkdir()
+    with staged_dir(out, "tool", keep=("wandb",)) as staging:
+        (staging / "a.md").write_text("second")
+    assert sorted(p.name for p in out.iterdir()) == [OUTPUT_MARKER, "a.md", "wandb"]
+    assert (out / "a.md").read_text() == "second" and not dead.exists()
+    assert (out / "wandb" / "upload").read_text() == "kept"
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "results.json").write_text("{}")
+    for foreign, tool in ((run, "tool"), (out, "another-tool")):
+        with (
+            pytest.raises(OutputDirError, match=r"not a .* output.*Choose another"),
+            staged_dir(foreign, tool),
+        ):
+            raise AssertionError("the block must not run")
+    assert (run / "results.json").read_text() == "{}" and (out / "a.md").is_file()
+    (tmp_path / "empty").mkdir()
+    with staged_dir(tmp_path / "empty", "tool") as staging:
+        (staging / "x").write_text("")
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    (legacy / "report.html").write_text("from before the marker")
+    with staged_dir(legacy, "tool", legacy="report.html") as staging:
+        (staging / "report.html").write_text("new")
+    assert (legacy / "report.html").read_text() == "new"

@@ -364,7 +364,7 @@ def test_the_fit_trains_with_the_layout_the_plan_chose(
         seen.clear()
         steps = train_eval._fit(
             cfg, model, roles(cfg.model), processor, frames, source, PLAIN, tmp_path / setting,
-            [], planned,
+            [], [], planned,
         )  # fmt: skip
         assert steps == 2
         assert set(seen) == {expected} and len(seen) == 2 * expected[1], seen

@@ -129,7 +129,7 @@ def test_predictions_and_summary(smoke_run: Path) -> None:
     assert len(scores) == 24 and {"closed_correct", "open_f1", "split"} <= set(scores.columns)
     assert (smoke_run / "scores_zero_shot.parquet").is_file()
     summary = pd.read_csv(smoke_run / "summary.csv")
-    assert list(summary["method"]) == ["LoRA", "zero-shot base", "chance (1/k)"]
+    assert list(summary["method"]) == ["LoRA", "No Finetune", "Random (1/k)"]
     assert summary.loc[2, "closed i.i.d."] == pytest.approx(0.5)
     assert "closed RR" in (smoke_run / "summary.md").read_text()
 

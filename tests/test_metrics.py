@@ -358,3 +358,38 @@ def test_empty_reference_rows_are_scored_and_stay_in_the_means() -> None:
     # The count is not a performance: no robustness ratio is computed for it.
     assert not family.score_info(f"test_ood/{EMPTY_REFS}").performance
     assert score_predictions(df)[EMPTY_REFS] == 2
+
+
+def test_chinese_yes_no_answers_get_their_own_answer_space(caplog: pytest.LogCaptureFixture):
+    """SLAKE's zh half (lmms-eval's slake_zh): answer 是, reply 是的。 used to get the candidates
+    ['是', 'not 是'] and score 0 silently. The space is 是 / 否 (the answer's own word on its
+    side), a reply's side read from lmms-eval's synonym lists; a non-English answer with no
+    answer space rule is warned about."""
+    from medvqa.data.questions import closed_candidates
+    from medvqa.evaluation.families.traditional import per_sample_scores
+
+    assert closed_candidates("图像正常吗?", "是") == ["是", "否"]
+    assert closed_candidates("有病变吗?", "没有") == ["是", "没有"]
+    assert closed_candidates("有病变吗?", "有") == ["有", "否"]
+    for reply, side in (
+        ("是的。", "是"),
+        ("是的，图像正常。", "是"),
+        ("不是", "否"),
+        ("没有，图像异常", "否"),
+        ("yes", "是"),
+        ("我不确定", None),
+    ):
+        assert closed_choice(reply, ["是", "否"]) == side, reply
+    rows = pd.DataFrame(
+        {
+            "answer_type": ["closed"] * 4,
+            "answer": ["是", "否", "有", "是"],
+            "prediction": ["是的。", "不是", "有的", "否"],
+        }
+    )
+    rows["candidates"] = [closed_candidates("q", a) for a in rows["answer"]]
+    assert per_sample_scores(rows)["closed_correct"].tolist() == [1.0, 1.0, 0.0, 0.0]
+    assert closed_choice("yes, there is", ["yes", "no"]) == "yes"  # English unchanged
+    with caplog.at_level("WARNING"):
+        assert closed_candidates("图中显示的是哪个器官?", "肺") == ["肺", "not 肺"]
+    assert "'肺' is not a yes/no answer medvqa knows in its language" in caplog.text

@@ -332,3 +332,29 @@ def test_html_page_downloads_a_valid_ratings_file(tmp_path: Path) -> None:
     assert list(scores) == [1 + i % 5 for i in range(len(ids))]
     filled = pd.read_csv(tmp_path / "filled.csv")
     assert 'left "lobe", </script><b>x</b>' in set(filled["prediction"])
+
+
+def test_an_export_killed_midway_leaves_the_earlier_sheet_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sheet, its page and items.jsonl are swapped in together: a sheet sent to raters
+    always matches the items it is analysed against. The export folder is never analyze's
+    --out (that would delete the items)."""
+    from medvqa.analysis.rater import export as export_module
+
+    _predictions(tmp_path / "p.jsonl")
+    study = tmp_path / "study"
+    export(tmp_path / "p.jsonl", study, n=10, seed=0, text_metrics=False)
+    before = {p.name: p.read_bytes() for p in study.iterdir()}
+
+    def killed(sheet: pd.DataFrame) -> str:
+        raise KeyboardInterrupt("killed while writing the page")
+
+    monkeypatch.setattr(export_module, "rating_page", killed)
+    with pytest.raises(KeyboardInterrupt):
+        export(tmp_path / "p.jsonl", study, n=10, seed=1, text_metrics=False)
+    assert {p.name: p.read_bytes() for p in study.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.jsonl", "study"]
+    ratings = _ratings(tmp_path / "r.csv", list(read_items(study).index), [3] * 10)
+    assert main(["analyze", str(study), "--ratings", str(ratings), "--out", str(study)]) == 2
+    assert {p.name: p.read_bytes() for p in study.iterdir()} == before

@@ -6,6 +6,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -553,3 +554,80 @@ def test_csv_candidates_are_read_and_a_missing_question_is_said(
     path.write_text("id,answer,prediction,answer_type,candidates\n1,a,a,closed,a;b\n")
     with pytest.raises(ScoreInputError, match=r"row 0: candidates 'a;b' is not a list"):
         read(path)
+
+
+def test_a_rescoring_killed_midway_leaves_the_earlier_one_and_a_run_is_never_overwritten(
+    baseline_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """medvqa-score writes its folder whole: killed while writing, the earlier results stay;
+    `--out` at a run directory is refused (exit 2) with the run untouched."""
+    from medvqa.cli import score as score_module
+
+    first = score(tmp_path, baseline_run / "predictions.jsonl")
+    out = tmp_path / "scored"
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+
+    def killed(*args: object) -> None:
+        raise KeyboardInterrupt("killed while writing the summary")
+
+    monkeypatch.setattr(score_module, "_summary", killed)
+    with pytest.raises(KeyboardInterrupt):
+        main([str(baseline_run / "predictions.jsonl"), "--out", str(out), "metric=[traditional]"])
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["scored"]
+    monkeypatch.undo()
+    assert score(tmp_path, baseline_run / "predictions.jsonl")["metrics"] == first["metrics"]
+    run_files = sorted(p.name for p in baseline_run.iterdir())
+    assert main([str(baseline_run / "predictions.jsonl"), "--out", str(baseline_run)]) == 2
+    assert sorted(p.name for p in baseline_run.iterdir()) == run_files
+
+
+def test_sure_number_words_match_sures_open_scores_exactly(tmp_path: Path) -> None:
+    """SURE-VQA's open scorer reads "none" as "0" and only zero..ten as numbers; medvqa keeps
+    "none" (no finding) and maps up to twenty. `metric.traditional.sure_number_words=true`
+    gives SURE-VQA's open F1 on a file its own code wrote; the default differs on such rows."""
+    from tests.peers.sure_vqa import calculate_f1score, normalize_word, write_test_results
+
+    raw = _slake_raw(
+        [
+            (21, "OPEN", "How many masses are there?", "0"),
+            (22, "OPEN", "How many lesions?", "none"),
+            (23, "OPEN", "How many ribs are visible?", "12"),
+            (24, "OPEN", "How many kidneys?", "two"),
+            (25, "OPEN", "Which organ is abnormal?", "Left lung"),
+            (26, "OPEN", "What modality is this?", "MRI"),
+        ]
+    )
+    preds = {21: "none", 22: "zero", 23: "twelve", 24: "2", 25: "the left lung", 26: "CT"}
+    path = write_test_results(raw, preds, tmp_path)
+
+    def theirs(pred: str, gt: str) -> float:  # run_eval.py: lower-case, normalise, then F1
+        return calculate_f1score(normalize_word(pred.lower()), normalize_word(gt.lower()))[0]
+
+    sure = pd.read_json(path)
+    expected = float(np.mean([theirs(p, g) for p, g in zip(sure["pred"], sure["gt"], strict=True)]))
+    assert expected == pytest.approx(4 / 6)  # none = 0 = zero; "twelve" is not 12 for SURE
+    exact = score(tmp_path, path, "metric.traditional.sure_number_words=true")["metrics"]
+    assert exact["all/open_f1"] == pytest.approx(expected)
+    ours = score(tmp_path, path)["metrics"]
+    assert ours["all/open_f1"] == pytest.approx(3 / 6)  # "twelve" is 12, "none" is not "0"
+    per_row = pd.read_parquet(tmp_path / "scored" / "scores.parquet").set_index("id")["open_f1"]
+    assert per_row.to_dict() == {"21": 0, "22": 0, "23": 1, "24": 1, "25": 1, "26": 0}
+
+
+def test_chinese_yes_no_rows_score_as_closed_questions(tmp_path: Path) -> None:
+    """SLAKE's zh half scored from a file without answer types: 是/否 answers are closed over
+    是 / 否, and "是的。" is a right answer (it scored 0, over ['是', 'not 是'], silently)."""
+    path = tmp_path / "zh.csv"
+    path.write_text(
+        "id,question,answer,prediction\n"
+        "1,图像正常吗?,是,是的。\n"
+        "2,有病变吗?,否,不是\n"
+        "3,肝脏有病变吗?,有,没有\n"
+        "4,图中显示的是哪个器官?,肺,肺\n",
+        encoding="utf-8",
+    )
+    metrics = score(tmp_path, path, "metric=[traditional]")["metrics"]
+    assert metrics["all/n_closed"] == 3 and metrics["all/n_open"] == 1
+    assert metrics["all/closed_acc"] == pytest.approx(2 / 3)
+    assert metrics["all/closed_invalid_rate"] == 0

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(
 
 # The test builds without the alignment stage (minutes on a CPU); the logits test needs the
 # language weights untouched anyway.
-OVERRIDES = ["model=smollm2_llava", "model.builder.pretrain=null"]
+OVERRIDES = ["model=smollm2_llava"]
 
 
 @pytest.fixture(scope="module")

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
@@ -159,11 +159,14 @@ def test_missing_annotation_file_names_it(rad) -> None:
         VqaRad(rad.root).table()
 
 
-@pytest.mark.skipif(importlib.util.find_spec("openpyxl") is not None, reason="openpyxl present")
-def test_xlsx_without_openpyxl_says_to_use_the_json(rad) -> None:
-    (rad.root / "VQA_RAD Dataset Public.xlsx").write_bytes(b"PK")
-    with pytest.raises(DataError, match=r"needs openpyxl.*VQA_RAD Dataset Public.json"):
-        VqaRad(rad.root, annotation_file="VQA_RAD Dataset Public.xlsx").table()
+def test_the_releases_xlsx_copy_reads_as_its_json(rad) -> None:
+    """`dataset.annotation_file='VQA_RAD Dataset Public.xlsx'` (openpyxl is a dependency): the
+    same rows as the JSON copy."""
+    rows = pd.read_json(rad.root / ANNOTATION_FILE)
+    rows.to_excel(rad.root / "VQA_RAD Dataset Public.xlsx", index=False)
+    from_json = VqaRad(rad.root).table()
+    from_xlsx = VqaRad(rad.root, annotation_file="VQA_RAD Dataset Public.xlsx").table()
+    pd.testing.assert_frame_equal(from_xlsx, from_json)
 
 
 def _splits(experiment: str, root: Path, cache: Path):

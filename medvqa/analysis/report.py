@@ -19,8 +19,6 @@ import base64
 import dataclasses
 import html
 import logging
-import os
-import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +42,7 @@ from medvqa.analysis.tables import (
     wide_tables,
     write_tables,
 )
-from medvqa.atomic import replace_dir
+from medvqa.atomic import staged_dir
 from medvqa.record import REHEARSAL_NOTE
 
 log = logging.getLogger(__name__)
@@ -90,21 +88,11 @@ KEPT = ("wandb",)
 
 
 def build_report(runs: pd.DataFrame, out_dir: Path | str) -> Report:
-    """`build` into a hidden sibling of `out_dir`, then swapped in whole (`replace_dir`): a
-    report killed midway leaves the earlier one as it was, never new tables beside old figures.
-    A folder a killed build left behind is removed by the next."""
+    """`build` into a hidden sibling of `out_dir`, then swapped in whole (`staged_dir`): a
+    report killed midway leaves the earlier one as it was, never new tables beside old figures."""
     out_dir = Path(out_dir)
-    for stale in out_dir.parent.glob(f".{out_dir.name}.building-*"):
-        shutil.rmtree(stale, ignore_errors=True)
-    staging = out_dir.with_name(f".{out_dir.name}.building-{os.getpid()}")
-    try:
+    with staged_dir(out_dir, "medvqa-report", keep=KEPT, legacy="report.html") as staging:
         report = build(runs, staging)
-        for name in KEPT:
-            if (out_dir / name).exists():
-                os.replace(out_dir / name, staging / name)
-        replace_dir(staging, out_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return report.moved(out_dir)
 
 

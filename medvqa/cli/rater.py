@@ -12,6 +12,7 @@ from pathlib import Path
 from medvqa.analysis.rater.analysis import analyze
 from medvqa.analysis.rater.export import export
 from medvqa.analysis.rater.study import SHEET_CSV, SHEET_HTML, RatingError
+from medvqa.atomic import OutputDirError
 from medvqa.evaluation.scoring import SCORES_FILE
 
 log = logging.getLogger(__name__)
@@ -93,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"{row.n:.0f}",
                 )
             console.print(summary)
-    except RatingError as err:
+    except (RatingError, OutputDirError) as err:
         log.error("%s", err)
         return 2
     return 0

@@ -12,6 +12,7 @@ from typing import Any
 
 from medvqa.analysis.aggregate import collect, collect_wandb, merge
 from medvqa.analysis.report import build_report, log_report
+from medvqa.atomic import OutputDirError
 
 
 def _wandb_logger(out_dir: Path, project: str) -> Any:
@@ -68,7 +69,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = ", ".join(map(str, args.dirs)) or ", ".join(args.wandb)
         console.print(f"[red]medvqa-report: no results.json records under {where}[/red]")
         return 2
-    report = build_report(runs, args.out)
+    try:
+        report = build_report(runs, args.out)
+    except OutputDirError as err:
+        console.print(f"[red]medvqa-report: {err}[/red]")
+        return 2
     if args.wandb_log:
         from medvqa.tracking import finish
 

@@ -14,6 +14,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from medvqa import CONF_DIR
+from medvqa.atomic import OutputDirError, staged_dir
 from medvqa.config import ConfigError, check_config, check_judge_config
 from medvqa.evaluation.generation import SPLIT
 from medvqa.evaluation.readers import READERS, ScoreInputError, read
@@ -22,6 +23,8 @@ from medvqa.provenance import add_metrics, environment
 from medvqa.record import RunRecord
 
 log = logging.getLogger(__name__)
+
+SUMMARY = "summary.md"
 
 
 def compose(overrides: Sequence[str], out_dir: Path) -> DictConfig:
@@ -43,7 +46,11 @@ def compose(overrides: Sequence[str], out_dir: Path) -> DictConfig:
 
 
 def score_file(
-    predictions: Path, out_dir: Path, fmt: str = "auto", overrides: Sequence[str] = ()
+    predictions: Path,
+    out_dir: Path,
+    fmt: str = "auto",
+    overrides: Sequence[str] = (),
+    questions: Path | None = None,
 ) -> dict[str, float]:
     """Score a predictions file; write results.json, scores.parquet and summary.md to out_dir."""
     out_dir = Path(out_dir)
@@ -52,14 +59,18 @@ def score_file(
     # Sizes and levels as a run checks them; the file, not a dataset, has the columns, so a
     # breakdown field it lacks is skipped below with a warning instead.
     check_config(cfg, fields=False)
-    frame, fmt = read(Path(predictions), fmt)
-    # Built before anything is written: a bad metric option leaves no files behind.
-    with Scoring.from_config(cfg.metric, cfg.evaluation) as scoring:
+    frame, fmt = read(Path(predictions), fmt, questions)
+    # Built before anything is written: a bad metric option leaves no files behind. Written
+    # into a hidden sibling and swapped in whole: a rescoring killed midway leaves the earlier
+    # one as it was.
+    with (
+        Scoring.from_config(cfg.metric, cfg.evaluation) as scoring,
+        staged_dir(out_dir, "medvqa-score") as staging,
+    ):
         breakdown = [f for f in cfg.evaluation.breakdown if f in frame]
         skipped = [f for f in cfg.evaluation.breakdown if f not in frame]
         if skipped:
             log.warning("%s has no column(s) %s: no breakdown by them", predictions, skipped)
-        out_dir.mkdir(parents=True, exist_ok=True)
         settings = OmegaConf.create(
             {
                 "seed": int(cfg.seed),
@@ -71,13 +82,13 @@ def score_file(
                 },
             }
         )
-        record = RunRecord(out_dir, settings, choices={"format": fmt})
+        record = RunRecord(staging, settings, choices={"format": fmt})
         record.provenance = environment()
         add_metrics(record.provenance, scoring.families)
         by_split = {str(split): rows for split, rows in frame.groupby(SPLIT, sort=False)}
-        metrics, _ = scoring.score(by_split, out_dir / SCORES_FILE, breakdown)
-    record.finish(metrics, failed_items(metrics))
-    _summary(metrics, list(by_split), cfg, out_dir)
+        metrics, _ = scoring.score(by_split, staging / SCORES_FILE, breakdown)
+        record.finish(metrics, failed_items(metrics))
+        _summary(metrics, list(by_split), cfg, staging)
     return metrics
 
 
@@ -96,8 +107,8 @@ def _summary(metrics: dict[str, float], splits: list[str], cfg: DictConfig, out_
         for split in splits
     ]
     table = pd.DataFrame(rows)
-    (out_dir / "summary.md").write_text(table.to_markdown(index=False, floatfmt=".3f") + "\n")
-    view = Table(title=f"medvqa-score -> {out_dir}")
+    (out_dir / SUMMARY).write_text(table.to_markdown(index=False, floatfmt=".3f") + "\n")
+    view = Table(title=f"medvqa-score: {SUMMARY}")
     for column in table.columns:
         view.add_column(str(column))
     for row in rows:
@@ -120,11 +131,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("predictions", type=Path, help="the predictions file")
     parser.add_argument("--out", type=Path, required=True, help="directory for the results")
     parser.add_argument("--format", default="auto", choices=["auto", *READERS])
+    parser.add_argument(
+        "--questions",
+        type=Path,
+        default=None,
+        help="the question file a LLaVA/LLaVA-Med model_vqa.py answers file was made from "
+        "(it holds the ground truth; joined on question_id)",
+    )
     parser.add_argument("overrides", nargs="*", help="config overrides (metric=..., ...)")
     args = parser.parse_intermixed_args(argv)
     try:
-        score_file(args.predictions, args.out, args.format, args.overrides)
-    except (ScoreInputError, ConfigError) as err:
+        score_file(args.predictions, args.out, args.format, args.overrides, args.questions)
+    except (ScoreInputError, ConfigError, OutputDirError) as err:
         log.error("%s", err)
         return 2
     return 0

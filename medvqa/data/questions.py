@@ -7,16 +7,53 @@ record's candidates.
 
 from __future__ import annotations
 
+import functools
+import logging
 import re
 from collections.abc import Sequence
 from typing import Any
 
+log = logging.getLogger(__name__)
+
 YES_NO = ("yes", "no")
 _OPTION_SEP = re.compile(r",|\bor\b", flags=re.IGNORECASE)
+
+# Chinese replies that mean yes / no, as lmms-eval's SLAKE task reads them
+# (lmms_eval/tasks/slake/utils.py, ZH_YES / ZH_NO): SLAKE's `zh` half answers 是 / 否.
+ZH_YES = frozenset({"是", "是的", "有", "包含", "可以", "能", "会", "正常"})
+ZH_NO = frozenset(
+    {"否", "不是", "没有", "无", "不包含", "不能", "不会", "不可以", "不正常", "异常"}
+)
+ZH_YES_NO = ("是", "否")
+_CJK = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
 
 
 def is_yes_no(answer: object) -> bool:
     return str(answer).strip().lower() in YES_NO
+
+
+def is_yes_no_answer(answer: object) -> bool:
+    """A yes/no answer in any language medvqa knows (yes/no, 是/否 and their Chinese forms):
+    how a predictions file without answer types tells closed questions from open ones."""
+    return is_yes_no(answer) or str(answer).strip() in ZH_YES | ZH_NO
+
+
+def zh_side(text: object) -> str | None:
+    """ "yes" or "no" for a Chinese yes/no reply (the whole text, else its first clause:
+    "是的，图像正常。" is yes), None otherwise. Punctuation and spaces separate clauses, so a
+    normalised text (punctuation turned into spaces) reads the same."""
+    clauses = [c for c in re.split(r"[\W_]+", str(text)) if c]
+    for clause in ("".join(clauses), *clauses[:1]):
+        if clause in ZH_YES:
+            return "yes"
+        if clause in ZH_NO:
+            return "no"
+    return None
+
+
+def is_zh(text: object) -> bool:
+    """Whether a text holds Chinese characters (a candidate of SLAKE's `zh` half)."""
+    return _CJK.search(str(text)) is not None
 
 
 def question_options(question: str) -> list[str]:
@@ -102,10 +139,27 @@ def closed_candidates(question: str, answer: str) -> list[str]:
     if is_yes_no(answer):
         return list(YES_NO)
     answer = str(answer).strip()
-    return (
-        listed_options(question, answer)
-        or or_options(question, answer)
-        or [answer, f"not {answer}"]
+    side = zh_side(answer) if answer in ZH_YES | ZH_NO else None
+    if side is not None:  # the answer and the other side's plain word: 是 / 否
+        return [answer, ZH_YES_NO[1]] if side == "yes" else [ZH_YES_NO[0], answer]
+    options = listed_options(question, answer) or or_options(question, answer)
+    if options:
+        return options
+    if re.search(r"[^\x00-\x7f]", answer):
+        _no_answer_space(answer)
+    return [answer, f"not {answer}"]
+
+
+@functools.cache
+def _no_answer_space(answer: str) -> None:
+    """Warn once per answer: "not X" is an English construction a reply in X's language
+    rarely selects, so such a question scores near 0 whatever the model knows."""
+    log.warning(
+        "closed answer %r is not a yes/no answer medvqa knows in its language and its question "
+        "names no options: its candidates are [%r, %r]. Give the rows a candidates column.",
+        answer,
+        answer,
+        f"not {answer}",
     )
 
 

@@ -4,14 +4,17 @@ and the option a multiple-choice reply commits to.
 Every family, the judge's shortcut and the readers of others' predictions compare answers with
 these, so "Yes", "yes" and "YES." agree everywhere (docs/metrics.md).
 
-Multiple-choice resolution rules (:func:`resolve_prediction`), first match wins:
+Multiple-choice resolution rules (:func:`resolve_prediction`), first match wins, on the reply
+with compatibility forms folded (full-width ``Ｂ`` and ``：``), invisible characters (a
+zero-width space after the letter) dropped, and a JSON object (``{"answer": "B"}``) read as its
+answer:
 
 1. the whole reply is an option: its text (exactly, or ignoring case) or a bare letter ``B``,
    ``b``, ``B)``, ``(B)``, ``B.``, also after a lead-in ("Answer:", "The answer is", "Option"),
    and also inside a wrapper real models write: ``**B**``, ``[B]``, ``'B'``,
    ``<answer>B</answer>``, ``\\boxed{B}`` (a letter past the last option is invalid);
 2. the **committed** answers anywhere in the reply: the span after "the answer is", "Answer:",
-   "My answer:", "I choose", a ``<answer>`` tag or ``\\boxed{}``, "B is correct", and a letter
+   "答案：" / "答案是", "My answer:", "I choose", a ``<answer>`` tag or ``\\boxed{}``, "B is correct", and a letter
    (or an option's text) alone on the first or last line. A model that reasons through the
    options before committing names them all; only its commitment counts, so "Although Edema was
    considered, the answer is B." is B. Commitments that disagree ("Answer: A ... Answer: B"),
@@ -28,12 +31,14 @@ neither is an error rather than a silent zero.
 
 from __future__ import annotations
 
+import json
 import math
 import re
+import unicodedata
 from collections.abc import Sequence
 from typing import Any
 
-from medvqa.data.questions import LETTERS, resolve_answer
+from medvqa.data.questions import LETTERS, YES_NO, is_zh, resolve_answer, zh_side
 
 NUMBER_WORDS: dict[str, str] = {
     w: str(i)
@@ -65,6 +70,14 @@ NUMBER_WORDS: dict[str, str] = {
 }
 
 
+# SURE-VQA's own map (med_vlm_robustness/eval/glossary.py `manual_map`, from the VQA
+# evaluation): "none" is "0", and only zero..ten are numbers (`sure_number_words`).
+SURE_NUMBER_WORDS: dict[str, str] = {
+    "none": "0",
+    **{w: NUMBER_WORDS[w] for w in list(NUMBER_WORDS)[:11]},
+}
+
+
 ARTICLES: frozenset[str] = frozenset({"a", "an", "the"})
 
 
@@ -83,8 +96,9 @@ _PUNCT = re.compile(r"[^\w\s.]|_")
 _NON_DECIMAL_PERIOD = re.compile(r"(?<!\d)\.|\.(?!\d)")
 
 
-def tokens(text: Any) -> list[str]:
-    """Normalised tokens of ``text``; see :func:`normalize_answer` for the rules."""
+def tokens(text: Any, number_words: dict[str, str] = NUMBER_WORDS) -> list[str]:
+    """Normalised tokens of ``text``; see :func:`normalize_answer` for the rules.
+    `number_words` replaces the map of rule 5 (`SURE_NUMBER_WORDS`: SURE-VQA's)."""
     if text is None or (isinstance(text, float) and math.isnan(text)):
         return []
     s = str(text).lower()
@@ -94,7 +108,7 @@ def tokens(text: Any) -> list[str]:
     s = _NON_DECIMAL_PERIOD.sub(" ", s)
     out = []
     for tok in s.split():
-        tok = NUMBER_WORDS.get(tok, tok)
+        tok = number_words.get(tok, tok)
         if tok not in ARTICLES:
             out.append(tok)
     return out
@@ -124,6 +138,14 @@ def normalize_answer(text: str) -> str:
 
 def choice_from_normalised(pred: str, cands: Sequence[str], norm: Sequence[str]) -> str | None:
     """Core of :func:`closed_choice` on pre-normalised prediction and candidates."""
+    if len(cands) == 2 and any(map(is_zh, norm)):
+        # Chinese yes/no (是 / 否): CJK has no spaces between words, so a reply's side is read
+        # from its synonyms ("是的。" is 是, "没有" is 否; a plain "yes" / "no" too, as
+        # lmms-eval reads them), not by whole-word containment.
+        sides = [zh_side(n) for n in norm]
+        if set(sides) == {"yes", "no"}:
+            side = pred if pred in YES_NO else zh_side(pred)
+            return cands[sides.index(side)] if side is not None else None
     exact = [i for i, n in enumerate(norm) if n == pred]
     if exact:
         return cands[exact[0]] if len(exact) == 1 else None
@@ -173,7 +195,8 @@ def closed_correct(pred: str, answer: str, candidates: Sequence[str]) -> float:
 
 
 _LEAD_IN = re.compile(
-    r"^(?:the\s+)?(?:correct\s+|final\s+|best\s+)?(?:answer|option|choice)\b\s*(?:is\b)?\s*[:\-]?\s*",
+    r"^(?:(?:the\s+)?(?:correct\s+|final\s+|best\s+)?(?:answer|option|choice)\b\s*(?:is\b)?"
+    r"\s*[:\-]?|(?:正确|最终)?(?:答案|选项)\s*(?:是|为)?\s*:?)\s*",
     re.IGNORECASE,
 )
 
@@ -209,7 +232,7 @@ _WRAPPERS = (
 )
 
 
-_SPAN_END = r"(.*?)(?=[.!?;](?:\s|$)|\n|$)"
+_SPAN_END = r"(.*?)(?=[.!?;](?:\s|$)|。|\n|$)"
 
 
 # Where a reply commits to an answer; group 1 is the span that names it.
@@ -230,7 +253,34 @@ _COMMITS = (
         r"(?:^|(?<=[\s(]))(?:[Oo]ption\s+|[Cc]hoice\s+)?(\(?[A-E]\)?)\s+is\s+(?:the\s+)?"
         r"(?:correct|right|best)\b"
     ),
+    re.compile(r"(?:正确|最终)?答案\s*(?:应该?是|是|为|:)\s*(?:选项\s*)?" + _SPAN_END),
 )
+
+
+# Characters that do not show: a zero-width space after a letter is still the letter.
+_INVISIBLE = re.compile("[\u00ad\u200b-\u200f\u2060\ufeff]")
+# The keys a reply written as a JSON object names its answer under.
+_JSON_KEYS = ("answer", "final_answer", "choice", "option", "prediction")
+_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL | re.IGNORECASE)
+
+
+def _canonical(text: str) -> str:
+    """The reply as the rules read it: compatibility forms folded (NFKC: full-width ``Ｂ`` is
+    ``B``, ``：`` is ``:``), invisible characters dropped, and a JSON object
+    (``{"answer": "B"}``, also in a ```json fence) replaced by its answer."""
+    text = _INVISIBLE.sub("", unicodedata.normalize("NFKC", text)).strip()
+    fenced = _FENCE.match(text)
+    body = fenced.group(1) if fenced else text
+    if body.startswith("{") and body.endswith("}"):
+        try:
+            obj = json.loads(body)
+        except ValueError:
+            return text
+        named = {str(k).lower(): v for k, v in obj.items()} if isinstance(obj, dict) else {}
+        for key in _JSON_KEYS:
+            if isinstance(named.get(key), str | int):
+                return str(named[key]).strip()
+    return text
 
 
 def _strip(text: str) -> str:
@@ -316,7 +366,7 @@ def resolve_prediction(prediction: Any, options: Sequence[str]) -> str | None:
     if prediction is None or (isinstance(prediction, float) and math.isnan(prediction)):
         return None
     options = [str(o) for o in options]
-    text = str(prediction).strip()
+    text = _canonical(str(prediction))
     if not text:
         return None
     body = _strip(_LEAD_IN.sub("", text, count=1))

@@ -147,6 +147,28 @@ def reordered(frame: pd.DataFrame, k: int) -> pd.DataFrame:
     return frame.assign(**{R.CANDIDATES: permuted})
 
 
+def check_reorderable(frames: Mapping[str, pd.DataFrame], orders: int) -> None:
+    """Before the model loads: with `data.option_orders` > 0 every evaluated split needs a
+    question with two or more candidates, else each reordering would generate the same answers
+    again and the flip rate would be NaN."""
+    if orders < 1:
+        return
+    bare = [
+        split
+        for split, frame in frames.items()
+        if R.CANDIDATES not in frame.columns
+        or not any(
+            isinstance(c, list | tuple | np.ndarray) and len(c) >= 2 for c in frame[R.CANDIDATES]
+        )
+    ]
+    if bare:
+        raise ValueError(
+            f"data.option_orders={orders}: split(s) {bare} hold no question with two or more "
+            "candidate answers, so there is no option order to change. Set "
+            "data.option_orders=0 for this dataset."
+        )
+
+
 def order_flips(
     main: pd.DataFrame, others: Mapping[str, pd.DataFrame]
 ) -> tuple[pd.DataFrame, list[str]]:

@@ -63,7 +63,7 @@ from medvqa.training.datamodule import (
     loader_options,
     make_loader,
 )
-from medvqa.training.spec import DataSchema
+from medvqa.training.spec import DataSchema, TrainerSchema
 from medvqa.training.strategies import prediction_strategy
 
 log = logging.getLogger(__name__)
@@ -241,7 +241,7 @@ class GenerationModule(L.LightningModule):
         model: torch.nn.Module,
         tokenizer: Any,
         max_new_tokens: int,
-        merge_adapters: bool = False,
+        merge_adapters: bool = ModelSchema.merge_adapters,
     ) -> None:
         super().__init__()
         self.model = model
@@ -299,7 +299,7 @@ class GenerationData(L.LightningDataModule):
         model_id: str,
         batch_size: int,
         image_mode: str = "image",
-        num_workers: int | None = 0,
+        num_workers: int | None = DataSchema.num_workers,
         prompt: PromptTemplate = PLAIN,
         mismatch_field: str = DataSchema.mismatch_field,
         pool: pd.DataFrame | None = None,
@@ -444,10 +444,10 @@ def prediction_trainer(trainer_cfg: Any = None) -> L.Trainer:
     options = OmegaConf.to_container(OmegaConf.create(trainer_cfg), resolve=True)
     assert isinstance(options, dict)
     options["strategy"] = prediction_strategy(
-        options.get("strategy", "auto"),
-        options.get("devices", 1),
-        options.get("num_nodes", 1),
-        options.get("accelerator", "cpu"),
+        options.get("strategy", TrainerSchema.strategy),
+        options.get("devices", TrainerSchema.devices),
+        options.get("num_nodes", TrainerSchema.num_nodes),
+        options.get("accelerator", TrainerSchema.accelerator),
     )
     return instantiate(options, **fixed)
 
@@ -459,17 +459,17 @@ def generate_predictions(
     source: VQASource,
     out_path: Path,
     split: str,
-    batch_size: int = 32,
-    max_new_tokens: int = 16,
+    batch_size: int = DataSchema.eval_batch_size,
+    max_new_tokens: int = ModelSchema.max_new_tokens,
     image_mode: str = "image",
     trainer_cfg: Any = None,
-    num_workers: int | None = 0,
+    num_workers: int | None = DataSchema.num_workers,
     model_id: str | None = None,
     prompt: PromptTemplate = PLAIN,
     trainer: L.Trainer | None = None,
     mismatch_field: str = DataSchema.mismatch_field,
     pool: pd.DataFrame | None = None,
-    merge_adapters: bool = False,
+    merge_adapters: bool = ModelSchema.merge_adapters,
     share_image_prefix: bool = ModelSchema.share_image_prefix,
 ) -> pd.DataFrame | None:
     """Generate answers for `frame` into `out_path` (resuming), return this split's records.
@@ -624,7 +624,7 @@ def prediction_key(
             **what,
             "precision": trainer.get("precision"),
             "accelerator": trainer.get("accelerator"),
-            "ranks": [trainer.get("devices"), trainer.get("num_nodes", 1)],
+            "ranks": [trainer.get("devices"), trainer.get("num_nodes", TrainerSchema.num_nodes)],
             "matmul_precision": torch.get_float32_matmul_precision(),
             "prompt": prompt.settings(),
         }

@@ -1,6 +1,6 @@
 """`medvqa-score`: score predictions made elsewhere (or by an earlier run) with medvqa's metrics.
 
-    medvqa-score PREDICTIONS --out DIR [--format auto|medvqa|sure|lmms-eval|table] [overrides]
+    medvqa-score PREDICTIONS --out DIR [--format FORMAT] [--questions QUESTIONS] [overrides]
 
 The overrides are the run's own config overrides (`'metric=[traditional,judge]'`,
 `evaluation.breakdown=[modality]`, `judge.backend=openai ...`), composed from conf/ as
@@ -8,17 +8,27 @@ The overrides are the run's own config overrides (`'metric=[traditional,judge]'`
 `results.json` (the same flat keys as a run: `<split>/<score>`, `robustness/rr_*` when the file
 has both test splits; the split is `all` when the file has none), `scores.parquet` and a summary.
 
-Formats (docs/metrics.md#scoring-existing-predictions):
+FORMAT (default `auto`: detected; docs/metrics.md#scoring-existing-predictions):
 - `medvqa`: a run's `predictions.jsonl` (split, case, candidates and metadata included);
 - `sure`: the SURE-VQA reference code's `test_results.json`, a JSON list of
   `{qid, question, gt, pred, answer_type: OPEN|CLOSED, img_name}`;
 - `lmms-eval`: the per-sample JSONL of `--log_samples` (`doc_id`, `target`,
   `filtered_resps`/`resps`, and `doc` up to v0.3 or `input` and the task's metric dicts since);
-- `table`: CSV or JSON(L) with `question`, `answer` (or `gt`), `prediction` (or `pred`) and
-  optionally `answer_type`, `id`, `split`, `case_id`, `candidates` and any metadata column.
+- `vlmevalkit`: VLMEvalKit's prediction file (.xlsx by default, .tsv, .json): `index`,
+  `prediction`, `answer` and, for MCQ datasets, option columns `A`, `B`, ... with `answer` the
+  key letter (read as a closed question over the options; `peer_readers`);
+- `llava`: the answers JSONL of LLaVA's / LLaVA-Med's `model_vqa.py` (`question_id`, `text`,
+  `answer_id`), joined on `question_id` with the question file given as `--questions`, which
+  holds the ground truth (`peer_readers`);
+- `table`: CSV, TSV, Excel (.xlsx), Parquet or JSON(L) with `question`, `answer` (or `gt`),
+  `prediction` (or `pred`) and optionally `answer_type`, `id`, `split`, `case_id`, `candidates`
+  and any metadata column.
 
-A closed question without candidates gets the binary answer space its text names (yes/no, or
-"A or B"), as the loaders build it; a file without answer types marks yes/no answers closed.
+The container (text that must be UTF-8, or binary .xlsx/.parquet; any other binary file is
+refused as an unsupported format) is checked and loaded by `prediction_files`, before and
+independently of the format. A closed question without candidates gets the binary answer space
+its text names (yes/no, or "A or B"), as the loaders build it; a file without answer types marks
+yes/no answers closed.
 """
 
 from __future__ import annotations
@@ -34,11 +44,23 @@ from typing import Any
 import pandas as pd
 
 from medvqa.data import records as R
-from medvqa.data.questions import closed_candidates, is_yes_no
+from medvqa.data.questions import closed_candidates, is_yes_no, is_yes_no_answer
 from medvqa.data.records import PREDICTION
 from medvqa.data.shifts import SPLITS
 from medvqa.evaluation.answers import key_option, same_answer
 from medvqa.evaluation.generation import SPLIT, read_predictions
+from medvqa.evaluation.peer_readers import is_llava, is_vlmevalkit, read_llava, read_vlmevalkit
+from medvqa.evaluation.prediction_files import (
+    ScoreInputError,
+    check_readable,
+    is_table,
+    json_rows,
+    load_table,
+    table_columns,
+)
+from medvqa.evaluation.prediction_files import text_or_none as _text
+
+__all__ = ["READERS", "ScoreInputError", "detect_format", "normalise", "read"]
 
 log = logging.getLogger(__name__)
 
@@ -56,73 +78,7 @@ ALIASES = {
 }
 
 
-class ScoreInputError(ValueError):
-    """A predictions file that cannot be scored; the message names the file, row and fix."""
-
-
 # -- readers: each returns rows with the canonical column names ---------------------------------
-
-
-def _check_readable(path: Path) -> None:
-    """Refuse an empty file and one that is not UTF-8 (the encoding every reader assumes) with
-    the place of the first bad byte, instead of a reader's bare UnicodeDecodeError."""
-    data = path.read_bytes()
-    if not data.strip():
-        raise ScoreInputError(
-            f"{path}: the file is empty ({len(data)} bytes); write the predictions into it "
-            "(a header and one row per question for CSV/TSV, one record per line for JSONL)"
-        )
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = data[: err.start].count(b"\n") + 1
-        raise ScoreInputError(
-            f"{path}: byte {err.start} (line {line}) is {data[err.start : err.start + 1]!r}, "
-            f"not UTF-8; {_likely_encoding(data)}"
-        ) from err
-
-
-# Byte-order marks and the encoding they mark, as `iconv -f` names it (it reads the mark).
-BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"),
-        (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16"))  # fmt: skip
-
-
-def _likely_encoding(data: bytes) -> str:
-    """How to re-save a file that is not UTF-8: its byte-order mark names its encoding (Excel's
-    'Unicode Text' and PowerShell write UTF-16); without one, most likely Latin-1/Windows-1252."""
-    for bom, name in BOMS:
-        if data.startswith(bom):
-            return (
-                f"it starts with a {name} byte-order mark, so it is {name} (Excel's 'Unicode "
-                f"Text' and PowerShell write UTF-16). Re-save it as UTF-8 (Excel: 'CSV UTF-8'), "
-                f"or `iconv -f {name} -t UTF-8 FILE > FILE.utf8`"
-            )
-    return (
-        "re-save the file as UTF-8 (e.g. Excel's 'CSV UTF-8'), or, if it came from Windows "
-        "or Excel, `iconv -f WINDOWS-1252 -t UTF-8 FILE > FILE.utf8`"
-    )
-
-
-def _json_rows(path: Path) -> list[dict[str, Any]]:
-    """The records of a JSON list or a JSONL file, with an error naming the bad line."""
-    text = path.read_text(encoding="utf-8-sig")
-    if path.suffix == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise ScoreInputError(f"{path}: not valid JSON ({err})") from err
-        if not isinstance(data, list):
-            raise ScoreInputError(f"{path}: expected a JSON list of records, got {type(data)}")
-        return data
-    rows = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as err:
-            raise ScoreInputError(f"{path}: line {number} is not JSON ({err})") from err
-    return rows
 
 
 def read_medvqa(path: Path) -> pd.DataFrame:
@@ -136,7 +92,7 @@ def read_medvqa(path: Path) -> pd.DataFrame:
 
 def read_sure(path: Path) -> pd.DataFrame:
     """SURE-VQA's test_results.json: qid, question, gt, pred, answer_type (OPEN/CLOSED)."""
-    rows = _json_rows(path)
+    rows = json_rows(path)
     for i, row in enumerate(rows):
         missing = [k for k in ("qid", "gt", "pred", "answer_type") if k not in row]
         if missing:
@@ -206,7 +162,7 @@ def read_lmms_eval(path: Path) -> pd.DataFrame:
     `filtered_resps` (a list up to v0.6.1, a string from v0.7), the question and answer type from
     `doc` (v0.3.x) or, as v0.4+ drops `doc`, from the task's per-sample metric dict and `input`
     (the prompt, less the pre/post prompt every row shares); the warning says which."""
-    rows = _json_rows(path)
+    rows = json_rows(path)
     docs: list[dict[str, Any] | None] = []
     for i, row in enumerate(rows):
         if "doc_id" not in row or ("filtered_resps" not in row and "resps" not in row):
@@ -245,7 +201,7 @@ def read_lmms_eval(path: Path) -> pd.DataFrame:
         if not doc.get(R.ANSWER_TYPE) and answer_type:
             typed_by.add(key)
         elif not answer_type:
-            answer_type = "closed" if is_yes_no(_text(target) or "") else "open"
+            answer_type = "closed" if is_yes_no_answer(_text(target) or "") else "open"
             inferred += 1
         metadata = {
             k: v
@@ -286,58 +242,44 @@ def read_lmms_eval(path: Path) -> pd.DataFrame:
 
 
 def read_table(path: Path) -> pd.DataFrame:
-    """CSV/TSV or JSON(L) with the canonical columns (or their ALIASES).
-
-    A CSV cell is read as the text it holds: type inference would turn an all-numeric column's
-    "007" into 7 and, next to "3.0", "05" into 5.0 (so "007" no longer equals another column's
-    "007"), and NA parsing would turn the answers "NA" and "None" into missing values. An empty cell is therefore the empty string, which as a
-    prediction is a valid empty answer, as "" is in the JSON formats.
-    """
-    if path.suffix in (".csv", ".tsv"):
-        frame = pd.read_csv(
-            path,
-            sep="\t" if path.suffix == ".tsv" else ",",
-            dtype=str,
-            encoding="utf-8-sig",  # Excel's "CSV UTF-8" starts with a byte-order mark
-            keep_default_na=False,
-            na_filter=False,
-        )
-    else:
-        frame = pd.DataFrame(_json_rows(path))
+    """CSV/TSV, Excel, Parquet or JSON(L) with the canonical columns (or their ALIASES); CSV
+    and Excel cells are read as the text they hold (`prediction_files.load_table`)."""
+    frame = load_table(path)
     renamed = {a: c for a, c in ALIASES.items() if a in frame and c not in frame}
     return frame.rename(columns=renamed)
 
 
-READERS: dict[str, Callable[[Path], pd.DataFrame]] = {
+READERS: dict[str, Callable[..., pd.DataFrame]] = {
     "medvqa": read_medvqa,
     "sure": read_sure,
     "lmms-eval": read_lmms_eval,
+    "vlmevalkit": read_vlmevalkit,
+    "llava": read_llava,  # also takes the question file (--questions)
     "table": read_table,
 }
 
 
 def detect_format(path: Path) -> str:
-    """The format a file is in, from its suffix and its first record."""
-    if path.suffix in (".csv", ".tsv"):
-        return "table"
-    rows = _json_rows(path)
+    """The format a file is in: a table's (CSV, TSV, Excel, Parquet) from its columns, JSON's
+    from its first record."""
+    if is_table(path):
+        return "vlmevalkit" if is_vlmevalkit(table_columns(path)) else "table"
+    rows = json_rows(path)
     first = rows[0] if rows and isinstance(rows[0], dict) else {}
     if {"qid", "gt", "pred"} <= set(first):
         return "sure"
     if "doc_id" in first and ("filtered_resps" in first or "resps" in first):
         return "lmms-eval"
+    if is_llava(first):
+        return "llava"
     if {SPLIT, PREDICTION, R.ANSWER_TYPE, R.ID} <= set(first):
         return "medvqa"
+    if is_vlmevalkit(first):
+        return "vlmevalkit"
     return "table"
 
 
 # -- normalisation -------------------------------------------------------------------------------
-
-
-def _text(value: Any) -> str | None:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return None
-    return str(value)
 
 
 def _accepted_names(column: str) -> list[str]:
@@ -402,7 +344,9 @@ def normalise(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
         _lower_checked(frame, R.ANSWER_TYPE, ANSWER_TYPES, path)
     else:
         log.warning("%s: no answer_type column; yes/no answers are scored as closed", path)
-        frame[R.ANSWER_TYPE] = ["closed" if is_yes_no(a) else "open" for a in frame[R.ANSWER]]
+        frame[R.ANSWER_TYPE] = [
+            "closed" if is_yes_no_answer(a) else "open" for a in frame[R.ANSWER]
+        ]
     if SPLIT in frame:
         _lower_checked(frame, SPLIT, SPLITS, path)
     else:
@@ -439,17 +383,28 @@ def normalise(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
     return frame.reset_index(drop=True)
 
 
-def read(path: Path, fmt: str = "auto") -> tuple[pd.DataFrame, str]:
-    """The file's rows, normalised, and the format they were read as."""
+def read(path: Path, fmt: str = "auto", questions: Path | None = None) -> tuple[pd.DataFrame, str]:
+    """The file's rows, normalised, and the format they were read as; `questions` is the
+    question file a `llava` answers file is joined with (it holds their ground truth)."""
     path = Path(path)
     if not path.is_file():
         raise ScoreInputError(f"{path}: no such file")
-    _check_readable(path)
+    check_readable(path)
+    if fmt not in ("auto", *READERS):
+        raise ScoreInputError(f"--format {fmt!r}: choose from {['auto', *READERS]}")
     if fmt == "auto":
         fmt = detect_format(path)
-    if fmt not in READERS:
-        raise ScoreInputError(f"--format {fmt!r}: choose from {['auto', *READERS]}")
-    return normalise(READERS[fmt](path), path), fmt
+        # A JSONL of question_id + text without answer_id is a LLaVA answers file too.
+        if questions is not None and fmt == "table" and not is_table(path):
+            fmt = "llava"
+    if questions is not None and fmt != "llava":
+        raise ScoreInputError(
+            f"--questions {questions}: only a LLaVA/LLaVA-Med model_vqa.py answers file is "
+            f"joined with a question file, and {path} is read as {fmt!r} (its answers are in "
+            "it): drop --questions, or pass --format llava if it is such an answers file"
+        )
+    frame = READERS[fmt](path, questions) if fmt == "llava" else READERS[fmt](path)
+    return normalise(frame, path), fmt
 
 
 # -- scoring -------------------------------------------------------------------------------------

@@ -242,7 +242,11 @@ def _point(sums: np.ndarray, counts: np.ndarray) -> float:
 
 
 def cluster_bootstrap_replicates(
-    values: Any, clusters: Any, stat: str = "mean", B: int = 2000, seed: int = 42
+    values: Any,
+    clusters: Any,
+    stat: str = "mean",
+    B: int = Bootstrap.samples,
+    seed: int = Bootstrap.seed,
 ) -> np.ndarray:
     """The ``B`` bootstrap replicates of the statistic (cases resampled with replacement).
 
@@ -263,9 +267,9 @@ def cluster_bootstrap(
     values: Any,
     clusters: Any,
     stat: str = "mean",
-    B: int = 2000,
-    seed: int = 42,
-    level: float = 0.95,
+    B: int = Bootstrap.samples,
+    seed: int = Bootstrap.seed,
+    level: float = Bootstrap.level,
 ) -> BootstrapCI:
     """Point estimate and case-clustered bootstrap CI of the mean of ``values``.
 
@@ -389,9 +393,9 @@ def paired_bootstrap_diff(
     *,
     paired: bool = True,
     stat: str = "mean",
-    B: int = 2000,
-    seed: int = 42,
-    level: float = 0.95,
+    B: int = Bootstrap.samples,
+    seed: int = Bootstrap.seed,
+    level: float = Bootstrap.level,
 ) -> BootstrapCI:
     """CI of mean(a) - mean(b), resampling cases.
 
@@ -423,9 +427,9 @@ def rr_ci(
     *,
     paired: bool = False,
     stat: str = "mean",
-    B: int = 2000,
-    seed: int = 42,
-    level: float = 0.95,
+    B: int = Bootstrap.samples,
+    seed: int = Bootstrap.seed,
+    level: float = Bootstrap.level,
 ) -> BootstrapCI:
     """CI of the relative robustness RR = mean_OoD / mean_iid (docs/metrics.md), resampling cases.
 
@@ -455,9 +459,9 @@ def ci_entries(
     cluster_field: str = CASE_ID,
     *,
     stat: str = "mean",
-    B: int = 2000,
-    seed: int = 42,
-    level: float = 0.95,
+    B: int = Bootstrap.samples,
+    seed: int = Bootstrap.seed,
+    level: float = Bootstrap.level,
 ) -> dict[str, float]:
     """``{"<metric>_ci_lo", "<metric>_ci_hi", "<metric>_ci_half"}`` for per-sample columns.
 
@@ -489,7 +493,9 @@ def ci_entries(
 # --------------------------------------------------------------------------------------------
 
 
-def cluster_sum_replicates(totals: Any, B: int = 2000, seed: int = 42) -> np.ndarray:
+def cluster_sum_replicates(
+    totals: Any, B: int = Bootstrap.samples, seed: int = Bootstrap.seed
+) -> np.ndarray:
     """Bootstrap replicates of the column sums of per-cluster ``totals`` (clusters x k): (B, k).
 
     Any statistic computed from sums over rows (macro-F1 and balanced accuracy from per-label
@@ -510,7 +516,7 @@ def cluster_sum_replicates(totals: Any, B: int = 2000, seed: int = 42) -> np.nda
 
 
 def percentile_ci(
-    point: float, replicates: Any, level: float = 0.95, what: str = ""
+    point: float, replicates: Any, level: float = Bootstrap.level, what: str = ""
 ) -> BootstrapCI:
     """The percentile interval of bootstrap ``replicates`` around ``point`` (undefined
     replicates are left out with a warning, as for every interval here)."""

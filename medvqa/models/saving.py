@@ -61,8 +61,8 @@ def save_trainable(
     return path
 
 
-def trained_before(weights_dir: Path, trained_for: str) -> dict[str, Any] | None:
-    """The manifest of complete weights saved for the config `trained_for`, else None."""
+def read_manifest(weights_dir: Path) -> dict[str, Any] | None:
+    """The manifest of complete weights in `weights_dir` (both files there), else None."""
     meta_path = Path(weights_dir) / META_FILE
     if not meta_path.is_file() or not (Path(weights_dir) / WEIGHTS_FILE).is_file():
         return None
@@ -70,7 +70,13 @@ def trained_before(weights_dir: Path, trained_for: str) -> dict[str, Any] | None
         meta = json.loads(meta_path.read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(meta, dict) or meta.get("trained_for") != trained_for:
+    return meta if isinstance(meta, dict) else None
+
+
+def trained_before(weights_dir: Path, trained_for: str) -> dict[str, Any] | None:
+    """The manifest of complete weights saved for the config `trained_for`, else None."""
+    meta = read_manifest(weights_dir)
+    if meta is None or meta.get("trained_for") != trained_for:
         return None
     return meta if isinstance(meta.get("global_step"), int) else None
 

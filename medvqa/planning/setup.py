@@ -34,6 +34,7 @@ from medvqa.models.architectures import image_tokens, meta_model
 from medvqa.models.loading import architecture, roles, torch_dtype
 from medvqa.planning.activations import LayerActivations, measure_layer
 from medvqa.planning.memory import DEFAULT_GPU_GIB, TEXT_TOKENS, Setup, fastest_layout
+from medvqa.training.spec import TrainerSchema
 from medvqa.training.strategies import is_deepspeed
 
 log = logging.getLogger(__name__)
@@ -191,8 +192,8 @@ def _local_gpu() -> torch.device:
 def _devices(trainer_cfg: Any, devices: int | None) -> tuple[int, int]:
     """(devices per node, nodes); `trainer.devices=-1`/"auto" is every visible GPU, or
     `devices` (default 1) where none is visible."""
-    nodes = int(trainer_cfg.get("num_nodes", 1) or 1)
-    value = trainer_cfg.get("devices", 1)
+    nodes = int(trainer_cfg.get("num_nodes", TrainerSchema.num_nodes) or 1)
+    value = trainer_cfg.get("devices", TrainerSchema.devices)
     count = device_count(value) or torch.cuda.device_count()
     if count:
         return count, nodes

@@ -14,6 +14,7 @@ import pandas as pd
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig
 
+from medvqa.analysis.aggregate import method_name
 from medvqa.evaluation.baselines import chance_scores, most_frequent_predictions
 from medvqa.evaluation.scoring import Scoring, scores_path, split_metrics
 from medvqa.provenance import add_metrics
@@ -24,9 +25,10 @@ def most_frequent(
     cfg: DictConfig,
     out_dir: Path,
     loggers: Sequence[Logger] = (),
-    eval_splits: Sequence[str] = ("test_iid", "test_ood"),
     provenance: MutableMapping[str, Any] | None = None,
-    prior_splits: Sequence[str] = ("train",),
+    *,
+    eval_splits: Sequence[str],
+    prior_splits: Sequence[str],
 ) -> dict[str, float]:
     """Answer each test question with its most frequent answer in `prior_splits` (the
     training split; RoboSurg-VQA's answer-frequency prior also counts validation); record
@@ -49,7 +51,7 @@ def most_frequent(
         out = out_dir / "predictions.jsonl"
         metrics, table = scoring.score(predictions, scores_path(out), extra=coverage)
         table.to_json(out, orient="records", lines=True)
-    report_run(cfg, out_dir, loggers, metrics, [(cfg.label or "most frequent answer", "")])
+    report_run(cfg, out_dir, loggers, metrics, [(cfg.label or method_name("most_frequent"), "")])
     return metrics
 
 
@@ -57,11 +59,12 @@ def chance(
     cfg: DictConfig,
     out_dir: Path,
     loggers: Sequence[Logger] = (),
-    eval_splits: Sequence[str] = ("test_iid", "test_ood"),
     provenance: MutableMapping[str, Any] | None = None,
+    *,
+    eval_splits: Sequence[str],
 ) -> dict[str, float]:
     """Expected accuracy of a uniform guess among each closed question's candidates."""
     _, splits = prepare_splits(cfg, out_dir, provenance=provenance)
     metrics = split_metrics(chance_scores({s: splits[s] for s in eval_splits}), cfg.evaluation)
-    report_run(cfg, out_dir, loggers, metrics, [(cfg.label or "random (1/k)", "")])
+    report_run(cfg, out_dir, loggers, metrics, [(cfg.label or method_name("random"), "")])
     return metrics

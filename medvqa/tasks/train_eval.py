@@ -16,11 +16,13 @@ from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig
 
 from medvqa import measure
+from medvqa.analysis.aggregate import REFERENCES as AGGREGATED_REFERENCES
+from medvqa.analysis.aggregate import method_name
 from medvqa.cluster import GPU_ACCELERATORS
 from medvqa.distributed import is_global_zero
 from medvqa.evaluation.baselines import chance_scores
 from medvqa.evaluation.beyond import beyond_accuracy
-from medvqa.evaluation.consistency import reordered
+from medvqa.evaluation.consistency import check_reorderable, reordered
 from medvqa.evaluation.generation import generate_splits, prediction_trainer
 from medvqa.evaluation.lengths import generation_length
 from medvqa.evaluation.scoring import Scoring, prefixed, scores_path, split_metrics
@@ -38,7 +40,7 @@ from medvqa.models.flops import fit_rates
 from medvqa.models.loading import load_vlm, roles
 from medvqa.models.saving import TRAINED_DIR, load_trainable, save_trainable, trained_before
 from medvqa.planning.memory import Setup, checkpointing_label
-from medvqa.provenance import add_metrics, add_model
+from medvqa.provenance import add_metrics, add_model, add_trained
 from medvqa.record import config_fingerprint
 from medvqa.tasks.common import prepare_splits, report_run
 from medvqa.tasks.plan import check_fits
@@ -51,7 +53,16 @@ from medvqa.training.strategies import is_deepspeed, resident
 
 log = logging.getLogger(__name__)
 
-REFERENCES = {"zero_shot": "zero-shot base", "chance": "chance (1/k)"}
+# The reference rows `task.references` adds; each is named as the report names it, by the
+# label of the method it is (analysis.aggregate.REFERENCES: the untuned base is peft=none).
+REFERENCES = ("zero_shot", "chance")
+
+
+def reference_label(name: str) -> str:
+    """A reference row's name in summary.md, the same as in the report ("No Finetune")."""
+    return method_name(AGGREGATED_REFERENCES[f"{name}/"])
+
+
 # Under paths.cache_dir: answers of the untuned base, shared by the jobs of a sweep.
 SHARED_PREDICTIONS = "predictions"
 
@@ -77,11 +88,12 @@ def train_eval(
     cfg: DictConfig,
     out_dir: Path,
     loggers: Sequence[Logger] = (),
-    eval_splits: Sequence[str] = ("test_iid", "test_ood"),
-    references: Sequence[str] = ("zero_shot", "chance"),
     provenance: MutableMapping[str, Any] | None = None,
+    *,
+    eval_splits: Sequence[str],
+    references: Sequence[str],
+    check_memory: bool,
     from_run: str | None = None,
-    check_memory: bool = True,
 ) -> dict[str, float]:
     """Splits -> (reference rows) -> method applied -> fit -> generate -> score -> report.
 
@@ -110,6 +122,8 @@ def train_eval(
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
     roles_ = roles(cfg.model)
     build_adapter_config(cfg.peft.adapter, cfg.peft.adapter_scope, roles_)  # fail fast on typos
+    prompt = instantiate(cfg.prompt)  # one template for training and generation
+    callbacks = instantiate_group(cfg.callbacks) if fit else []
 
     # Built first: a bad metric option fails before any data or model is loaded.
     with Scoring.from_config(cfg.metric, cfg.evaluation) as scoring:
@@ -123,11 +137,11 @@ def train_eval(
             [cfg.data.eval_image, *cfg.data.extra_eval_images],
             str(cfg.data.mismatch_field),
         )
+        check_reorderable(frames, int(cfg.data.option_orders))
 
         with measure.measured("load"):
             model, processor = load_vlm(cfg.model)
         add_model(provenance, model)
-        prompt = instantiate(cfg.prompt)  # one template for training and generation
         generate = partial(
             generate_splits,
             trainer=prediction_trainer(cfg.trainer),  # one for every split and image mode
@@ -188,6 +202,7 @@ def train_eval(
                 prompt,
                 out_dir,
                 loggers,
+                callbacks,
                 planned,
             )
             if is_global_zero():
@@ -196,6 +211,8 @@ def train_eval(
                 )
         elif trained is not None:
             load_trainable(model, trained, cfg.peft.name)
+        if global_step is not None and is_global_zero():
+            add_trained(provenance, out_dir / TRAINED_DIR)
 
         outputs[""] = out_dir / "predictions.jsonl"
         generated[""] = generate(
@@ -226,12 +243,12 @@ def train_eval(
                 metrics.update(prefixed(prefix, results[prefix]))
         rows = [(label, "")]
         if "zero_shot/" in generated:
-            rows.append((REFERENCES["zero_shot"], "zero_shot/"))
+            rows.append((reference_label("zero_shot"), "zero_shot/"))
         if "chance" in references:
             metrics.update(
                 prefixed("chance/", split_metrics(chance_scores(frames), cfg.evaluation))
             )
-            rows.append((REFERENCES["chance"], "chance/"))
+            rows.append((reference_label("chance"), "chance/"))
         for mode in cfg.data.extra_eval_images:
             prefix = f"delta_{mode}/"
             metrics.update(scoring.deltas(results[""], results[f"{mode}/"], prefix=prefix))
@@ -265,9 +282,11 @@ def _fit(
     prompt: Any,
     out_dir: Path,
     loggers: Sequence[Logger],
+    callbacks: list[L.Callback],
     planned: Setup | None = None,
 ) -> int:
     """Fine-tune `model` in place (resuming from `cfg.ckpt_path`); returns the optimiser steps.
+    `callbacks`: `cfg.callbacks`, built before any data or model work (a bad one fails first).
     `planned`: the setup the memory plan chose (None: it did not run)."""
     every = checkpoint_every(cfg.model.gradient_checkpointing)
     batch_size, accumulate = int(cfg.data.batch_size), int(cfg.trainer.accumulate_grad_batches)
@@ -299,7 +318,6 @@ def _fit(
         prompt=prompt,
         mismatch_field=str(cfg.data.mismatch_field),
     )
-    callbacks = instantiate_group(cfg.callbacks)
     if is_global_zero():
         set_aside_stale(callbacks, cfg.ckpt_path)
     trainer: L.Trainer = instantiate(

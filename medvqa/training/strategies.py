@@ -22,6 +22,7 @@ from lightning.pytorch.strategies import DeepSpeedStrategy as LightningDeepSpeed
 
 from medvqa.atomic import replace_dir
 from medvqa.cluster import GPU_ACCELERATORS, device_count
+from medvqa.training.spec import TrainerSchema
 
 # Floating dtype names DeepSpeed's config accepts for communication and gradient accumulation.
 DEEPSPEED_DTYPES = ("fp32", "bf16", "fp16")
@@ -119,7 +120,9 @@ class ResidentDDP(KeepOnDevice, DDPStrategy):
     """DDP over the run's devices; each rank's model stays on its device after each Trainer."""
 
 
-def resident(strategy: Any, accelerator: Any, devices: Any, num_nodes: Any = 1) -> Any:
+def resident(
+    strategy: Any, accelerator: Any, devices: Any, num_nodes: Any = TrainerSchema.num_nodes
+) -> Any:
     """The strategy a job's Trainers run under: Lightning's default ("auto") and "ddp" become the
     same choice that keeps the model on its device (`KeepOnDevice`): one device, or DDP over
     several (on the CPU too, where two gloo ranks test the GPU path's DDP). Any other strategy,
@@ -177,7 +180,10 @@ def needs_cuda(strategy: Any) -> bool:
 
 
 def prediction_strategy(
-    strategy: Any, devices: Any = 1, num_nodes: int = 1, accelerator: Any = "cpu"
+    strategy: Any,
+    devices: Any = TrainerSchema.devices,
+    num_nodes: int = TrainerSchema.num_nodes,
+    accelerator: Any = TrainerSchema.accelerator,
 ) -> Any:
     """The strategy generation runs under: the run's own (`resident`), except DeepSpeed, which
     becomes DDP on the same devices (the process group the fit made is reused; precision stays

@@ -19,6 +19,7 @@ from scipy import stats
 from medvqa.analysis.rater.plots import figures
 from medvqa.analysis.rater.study import ITEMS, SCORE_RANGE, SHEET_CSV, RatingError, Study
 from medvqa.analysis.summary import markdown_table
+from medvqa.atomic import staged_dir
 
 log = logging.getLogger(__name__)
 
@@ -197,14 +198,13 @@ def analyze(directory: Path, ratings: Sequence[Path], out: Path) -> pd.DataFrame
     )
     study = Study(items=items, ratings=table)
     result = correlation_table(study)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    result.to_csv(out / "correlations.csv", index=False)
-    (out / "correlations.md").write_text(
-        f"# Rater study: {len(ids)} items, {len(names)} rater(s)\n\n"
-        + markdown_table(result, floatfmt=".3f")  # rater names are file names: data
-        + "\n"
-    )
-    for path in figures(study, result, out):
-        log.info("wrote %s", path)
+    with staged_dir(Path(out), "medvqa-rater analyze") as staging:  # swapped in whole
+        result.to_csv(staging / "correlations.csv", index=False)
+        (staging / "correlations.md").write_text(
+            f"# Rater study: {len(ids)} items, {len(names)} rater(s)\n\n"
+            + markdown_table(result, floatfmt=".3f")  # rater names are file names: data
+            + "\n"
+        )
+        drawn = [path.name for path in figures(study, result, staging)]
+    log.info("wrote correlations.csv, correlations.md and %s to %s", drawn, out)
     return result

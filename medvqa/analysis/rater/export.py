@@ -14,6 +14,7 @@ import pandas as pd
 
 from medvqa.analysis.rater.page import rating_page
 from medvqa.analysis.rater.study import ITEMS, SHEET_COLUMNS, SHEET_CSV, SHEET_HTML, RatingError
+from medvqa.atomic import staged_dir
 from medvqa.data import records as R
 from medvqa.evaluation.families import traditional as M
 from medvqa.evaluation.families.judge import JUDGE_SCORE  # 1–5 open, 0/0.5/1 closed
@@ -147,8 +148,6 @@ def export(
     sample = pool.iloc[picked].reset_index(drop=True)
     scores = _metric_scores(sample, _judge_columns(sample, judge_columns), text_metrics, embedding)
 
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     items = pd.DataFrame(
         {
             "id": sample[R.ID].astype(str),
@@ -158,14 +157,16 @@ def export(
             "prediction": sample[M.PREDICTION].fillna("").astype(str),
         }
     )
-    with (out / ITEMS).open("w") as fh:
-        for i, item in enumerate(items.to_dict("records")):
-            item["scores"] = {
-                k: (None if pd.isna(v) else float(v)) for k, v in scores.iloc[i].items()
-            }
-            fh.write(json.dumps(item) + "\n")
     sheet = items.rename(columns={"answer": "ground_truth"})[list(SHEET_COLUMNS[:-1])]
-    sheet.assign(score="").to_csv(out / SHEET_CSV, index=False)
-    (out / SHEET_HTML).write_text(rating_page(sheet))
+    # Swapped in whole: raters never get a sheet whose items.jsonl is from another draw.
+    with staged_dir(Path(out), "medvqa-rater export") as staging:
+        with (staging / ITEMS).open("w") as fh:
+            for i, item in enumerate(items.to_dict("records")):
+                item["scores"] = {
+                    k: (None if pd.isna(v) else float(v)) for k, v in scores.iloc[i].items()
+                }
+                fh.write(json.dumps(item) + "\n")
+        sheet.assign(score="").to_csv(staging / SHEET_CSV, index=False)
+        (staging / SHEET_HTML).write_text(rating_page(sheet))
     log.info("wrote %d item(s) to %s", len(items), out)
     return items.join(scores)

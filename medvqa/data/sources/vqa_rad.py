@@ -4,7 +4,7 @@ Layout under `root`: `VQA_RAD Dataset Public.json` (a list of rows with the rele
 `qid, phrase_type, qid_linked_id, image_case_url, image_name, image_organ, evaluation, question,
 question_rephrase, question_relation, question_frame, question_type, answer, answer_type`) and
 `VQA_RAD Image Folder/<image_name>` (315 images). The release's `.xlsx` copy is read instead when
-`annotation_file` ends in `.xlsx` and openpyxl is installed; the XML copy is not supported.
+`annotation_file` ends in `.xlsx` (openpyxl); the XML copy is not supported.
 
 Source split: `phrase_type` `test_freeform`/`test_para` is the official test (451 questions),
 everything else is train; there is no validate split (shifts carve it from train, grouped by
@@ -31,7 +31,6 @@ combined, and "NULL" in the optional fields. A blank question is a bad row.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import math
 from pathlib import Path
@@ -232,12 +231,6 @@ class VqaRad(AnnotatedSource):
         if path.suffix.lower() == ".json":
             return read_json_rows(path, self.name)
         if path.suffix.lower() == ".xlsx":
-            if importlib.util.find_spec("openpyxl") is None:
-                raise DataError(
-                    f"{self.name}: {path} is the release's Excel copy, which needs openpyxl "
-                    "(not installed); set dataset.annotation_file to the release's JSON file "
-                    "'VQA_RAD Dataset Public.json'."
-                )
             frame = pd.read_excel(path, dtype=object)
             return frame.astype(object).where(frame.notna(), None).to_dict("records")
         raise DataError(

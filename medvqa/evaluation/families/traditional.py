@@ -26,7 +26,14 @@ import numpy as np
 import pandas as pd
 
 from medvqa.data.records import ANSWER, ANSWER_TYPE, CANDIDATES, PREDICTION
-from medvqa.evaluation.answers import choice_from_normalised, normalize_answer, same_answer, tokens
+from medvqa.evaluation.answers import (
+    NUMBER_WORDS,
+    SURE_NUMBER_WORDS,
+    choice_from_normalised,
+    normalize_answer,
+    same_answer,
+    tokens,
+)
 from medvqa.evaluation.families.base import (
     COUNT,
     ERROR_RATE,
@@ -195,13 +202,17 @@ def _is_missing(cands: Any) -> bool:
 
 
 def per_sample_scores(
-    preds: pd.DataFrame, open_metrics: Sequence[str] | None = None, prefix: str = ""
+    preds: pd.DataFrame,
+    open_metrics: Sequence[str] | None = None,
+    prefix: str = "",
+    number_words: dict[str, str] = NUMBER_WORDS,
 ) -> pd.DataFrame:
     """Copy of ``preds`` with one score column per metric, for the predictions table.
 
     Added columns: ``open_<m>`` for each open metric (NaN on closed rows), ``closed_choice``
     (selected candidate or None), ``closed_correct`` and ``closed_invalid`` (NaN on open rows),
-    each name after ``prefix`` (the family's, "" for `traditional`).
+    each name after ``prefix`` (the family's, "" for `traditional`). Open answers are tokenised
+    with `number_words` (`SURE_NUMBER_WORDS` for SURE-VQA's own open scores).
     Rows are neither dropped nor reordered. A closed row without candidates cannot select
     anything and counts as invalid (a warning is logged).
     """
@@ -223,7 +234,9 @@ def per_sample_scores(
     for i in range(n):
         kind = types[i]
         if kind == "open":
-            scores = _open_scores(tokens(pred_col[i]), tokens(ans_col[i]))
+            scores = _open_scores(
+                tokens(pred_col[i], number_words), tokens(ans_col[i], number_words)
+            )
             for m in names:
                 open_vals[m][i] = scores[m]
         elif kind == "closed":
@@ -336,11 +349,17 @@ class TraditionalMetric(MetricFamily):
         "invalid_rate": ERROR_RATE,
     }
 
-    def __init__(self, open_metrics: Sequence[str] | None = None) -> None:
+    def __init__(
+        self, open_metrics: Sequence[str] | None = None, sure_number_words: bool = False
+    ) -> None:
+        """`sure_number_words`: open answers read numbers as SURE-VQA's scorer does ("none" is
+        "0"; eleven..twenty stay words), so its published open scores are matched exactly;
+        off, "none" stays "no finding" (docs/metrics.md#normalisation)."""
         self.open_metrics = _check_metrics(open_metrics)
+        self.number_words = SURE_NUMBER_WORDS if sure_number_words else NUMBER_WORDS
 
     def per_sample(self, preds: pd.DataFrame) -> pd.DataFrame:
-        scored = per_sample_scores(preds, self.open_metrics, self.prefix)
+        scored = per_sample_scores(preds, self.open_metrics, self.prefix, self.number_words)
         return scored[[c for c in scored.columns if c not in preds.columns]]
 
     def aggregate(self, scored: pd.DataFrame) -> dict[str, float]:

@@ -1,0 +1,270 @@
+"""The bytes of a predictions file for `medvqa-score`: which container it is, and its rows.
+
+Kept apart from the format readers (`readers`, `peer_readers`), which decide what the rows
+mean. A file is one of:
+- text (CSV, TSV, JSON, JSONL; any other suffix is read as JSONL), which must be UTF-8: a reader's
+  bare UnicodeDecodeError would name neither the place nor the fix;
+- an Excel workbook (`.xlsx`, VLMEvalKit's default prediction file; its first sheet) or a Parquet
+  file (`.parquet`), which are binary and skip the UTF-8 check;
+- anything else binary (a PDF, a zip, a pickle, an old `.xls`, ...), refused up front as an
+  unsupported format with the supported ones listed, instead of a misleading "not UTF-8".
+
+Excel and CSV cells are read as the text they hold (see `load_table`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+
+class ScoreInputError(ValueError):
+    """A predictions file that cannot be scored; the message names the file, row and fix."""
+
+
+TEXT_TABLES = {".csv": ",", ".tsv": "\t"}
+BINARY_TABLES = (".xlsx", ".parquet")
+TABLE_SUFFIXES = (*TEXT_TABLES, *BINARY_TABLES)
+SUPPORTED = (
+    "CSV (.csv), TSV (.tsv), JSON (.json, a list of records), JSONL (.jsonl or any other text "
+    "suffix), Excel (.xlsx) and Parquet (.parquet)"
+)
+# Binary formats seen in the wild, by their first bytes: what the file is, and what to do.
+MAGIC = (
+    (b"%PDF", "a PDF document", "export the predictions table from the tool that made it"),
+    (b"\xd0\xcf\x11\xe0", "an old Excel .xls (or other OLE2) file", "re-save it as .xlsx or CSV"),
+    (b"\x1f\x8b", "a gzip archive", "decompress it (`gunzip FILE`) and pass the file inside"),
+    (b"BZh", "a bzip2 archive", "decompress it (`bunzip2 FILE`) and pass the file inside"),
+    (b"\xfd7zXZ\x00", "an xz archive", "decompress it (`unxz FILE`) and pass the file inside"),
+    (b"7z\xbc\xaf\x27\x1c", "a 7-Zip archive", "extract it and pass the predictions file inside"),
+    (b"\x93NUMPY", "a NumPy array", "save the predictions as a table (CSV, JSONL, Parquet)"),
+    (b"\x89HDF", "an HDF5 file", "save the predictions as a table (CSV, JSONL, Parquet)"),
+    (b"ARROW1", "an Arrow/Feather file", "save it as Parquet (`pd.read_feather(F).to_parquet`)"),
+    (b"\x89PNG", "a PNG image", "pass the predictions file, not an image"),
+    (b"\xff\xd8\xff", "a JPEG image", "pass the predictions file, not an image"),
+)
+PICKLE_FIX = (
+    "it is not read, as unpickling a file runs code; VLMEvalKit falls back to .pkl when it "
+    "cannot write its .xlsx/.tsv, so re-save the table from Python as .tsv, .xlsx or .parquet"
+)
+# Suffixes of binary formats refused even when their first bytes are not recognised.
+UNSUPPORTED_SUFFIXES = {
+    ".pkl": f"a Python pickle: {PICKLE_FIX}",
+    ".pickle": f"a Python pickle: {PICKLE_FIX}",
+    ".pdf": "a PDF document: export the predictions table from the tool that made it",
+    ".xls": "an old Excel .xls file: re-save it as .xlsx or CSV",
+    ".zip": "a zip archive: extract it and pass the predictions file inside",
+    ".npy": "a NumPy array: save the predictions as a table (CSV, JSONL, Parquet)",
+    ".npz": "a NumPy archive: save the predictions as a table (CSV, JSONL, Parquet)",
+    ".pt": "a PyTorch file: save the predictions as a table (CSV, JSONL, Parquet)",
+    ".pth": "a PyTorch file: save the predictions as a table (CSV, JSONL, Parquet)",
+    ".feather": "a Feather file: save it as Parquet (`pd.read_feather(F).to_parquet(P)`)",
+    ".arrow": "an Arrow file: save it as Parquet",
+    ".h5": "an HDF5 file: save the predictions as a table (CSV, JSONL, Parquet)",
+    ".docx": "a Word document: export the predictions table as CSV",
+    ".ods": "an OpenDocument spreadsheet: re-save it as .xlsx or CSV",
+}
+SNIFFED = 1 << 16  # bytes looked at for NUL bytes (text never has them; UTF-16 has a BOM)
+
+# Byte-order marks and the encoding they mark, as `iconv -f` names it (it reads the mark).
+BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"),
+        (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16"))  # fmt: skip
+
+
+def _unsupported(path: Path, what: str) -> ScoreInputError:
+    return ScoreInputError(
+        f"{path}: unsupported format: {what}. medvqa-score reads {SUPPORTED}; "
+        "see docs/metrics.md#scoring-existing-predictions"
+    )
+
+
+def _is_workbook(path: Path) -> bool:
+    """Whether a zip container is an Excel workbook (a .docx or a plain zip is not)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return "xl/workbook.xml" in archive.namelist()
+    except (zipfile.BadZipFile, OSError):
+        return False
+
+
+def _check_binary(path: Path, head: bytes) -> bool:
+    """True for an .xlsx or .parquet file that is what its suffix says; refuse a binary file of
+    any other format (by suffix or first bytes) before the UTF-8 check calls it bad text."""
+    suffix = path.suffix.lower()
+    if suffix == ".xlsx":
+        if head.startswith(b"PK\x03\x04") and _is_workbook(path):
+            return True
+        raise ScoreInputError(
+            f"{path}: named .xlsx but not an Excel workbook (it starts with {head[:8]!r}, an "
+            ".xlsx is a zip holding xl/workbook.xml); if it is a CSV or TSV, name it .csv or "
+            "'.tsv', else re-save it from Excel as .xlsx"
+        )
+    if suffix == ".parquet":
+        if head.startswith(b"PAR1"):
+            return True
+        raise ScoreInputError(
+            f"{path}: named .parquet but not a Parquet file (it starts with {head[:8]!r}, not "
+            "b'PAR1'); name it after what it holds (.csv, .tsv, .jsonl) or re-save it as Parquet"
+        )
+    if any(head.startswith(bom) for bom, _ in BOMS):
+        return False  # UTF-16/32 text: the UTF-8 check says how to convert it
+    if head.startswith(b"PK\x03\x04"):
+        if _is_workbook(path):
+            raise _unsupported(path, "an Excel workbook without the .xlsx suffix: rename it")
+        raise _unsupported(path, "a zip archive: extract it and pass the predictions file inside")
+    if head.startswith(b"PAR1"):
+        raise _unsupported(path, "a Parquet file without the .parquet suffix: rename it")
+    if head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
+        raise _unsupported(path, f"a Python pickle: {PICKLE_FIX}")
+    for magic, what, fix in MAGIC:
+        if head.startswith(magic):
+            raise _unsupported(path, f"{what}: {fix}")
+    if suffix in UNSUPPORTED_SUFFIXES:
+        raise _unsupported(path, UNSUPPORTED_SUFFIXES[suffix])
+    if b"\x00" in head:
+        offset = head.index(b"\x00")
+        raise _unsupported(
+            path,
+            f"a binary file (NUL byte at offset {offset}); if it is UTF-16 text without a "
+            "byte-order mark, re-save it as UTF-8",
+        )
+    return False
+
+
+def check_readable(path: Path) -> None:
+    """Refuse an empty file, a binary file of an unsupported format, and a text file that is
+    not UTF-8 (the encoding every text reader assumes) with the place of the first bad byte."""
+    data = path.read_bytes()
+    if not data.strip():
+        raise ScoreInputError(
+            f"{path}: the file is empty ({len(data)} bytes); write the predictions into it "
+            "(a header and one row per question for CSV/TSV, one record per line for JSONL)"
+        )
+    if _check_binary(path, data[:SNIFFED]):
+        return
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise ScoreInputError(
+            f"{path}: byte {err.start} (line {line}) is {data[err.start : err.start + 1]!r}, "
+            f"not UTF-8; {_likely_encoding(data)}"
+        ) from err
+
+
+def _likely_encoding(data: bytes) -> str:
+    """How to re-save a file that is not UTF-8: its byte-order mark names its encoding (Excel's
+    'Unicode Text' and PowerShell write UTF-16); without one, most likely Latin-1/Windows-1252."""
+    for bom, name in BOMS:
+        if data.startswith(bom):
+            return (
+                f"it starts with a {name} byte-order mark, so it is {name} (Excel's 'Unicode "
+                f"Text' and PowerShell write UTF-16). Re-save it as UTF-8 (Excel: 'CSV UTF-8'), "
+                f"or `iconv -f {name} -t UTF-8 FILE > FILE.utf8`"
+            )
+    return (
+        "re-save the file as UTF-8 (e.g. Excel's 'CSV UTF-8'), or, if it came from Windows "
+        "or Excel, `iconv -f WINDOWS-1252 -t UTF-8 FILE > FILE.utf8`"
+    )
+
+
+def json_rows(path: Path) -> list[dict[str, Any]]:
+    """The records of a JSON list or a JSONL file, with an error naming the bad line."""
+    text = path.read_text(encoding="utf-8-sig")
+    if path.suffix == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ScoreInputError(f"{path}: not valid JSON ({err})") from err
+        if not isinstance(data, list):
+            raise ScoreInputError(f"{path}: expected a JSON list of records, got {type(data)}")
+        return data
+    rows = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            raise ScoreInputError(f"{path}: line {number} is not JSON ({err})") from err
+    return rows
+
+
+def is_table(path: Path) -> bool:
+    """Whether the file is a table by its suffix (CSV, TSV, Excel, Parquet), not JSON records."""
+    return path.suffix.lower() in TABLE_SUFFIXES
+
+
+def load_table(path: Path) -> pd.DataFrame:
+    """The rows of a CSV/TSV/Excel/Parquet file, or of JSON(L) records.
+
+    A CSV or Excel cell is read as the text it holds: type inference would turn an all-numeric
+    column's "007" into 7 and, next to "3.0", "05" into 5.0 (so "007" no longer equals another
+    column's "007"), and NA parsing would turn the answers "NA" and "None" into missing values.
+    An empty cell is therefore the empty string, which as a prediction is a valid empty answer,
+    as "" is in the JSON formats. Parquet columns keep their types (they were never text).
+    """
+    suffix = path.suffix.lower()
+    if suffix in TEXT_TABLES:
+        return pd.read_csv(
+            path,
+            sep=TEXT_TABLES[suffix],
+            dtype=str,
+            encoding="utf-8-sig",  # Excel's "CSV UTF-8" starts with a byte-order mark
+            keep_default_na=False,
+            na_filter=False,
+        )
+    if suffix == ".xlsx":
+        try:
+            return pd.read_excel(path, dtype=str, keep_default_na=False, na_filter=False)
+        except ImportError as err:  # openpyxl is a dependency; a trimmed install may lack it
+            raise ScoreInputError(
+                f"{path}: reading .xlsx needs openpyxl ({err}); `pip install openpyxl`, or "
+                "re-save the workbook as CSV/TSV"
+            ) from err
+        except Exception as err:  # a damaged workbook: openpyxl raises many kinds
+            raise ScoreInputError(
+                f"{path}: the Excel workbook cannot be read ({type(err).__name__}: {err}); "
+                "re-save it from Excel as .xlsx or as CSV"
+            ) from err
+    if suffix == ".parquet":
+        try:
+            return pd.read_parquet(path)
+        except Exception as err:  # a truncated or damaged file: pyarrow raises many kinds
+            raise ScoreInputError(
+                f"{path}: the Parquet file cannot be read ({type(err).__name__}: {err}); "
+                "write it again (e.g. `frame.to_parquet(PATH)`)"
+            ) from err
+    return pd.DataFrame(json_rows(path))
+
+
+def table_columns(path: Path) -> list[str]:
+    """A table's column names, without reading all its rows (format detection)."""
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            return list(pq.read_schema(path).names)
+        except Exception as err:  # damaged: let load_table give the full message
+            raise ScoreInputError(f"{path}: the Parquet file cannot be read ({err})") from err
+    if suffix in TEXT_TABLES:
+        return [
+            str(c)
+            for c in pd.read_csv(
+                path, sep=TEXT_TABLES[suffix], dtype=str, nrows=0, encoding="utf-8-sig"
+            ).columns
+        ]
+    return [str(c) for c in load_table(path).columns]
+
+
+def text_or_none(value: Any) -> str | None:
+    """A cell as text; None for a missing one (None, NaN)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return str(value)
