@@ -314,6 +314,101 @@ def test_config_variants_are_separate_rows_not_seeds(tmp_path: Path) -> None:
     assert set(long["n"]) == {2}
 
 
+def resolved_config(overrides: list[str], tmp_path: Path) -> dict[str, Any]:
+    """The config a run with these overrides records (resolved, as RunRecord writes it)."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf, open_dict
+
+    from tests.conftest import compose
+
+    cfg = compose(overrides, tmp_path / "cache")
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = str(tmp_path / "run")
+    HydraConfig.instance().set_config(cfg)  # `${hydra:...}` resolves as in a run
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def test_variant_labels_name_only_the_settings_a_user_sets(tmp_path: Path) -> None:
+    """A probe's two LoRA runs, one with `data.limit.train=32 metric=[traditional,judge]`: the
+    rows are told apart by what the user set, never by Hydra's `_target_` nor by the judge
+    metric's `cfg` (a copy of the `judge` node, `cfg: ${judge}`) that the user did not set."""
+    rng = np.random.default_rng(17)
+    runs = {
+        "plain": ["peft=lora"],
+        "probe": ["peft=lora", "data.limit.train=32", "metric=[traditional,judge]"],
+    }
+    for name, overrides in runs.items():
+        path = write_record(tmp_path / "runs" / name, "lora", 0, metrics=headline(rng))
+        record = json.loads(path.read_text())
+        record["config"] = resolved_config(overrides, tmp_path)
+        path.write_text(json.dumps(record))
+    frame = collect([tmp_path / "runs"])
+    shown = sorted(frame.loc[frame["kind"] == "run", "method"])
+    assert shown == [
+        "LoRA [data.limit.train=32, metric=[traditional,judge]]",
+        "LoRA [data.limit.train=None, metric=[traditional]]",
+    ]
+    assert set(frame.loc[frame["kind"] == "run", "method_id"]) == {
+        "lora [data.limit.train=32, metric=[traditional,judge]]",
+        "lora [data.limit.train=None, metric=[traditional]]",
+    }
+    build_report(frame, tmp_path / "out")
+    page = (tmp_path / "out" / "report.html").read_text().replace("<wbr>", "")  # wrap points
+    assert "LoRA [data.limit.train=32, metric=[traditional,judge]]" in page
+    for internal in ("_target_", "metric.judge.cfg", "api_key_env"):
+        assert internal not in page
+
+
+def test_a_variant_is_named_by_the_key_a_user_overrides(tmp_path: Path) -> None:
+    """Where an interpolated copy differs because its source does, the source is named
+    (`judge.model`, `evaluation.bootstrap.samples`); a class by its node; and where only
+    Hydra's own keys tell runs apart, those are shown rather than merging the runs."""
+    rng = np.random.default_rng(18)
+
+    def variant(name: str, **config: Any) -> None:
+        path = write_record(tmp_path / name, "lora", 0, metrics=headline(rng))
+        record = json.loads(path.read_text())
+        record["config"].update(config)
+        path.write_text(json.dumps(record))
+
+    for model, samples in (("m1", 500), ("m2", 2000)):
+        variant(
+            model,
+            judge={"model": model, "api_key_env": "KEY"},
+            evaluation={"bootstrap": {"samples": samples}},
+            metric={
+                "judge": {"_target_": "J", "cfg": {"model": model, "api_key_env": "KEY"}},
+                "closed_set": {"_target_": "C", "bootstrap": {"samples": samples}},
+            },
+        )
+    for builder in ("medvqa.zoo.tiny.TinyLlavaBuilder", "medvqa.zoo.smollm2.SmolBuilder"):
+        variant(
+            builder,
+            model={"name": "tiny", "builder": {"_target_": builder}},
+            shift={"name": "builders"},
+        )
+    for partial in (True, False):
+        variant(
+            f"p{partial}", task={"_target_": "t", "_partial_": partial}, shift={"name": "partial"}
+        )
+    frame = collect([tmp_path])
+    runs = frame[frame["kind"] == "run"]
+    assert sorted(runs.loc[runs["shift"] == "modality", "method"]) == [
+        "LoRA [evaluation.bootstrap.samples=2000, judge.model='m2']",
+        "LoRA [evaluation.bootstrap.samples=500, judge.model='m1']",
+    ]
+    assert sorted(runs.loc[runs["shift"] == "builders", "method"]) == [
+        "LoRA [model.builder=SmolBuilder]",
+        "LoRA [model.builder=TinyLlavaBuilder]",
+    ]
+    assert sorted(runs.loc[runs["shift"] == "partial", "method"]) == [
+        "LoRA [task._partial_=False]",
+        "LoRA [task._partial_=True]",
+    ]
+
+
 def test_extra_image_rows_come_from_their_prefix(tmp_path: Path) -> None:
     rng = np.random.default_rng(6)
     sighted, blank = headline(rng), headline(rng)

@@ -19,6 +19,8 @@ import base64
 import dataclasses
 import html
 import logging
+import numbers
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -191,16 +193,59 @@ def _img(path: Path) -> str:
     return f'<img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">'
 
 
+# A run of this many non-space characters (a path, a run's overrides, an error's file name)
+# would set a table column's narrowest width; it may wrap after its separators instead.
+_LONG_TOKEN = re.compile(r"\S{24,}")
+_BREAK_AFTER = re.compile(r"(?<=[/\\_,;=:&|])")
+
+
+def _breakable(text: str) -> str:
+    """`text` as HTML, with a line-break opportunity (``<wbr>``) after each separator of a long
+    unbroken token: a column of paths or overrides wraps there, so its table fits the page."""
+    out, last = [], 0
+    for match in _LONG_TOKEN.finditer(text):
+        out.append(html.escape(text[last : match.start()]))
+        out.append("<wbr>".join(html.escape(p) for p in _BREAK_AFTER.split(match.group())))
+        last = match.end()
+    out.append(html.escape(text[last:]))
+    return "".join(out)
+
+
+def _cell(value: Any) -> Any:
+    """A table cell as HTML (`_breakable` text); numbers and missing values as they are."""
+    if isinstance(value, numbers.Number) or (pd.api.types.is_scalar(value) and pd.isna(value)):
+        return value
+    return _breakable(str(value))
+
+
 def _frame_html(frame: pd.DataFrame, float_format: str = "{:.3f}") -> str:
-    return frame.to_html(
-        index=False, border=0, classes="t", na_rep="—", float_format=float_format.format
+    """A table in its own horizontally scrollable box: wrapped to the page where it can be,
+    scrolled (never the whole page) where a cell cannot be wrapped."""
+    shown = frame.rename_axis(columns=None)  # pandas would add an empty cell to every row
+    shown = shown.set_axis([_breakable(str(c)) for c in shown.columns], axis=1)
+    for i, dtype in enumerate(shown.dtypes):
+        if not pd.api.types.is_numeric_dtype(dtype):  # text (object or str), maybe mixed
+            shown.isetitem(i, shown.iloc[:, i].map(_cell))
+    table = shown.to_html(
+        index=False,
+        border=0,
+        classes="t",
+        na_rep="—",
+        float_format=float_format.format,
+        escape=False,
     )
+    return f"<div class='scroll'>{table}</div>"
 
 
+# Tables wrap long labels and paths (`_breakable`) to fit a laptop's width (1280 px: the
+# tests check it in Chromium); a cell that cannot wrap scrolls its own table, not the page.
 _CSS = """
-body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;color:#222}
+body{font-family:system-ui,sans-serif;margin:2em auto;padding:0 1em;max-width:1200px;color:#222}
+.scroll{overflow-x:auto;max-width:100%}
 table.t{border-collapse:collapse;margin:.5em 0 1em;font-size:13px}
-table.t th,table.t td{padding:3px 8px;border-bottom:1px solid #ddd;text-align:right}
+table.t th,table.t td{padding:3px 8px;border-bottom:1px solid #ddd;text-align:right;
+vertical-align:top}
+table.t th{vertical-align:bottom}
 table.t td:first-child,table.t th:first-child{text-align:left}
 img{max-width:100%;margin:.5em 0}.note{color:#555;font-size:12px}.bad{color:#b00}
 """
@@ -265,19 +310,18 @@ def write_html(report: Report) -> Path:
         parts.append("<p>No run recorded its provenance.</p>")
     else:
         shown = report.provenance.assign(
-            table=report.provenance["table"].map(html.escape),
-            values=report.provenance["values"].map(lambda vs: "<br>".join(map(html.escape, vs))),
+            table=report.provenance["table"].map(_breakable),
+            values=report.provenance["values"].map(lambda vs: "<br>".join(map(_breakable, vs))),
         )
         mixed = shown["n_values"] > 1
         parts.append(
             "<p class='note'>What each table's runs were computed with; "
             f"{int(mixed.sum())} field(s) mix several values (marked).</p>"
         )
-        parts.append(
-            shown.assign(
-                n_values=shown["n_values"].map(lambda n: f"{n} ⚠" if n > 1 else n)
-            ).to_html(index=False, border=0, classes="t", escape=False)
-        )
+        table = shown.assign(
+            n_values=shown["n_values"].map(lambda n: f"{n} ⚠" if n > 1 else n)
+        ).to_html(index=False, border=0, classes="t", escape=False)
+        parts.append(f"<div class='scroll'>{table}</div>")
     parts.append("<h2>Figures</h2>")
     for name, png in report.figures.items():
         parts += [f"<h3>{html.escape(name)}</h3>", _img(png)]
