@@ -281,6 +281,7 @@ def test_llava_answers_join_their_question_file(tmp_path: Path) -> None:
     assert frame["type"].tolist() == ["conversation"] * 2 and "domain" not in frame
     record = score(tmp_path / "scored", answers, "--questions", str(questions))
     assert record["choices"] == {"format": "llava"}
+    assert record["config"]["questions"] == str(questions.resolve())  # what the truth came from
     assert record["metrics"]["all/n"] == 2 and record["metrics"]["all/open_recall"] > 0.5
 
 

@@ -1,5 +1,6 @@
-"""`medvqa-score`: score a predictions file (medvqa, SURE-VQA, lmms-eval or a table) with the
-selected metric families, breakdowns and intervals, as a run would."""
+"""`medvqa-score`: score a predictions file (medvqa, SURE-VQA, lmms-eval, VLMEvalKit, LLaVA's
+answers with their question file, or a table; `medvqa.evaluation.readers`) with the selected
+metric families, breakdowns and intervals, as a run would."""
 
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ def score_file(
     overrides: Sequence[str] = (),
     questions: Path | None = None,
 ) -> dict[str, float]:
-    """Score a predictions file; write results.json, scores.parquet and summary.md to out_dir."""
+    """Score a predictions file; write results.json, scores.parquet and summary.md to out_dir.
+    `questions`: the question file a LLaVA answers file was made from (its ground truth)."""
     out_dir = Path(out_dir)
     cfg = compose(overrides, out_dir)
     check_judge_config(cfg)  # its settings are recorded even without the judge metric
@@ -75,6 +77,7 @@ def score_file(
             {
                 "seed": int(cfg.seed),
                 "predictions": str(Path(predictions).resolve()),
+                "questions": None if questions is None else str(Path(questions).resolve()),
                 "format": fmt,
                 **{
                     key: OmegaConf.to_container(cfg[key], resolve=True)
