@@ -14,9 +14,8 @@ import logging
 import os
 import platform
 import subprocess
-from collections.abc import Iterable, MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 from medvqa import REPO_ROOT
@@ -118,14 +117,13 @@ def add_model(provenance: MutableMapping[str, Any] | None, model: Any) -> None:
     }
 
 
-def add_trained(provenance: MutableMapping[str, Any] | None, weights_dir: Path) -> None:
+def add_trained(
+    provenance: MutableMapping[str, Any] | None, manifest: Mapping[str, Any] | None
+) -> None:
     """The manifest of the weights this run trained (method, sizes, the config fingerprint
     they were trained for, the step): `eval.from_run` checks its trained/ folder against it."""
-    if provenance is None:
-        return
-    from medvqa.models.saving import read_manifest
-
-    provenance["trained"] = read_manifest(weights_dir)
+    if provenance is not None and manifest is not None:
+        provenance["trained"] = dict(manifest)
 
 
 def add_metrics(provenance: MutableMapping[str, Any] | None, families: Iterable[Any]) -> None:

@@ -221,7 +221,12 @@ def check_trained_weights(
     the one the run recorded (`provenance["trained"]`: the same training, config fingerprint
     and step; records from before it was kept are not compared). A method that trains nothing
     (peft=none) needs none."""
-    from medvqa.models.saving import META_FILE, TRAINED_DIR, WEIGHTS_FILE  # torch: only here
+    from medvqa.models.saving import (  # torch: only here
+        META_FILE,
+        TRAINED_DIR,
+        WEIGHTS_FILE,
+        read_manifest,
+    )
 
     where = f"eval.from_run={run_dir}"
     task = OmegaConf.select(trained, "task.name", default=None)
@@ -241,12 +246,11 @@ def check_trained_weights(
             "were moved or deleted. Restore the run's trained/ folder, or train again "
             "(task=train_eval)."
         )
-    try:
-        meta = json.loads(manifest.read_text())
-    except (OSError, ValueError) as err:
-        raise ValueError(f"{where}: {manifest} cannot be read ({err}); train again") from err
+    meta = read_manifest(run_dir / TRAINED_DIR)
+    if meta is None:
+        raise ValueError(f"{where}: {manifest} cannot be read as a manifest; train again")
     method = OmegaConf.select(trained, "peft.name", default=None)
-    if isinstance(meta, dict) and method is not None and meta.get("method") != method:
+    if method is not None and meta.get("method") != method:
         raise ValueError(
             f"{where}: {weights} holds {meta.get('method')!r} weights, but the run's method is "
             f"{method!r}; the folder was overwritten. Train again (task=train_eval)."

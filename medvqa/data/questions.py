@@ -25,6 +25,7 @@ ZH_NO = frozenset(
     {"否", "不是", "没有", "无", "不包含", "不能", "不会", "不可以", "不正常", "异常"}
 )
 ZH_YES_NO = ("是", "否")
+ZH_SIDE = {**dict.fromkeys(ZH_YES, "yes"), **dict.fromkeys(ZH_NO, "no")}
 _CJK = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
 
 
@@ -35,7 +36,7 @@ def is_yes_no(answer: object) -> bool:
 def is_yes_no_answer(answer: object) -> bool:
     """A yes/no answer in any language medvqa knows (yes/no, 是/否 and their Chinese forms):
     how a predictions file without answer types tells closed questions from open ones."""
-    return is_yes_no(answer) or str(answer).strip() in ZH_YES | ZH_NO
+    return is_yes_no(answer) or str(answer).strip() in ZH_SIDE
 
 
 def zh_side(text: object) -> str | None:
@@ -44,10 +45,8 @@ def zh_side(text: object) -> str | None:
     normalised text (punctuation turned into spaces) reads the same."""
     clauses = [c for c in re.split(r"[\W_]+", str(text)) if c]
     for clause in ("".join(clauses), *clauses[:1]):
-        if clause in ZH_YES:
-            return "yes"
-        if clause in ZH_NO:
-            return "no"
+        if clause in ZH_SIDE:
+            return ZH_SIDE[clause]
     return None
 
 
@@ -139,7 +138,7 @@ def closed_candidates(question: str, answer: str) -> list[str]:
     if is_yes_no(answer):
         return list(YES_NO)
     answer = str(answer).strip()
-    side = zh_side(answer) if answer in ZH_YES | ZH_NO else None
+    side = ZH_SIDE.get(answer)
     if side is not None:  # the answer and the other side's plain word: 是 / 否
         return [answer, ZH_YES_NO[1]] if side == "yes" else [ZH_YES_NO[0], answer]
     options = listed_options(question, answer) or or_options(question, answer)

@@ -220,18 +220,7 @@ def load_table(path: Path) -> pd.DataFrame:
             na_filter=False,
         )
     if suffix == ".xlsx":
-        try:
-            return pd.read_excel(path, dtype=str, keep_default_na=False, na_filter=False)
-        except ImportError as err:  # openpyxl is a dependency; a trimmed install may lack it
-            raise ScoreInputError(
-                f"{path}: reading .xlsx needs openpyxl ({err}); `pip install openpyxl`, or "
-                "re-save the workbook as CSV/TSV"
-            ) from err
-        except Exception as err:  # a damaged workbook: openpyxl raises many kinds
-            raise ScoreInputError(
-                f"{path}: the Excel workbook cannot be read ({type(err).__name__}: {err}); "
-                "re-save it from Excel as .xlsx or as CSV"
-            ) from err
+        return _read_excel(path)
     if suffix == ".parquet":
         try:
             return pd.read_parquet(path)
@@ -241,6 +230,17 @@ def load_table(path: Path) -> pd.DataFrame:
                 "write it again (e.g. `frame.to_parquet(PATH)`)"
             ) from err
     return pd.DataFrame(json_rows(path))
+
+
+def _read_excel(path: Path, nrows: int | None = None) -> pd.DataFrame:
+    """The first sheet, every cell as the text it holds (`nrows=0`: the header only)."""
+    try:
+        return pd.read_excel(path, dtype=str, keep_default_na=False, na_filter=False, nrows=nrows)
+    except Exception as err:  # a damaged workbook: openpyxl raises many kinds
+        raise ScoreInputError(
+            f"{path}: the Excel workbook cannot be read ({type(err).__name__}: {err}); "
+            "re-save it from Excel as .xlsx or as CSV"
+        ) from err
 
 
 def table_columns(path: Path) -> list[str]:
@@ -260,6 +260,8 @@ def table_columns(path: Path) -> list[str]:
                 path, sep=TEXT_TABLES[suffix], dtype=str, nrows=0, encoding="utf-8-sig"
             ).columns
         ]
+    if suffix == ".xlsx":
+        return [str(c) for c in _read_excel(path, nrows=0).columns]
     return [str(c) for c in load_table(path).columns]
 
 

@@ -32,8 +32,9 @@ def save_trainable(
     method: str,
     trained_for: str | None = None,
     global_step: int | None = None,
-) -> Path:
-    """Write the trainable parameters (contiguous CPU copies) and a small manifest.
+) -> dict[str, Any]:
+    """Write the trainable parameters (contiguous CPU copies) and a small manifest; return the
+    manifest (the run records it: `provenance.add_trained`).
 
     Both files are written under a temporary name and renamed, the manifest last: a manifest
     means complete weights. `trained_for` (the run config's fingerprint) and `global_step` let
@@ -58,7 +59,7 @@ def save_trainable(
     }
     write_file(out_dir / META_FILE, lambda tmp: tmp.write_text(json.dumps(meta, indent=2)))
     log.info("saved %d trained tensors (%d parameters) to %s", len(state), meta["n_params"], path)
-    return path
+    return meta
 
 
 def read_manifest(weights_dir: Path) -> dict[str, Any] | None:

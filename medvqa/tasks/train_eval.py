@@ -53,9 +53,9 @@ from medvqa.training.strategies import is_deepspeed, resident
 
 log = logging.getLogger(__name__)
 
-# The reference rows `task.references` adds; each is named as the report names it, by the
-# label of the method it is (analysis.aggregate.REFERENCES: the untuned base is peft=none).
-REFERENCES = ("zero_shot", "chance")
+# The reference rows `task.references` adds, those the report places (analysis.aggregate);
+# each is named as the report names it, by the label of the method it is (peft=none, random).
+REFERENCES = tuple(prefix.rstrip("/") for prefix in AGGREGATED_REFERENCES)
 
 
 def reference_label(name: str) -> str:
@@ -182,7 +182,7 @@ def train_eval(
         previous = (
             None if (not fit or cfg.force) else trained_before(out_dir / TRAINED_DIR, fingerprint)
         )
-        global_step = None
+        global_step, manifest = None, previous
         if previous is not None:
             log.info(
                 "reusing the weights this run trained before (%s, step %d); force=true trains again",
@@ -206,13 +206,12 @@ def train_eval(
                 planned,
             )
             if is_global_zero():
-                save_trainable(
+                manifest = save_trainable(
                     model, out_dir / TRAINED_DIR, cfg.peft.name, fingerprint, global_step
                 )
         elif trained is not None:
             load_trainable(model, trained, cfg.peft.name)
-        if global_step is not None and is_global_zero():
-            add_trained(provenance, out_dir / TRAINED_DIR)
+        add_trained(provenance, manifest)
 
         outputs[""] = out_dir / "predictions.jsonl"
         generated[""] = generate(
