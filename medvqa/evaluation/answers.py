@@ -31,6 +31,7 @@ neither is an error rather than a silent zero.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -138,14 +139,13 @@ def normalize_answer(text: str) -> str:
 
 def choice_from_normalised(pred: str, cands: Sequence[str], norm: Sequence[str]) -> str | None:
     """Core of :func:`closed_choice` on pre-normalised prediction and candidates."""
-    if len(cands) == 2 and any(map(is_zh, norm)):
+    sides = _zh_sides(tuple(norm)) if len(cands) == 2 else None
+    if sides is not None:
         # Chinese yes/no (是 / 否): CJK has no spaces between words, so a reply's side is read
         # from its synonyms ("是的。" is 是, "没有" is 否; a plain "yes" / "no" too, as
         # lmms-eval reads them), not by whole-word containment.
-        sides = [zh_side(n) for n in norm]
-        if set(sides) == {"yes", "no"}:
-            side = pred if pred in YES_NO else zh_side(pred)
-            return cands[sides.index(side)] if side is not None else None
+        side = pred if pred in YES_NO else zh_side(pred)
+        return cands[sides.index(side)] if side is not None else None
     exact = [i for i, n in enumerate(norm) if n == pred]
     if exact:
         return cands[exact[0]] if len(exact) == 1 else None
@@ -159,6 +159,16 @@ def choice_from_normalised(pred: str, cands: Sequence[str], norm: Sequence[str])
         if not any(norm[j] != norm[i] and f" {norm[i]} " in f" {norm[j]} " for j in hits)
     ]
     return cands[hits[0]] if len(hits) == 1 else None
+
+
+@functools.lru_cache(maxsize=4096)
+def _zh_sides(norm: tuple[str, ...]) -> tuple[str | None, ...] | None:
+    """The yes/no side of each of two normalised candidates when they are a Chinese yes/no
+    pair, else None; cached: a split's closed rows share a few candidate pairs (hot path)."""
+    if not any(map(is_zh, norm)):
+        return None
+    sides = tuple(zh_side(n) for n in norm)
+    return sides if set(sides) == {"yes", "no"} else None
 
 
 def closed_choice(pred: str, candidates: Sequence[str]) -> str | None:
