@@ -62,6 +62,7 @@ def rate(model, processor, source, out: Path, share: bool, batch: int) -> tuple[
         batch_size=batch,
         max_new_tokens=16,
         share_image_prefix=share,
+        merge_adapters=False,
     )
     seconds = time.perf_counter() - start
     answers = preds.set_index(R.ID).loc[frame[R.ID], R.PREDICTION].tolist()

@@ -92,6 +92,7 @@ def eval_rate(tmp: Path) -> float:
         "bench",
         batch_size=int(cfg.data.eval_batch_size),
         max_new_tokens=int(cfg.model.max_new_tokens),
+        merge_adapters=False,  # the CPU: no memory plan, unmerged as `auto` there
     )
     rate = len(frame) / (time.perf_counter() - start)
     out.unlink(missing_ok=True)

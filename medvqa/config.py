@@ -365,6 +365,12 @@ def _value_problems(cfg: DictConfig) -> list[str]:
             f"model.compile_layers={_show(compile_layers)}: use auto (compiled on CUDA GPUs, "
             "eager elsewhere), true or false"
         )
+    merge = _plain(OmegaConf.select(cfg, "model.merge_adapters"))
+    if merge not in (True, False, "auto", None):
+        problems.append(
+            f"model.merge_adapters={_show(merge)}: use auto (merged for generation where the "
+            "memory plan finds room on the GPU), true or false"
+        )
     if _plain(OmegaConf.select(cfg, "model.liger_kernels")) and compile_layers is True:
         problems.append(
             "model.liger_kernels=true with model.compile_layers=true: torch.compile cannot trace "

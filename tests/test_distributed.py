@@ -53,6 +53,7 @@ def test_batch_size_does_not_change_predictions(
             "test_iid",
             batch_size=batch,
             max_new_tokens=5,
+            merge_adapters=False,
         )
         answers[batch] = preds.set_index("id")["prediction"].sort_index()
     assert answers[1].to_dict() == answers[4].to_dict() == answers[9].to_dict()

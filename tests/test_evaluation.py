@@ -45,6 +45,7 @@ def test_generation_resumes_without_repeating(
         "test_iid",
         batch_size=3,
         max_new_tokens=3,
+        merge_adapters=False,
     )
     with out.open("a") as fh:
         fh.write('{"id": "torn')
@@ -60,6 +61,7 @@ def test_generation_resumes_without_repeating(
         "test_iid",
         batch_size=3,
         max_new_tokens=3,
+        merge_adapters=False,
     )
     assert sum(calls) == 6  # only the 6 missing examples were generated
     assert len(preds) == 10 and preds["id"].is_unique
@@ -79,6 +81,7 @@ def test_generation_resumes_without_repeating(
         "test_iid",
         batch_size=5,
         max_new_tokens=3,
+        merge_adapters=False,
     )
     assert sum(calls) == 10 and len(again) == 10
     assert again["model"].nunique() == 1 and again["model"].iloc[0] != preds["model"].iloc[0]

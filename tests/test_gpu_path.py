@@ -121,9 +121,10 @@ def test_generation_under_a_deepspeed_trainer_runs_twice_outside_deepspeed(
             source,
             tmp_path / "p.jsonl",
             split,
-            4,
-            3,
+            batch_size=4,
+            max_new_tokens=3,
             trainer_cfg=trainer_cfg,
+            merge_adapters=False,
         )
         for split in ("test_iid", "test_ood")
     ]

@@ -149,6 +149,33 @@ def test_a_run_reports_the_delta_of_another_rows_image(
         _check_calibration_and_subgroups(tmp_path, metrics)
     else:
         _check_paraphrases_and_option_orders(tmp_path, metrics, scored)
+    _check_rescoring_gives_the_views(tmp_path, args, mode, metrics)
+
+
+VIEW_KEY = re.compile(r"reliance_|consistency_|_scaled|_temperature|^delta_")
+
+
+def _check_rescoring_gives_the_views(run_dir: Path, args: list[str], mode: str, metrics: dict):
+    """`medvqa-score` on the run's files, with its image-mode and reordered answers, reports
+    the run's view figures: reliance and the deltas, paraphrase consistency and order flips
+    (mismatched), calibration's temperature (shuffled)."""
+    from medvqa.cli.score import score_file
+
+    order = run_dir / "predictions_order1.jsonl"
+    again = score_file(
+        run_dir / "predictions.jsonl",
+        run_dir / "rescored",
+        overrides=[a for a in args if a.startswith(("debug=", "metric"))],
+        image_modes={mode: run_dir / f"predictions_{mode}.jsonl"},
+        orders={1: order} if order.exists() else {},
+    )
+    nan = float("nan")
+    ours = {k: nan if v is None else v for k, v in metrics.items() if VIEW_KEY.search(k)}
+    assert len(ours) > 10
+    assert {k for k in again if VIEW_KEY.search(k)} == set(ours)
+    assert {k: again[k] for k in ours} == pytest.approx(ours, nan_ok=True)
+    rescored = pd.read_parquet(run_dir / "rescored" / "scores.parquet")
+    assert f"reliance_{mode}_correct" in rescored
 
 
 def _check_calibration_and_subgroups(run_dir: Path, metrics: dict) -> None:
@@ -210,6 +237,32 @@ def _scored(split_ids, answers, predictions, types, correct, cases) -> pd.DataFr
         float("nan") if k else c for c, k in zip(correct, closed, strict=True)
     ]
     return frame
+
+
+def test_a_view_without_its_familys_columns_is_skipped_naming_them(caplog) -> None:
+    """Image reliance reads the traditional family's right/wrong columns: scored without them
+    (metric=[mcq], say) it names the columns and the family instead of giving NaN figures;
+    missing only the open answers' column, it still gives the closed answers' figures."""
+    import logging
+
+    from medvqa.evaluation.views import JobRows, run_views
+
+    ids = [("test_iid", "a"), ("test_iid", "b"), ("test_iid", "c")]
+    full = _scored(ids, ["yes", "no", "lung"], ["yes", "yes", "lung"],
+                   ["closed", "closed", "open"], [1.0, 0.0, 1.0], ["c1", "c2", "c3"])  # fmt: skip
+    bare = full.drop(columns=["closed_correct", "open_exact_match"])
+    with caplog.at_level(logging.WARNING):
+        _, figures = run_views(JobRows(bare, others={"blank/": bare}, image_modes=["blank"]))
+    assert not any("reliance_" in k for k in figures)
+    assert "['closed_correct', 'open_exact_match']" in caplog.text and "skipped" in caplog.text
+    caplog.clear()
+    closed_only = full.drop(columns=["open_exact_match"])
+    with caplog.at_level(logging.WARNING):
+        _, figures = run_views(
+            JobRows(closed_only, others={"blank/": closed_only}, image_modes=["blank"])
+        )
+    assert figures["test_iid/reliance_blank_closed_survive"] == 1.0
+    assert "['open_exact_match']" in caplog.text and "NaN" in caplog.text
 
 
 def test_reliance_figures_by_hand() -> None:

@@ -252,8 +252,10 @@ def test_every_job_of_the_sure_study_fits_its_gpus(
 def test_merged_generation_plans_the_copies_of_the_adapted_weights(plan_cache: Path) -> None:
     """`model.merge_adapters` folds LoRA into copies of the base weights of every adapted
     projection while generating: the plan's generation peak holds them once more, in bf16
-    (measured on an H200: LLaVA-Med's merged generation peaked 11.3 GiB above the unmerged)."""
-    base = _plan(["peft=lora", "trainer=gpu"], plan_cache, gpu_gib=79.2)
+    (measured on an H100: LLaVA-Med's merged generation peaked 12.4 GiB above the unmerged)."""
+    base = _plan(
+        ["peft=lora", "trainer=gpu", "model.merge_adapters=false"], plan_cache, gpu_gib=79.2
+    )
     merged = _plan(
         ["peft=lora", "trainer=gpu", "model.merge_adapters=true"], plan_cache, gpu_gib=79.2
     )
@@ -264,6 +266,29 @@ def test_merged_generation_plans_the_copies_of_the_adapted_weights(plan_cache: P
     assert merged.training == base.training
     full = _plan(["peft=full", "model.merge_adapters=true"], plan_cache, gpu_gib=400.0)
     assert full.setup.merged == 0  # nothing to merge
+
+
+def test_auto_merges_for_generation_where_the_copies_fit_a_gpu(plan_cache: Path) -> None:
+    """`model.merge_adapters=auto` (the default): merged where generation with the copies leaves
+    a tenth of the GPU free (LLaVA-Med LoRA: 38.4 GiB of an H100's 79.2), unmerged where it
+    would not (a 40 GiB GPU, on which unmerged generation's 25.4 fits) and on the CPU; the run
+    follows the plan (`merges_adapters`), and merges without one only when told to."""
+    from medvqa.planning.setup import merges_adapters
+
+    merged = _plan(["peft=lora", "trainer=gpu", "model.merge_adapters=true"], plan_cache)
+    auto = _plan(["peft=lora", "trainer=gpu"], plan_cache, gpu_gib=79.2)
+    assert auto.setup.merged == merged.setup.merged > 0
+    assert auto.generation == merged.generation
+    small = _plan(["peft=lora", "trainer=gpu"], plan_cache, gpu_gib=40.0)
+    assert small.setup.merged == 0 and small.generation < 0.9 * 40 * GIB < merged.generation
+    assert _plan(["peft=lora", "trainer=cpu"], plan_cache, gpu_gib=79.2).setup.merged == 0
+    cfg = compose(["model=llava_med", "peft=lora"])
+    assert merges_adapters(cfg.model, auto.setup) and not merges_adapters(cfg.model, small.setup)
+    assert not merges_adapters(cfg.model, None)  # no plan ran: task=eval, check_memory=false
+    cfg.model.merge_adapters = True
+    assert merges_adapters(cfg.model, None) and merges_adapters(cfg.model, small.setup)
+    cfg.model.merge_adapters = False
+    assert not merges_adapters(cfg.model, auto.setup)
 
 
 def test_auto_picks_the_measured_fastest_layout_with_the_h100_layer(plan_cache: Path) -> None:

@@ -155,6 +155,35 @@ def test_bad_rows_are_named(tmp_path: Path, caplog: pytest.LogCaptureFixture) ->
     assert main([str(tmp_path / "missing.json"), "--out", str(tmp_path / "o")]) == 2
 
 
+def test_companion_files_are_named_mode_or_order_and_file(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`--image-mode MODE=FILE` takes a counterfactual image mode, `--order K=FILE` a whole
+    number; anything else is refused (exit 2) naming the option and the form, nothing written."""
+    path = tmp_path / "preds.jsonl"
+    row = {
+        "id": "a",
+        "question": "Q?",
+        "answer": "yes",
+        "prediction": "no",
+        "answer_type": "closed",
+        "split": "test_iid",
+    }
+    path.write_text(json.dumps(row) + "\n")
+    out = tmp_path / "o"
+    for bad in (["--image-mode", f"sideways={path}"], ["--image-mode", "blank"],
+                ["--order", f"first={path}"]):  # fmt: skip
+        assert main([str(path), "--out", str(out), *bad]) == 2
+        assert not out.exists()
+    assert "not a counterfactual image mode" in caplog.text
+    assert "write it as KEY=FILE, e.g. --order 1=" in caplog.text
+    assert main([str(path), "--out", str(out), "--image-mode", f"blank={path}"]) == 0
+    assert (out / "scores_blank.parquet").is_file()
+    metrics = json.loads((out / "results.json").read_text())["metrics"]
+    assert metrics["delta_blank/test_iid/closed_acc"] == 0.0  # the same answers
+    assert metrics["test_iid/reliance_blank_closed_changed"] == 0.0
+
+
 def test_the_judge_scores_a_file_and_a_dead_one_leaves_it_incomplete(tmp_path: Path) -> None:
     path = tmp_path / "preds.csv"
     pd.DataFrame(

@@ -74,6 +74,7 @@ def _generate(model, processor, frame, source, path: Path, share: bool, batch: i
         batch_size=batch,
         max_new_tokens=6,
         share_image_prefix=share,
+        merge_adapters=False,
     ).set_index(R.ID)
 
 

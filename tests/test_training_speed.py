@@ -324,7 +324,7 @@ def test_loader_workers_change_neither_the_trained_weights_nor_the_answers(
         weights = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
         answers = generate_predictions(
             model, processor, splits["test_iid"].head(6), source,
-            tmp_path / f"p{workers}.jsonl", "test_iid", batch_size=3, num_workers=workers,
+            tmp_path / f"p{workers}.jsonl", "test_iid", batch_size=3, num_workers=workers, merge_adapters=False,
         )  # fmt: skip
         outcomes.append((weights, answers["prediction"].tolist()))
     (w0, a0), (w2, a2) = outcomes
@@ -495,7 +495,14 @@ def test_every_split_is_generated_with_one_prediction_trainer(
     table = source.table()
     frames = {"test_iid": table.head(3), "test_ood": table.tail(3)}
     out = generation.generate_splits(
-        model, processor, source, frames, tmp_path / "p.jsonl", batch_size=3, max_new_tokens=2
+        model,
+        processor,
+        source,
+        frames,
+        tmp_path / "p.jsonl",
+        batch_size=3,
+        max_new_tokens=2,
+        merge_adapters=False,
     )
     assert out is not None and [len(out[s]) for s in frames] == [3, 3]
     assert len(made) == 1
@@ -662,7 +669,7 @@ def test_generation_records_each_answers_log_probabilities_as_a_forward_pass_giv
 
     model, processor = load_vlm(_spec(tiny_model_dir))
     model.eval()
-    module = GenerationModule(model, processor.tokenizer, max_new_tokens=6)
+    module = GenerationModule(model, processor.tokenizer, max_new_tokens=6, merge_adapters=False)
     dataset = VQADataset(source.table().head(3), source, processor, with_answer=False)
     ends = end_token_ids(model, processor.tokenizer)
     for batch in make_loader(dataset, 1, shuffle=False, padding_side="left"):

@@ -450,6 +450,7 @@ _HOW_TO_RUN = (
     "eval.",
     "task.name",
     "task.from_run",
+    "model.family",  # retired (the architecture's model_type says it); older records carry it
     *DISPLAY_NAMES,  # the report reads them, but they are not what a run computed
 )
 

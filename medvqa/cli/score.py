@@ -8,8 +8,9 @@ import argparse
 import logging
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -19,7 +20,9 @@ from medvqa.atomic import OutputDirError, staged_dir
 from medvqa.config import ConfigError, check_config, check_judge_config
 from medvqa.evaluation.generation import SPLIT
 from medvqa.evaluation.readers import READERS, ScoreInputError, read
-from medvqa.evaluation.scoring import SCORES_FILE, Scoring, failed_items
+from medvqa.evaluation.reliance import COUNTERFACTUAL_MODES
+from medvqa.evaluation.scoring import Scoring, failed_items, scores_path, write_scores
+from medvqa.evaluation.views import score_job
 from medvqa.provenance import add_metrics, environment
 from medvqa.record import RunRecord
 
@@ -52,9 +55,14 @@ def score_file(
     fmt: str = "auto",
     overrides: Sequence[str] = (),
     questions: Path | None = None,
+    image_modes: Mapping[str, Path] | None = None,
+    orders: Mapping[int, Path] | None = None,
 ) -> dict[str, float]:
-    """Score a predictions file; write results.json, scores.parquet and summary.md to out_dir.
-    `questions`: the question file a LLaVA answers file was made from (its ground truth)."""
+    """Score a predictions file and run the views its answers allow (`evaluation.views`, as a
+    run does); write results.json, scores.parquet and summary.md to out_dir. `questions`: the
+    question file a LLaVA answers file was made from (its ground truth); `image_modes`: the same
+    questions answered under a counterfactual image (mode -> file: image reliance and the
+    deltas); `orders`: with the closed options reordered (k -> file: option-order flips)."""
     out_dir = Path(out_dir)
     cfg = compose(overrides, out_dir)
     check_judge_config(cfg)  # its settings are recorded even without the judge metric
@@ -62,6 +70,15 @@ def score_file(
     # breakdown field it lacks is skipped below with a warning instead.
     check_config(cfg, fields=False)
     frame, fmt = read(Path(predictions), fmt, questions)
+    unknown = sorted(set(image_modes or {}) - set(COUNTERFACTUAL_MODES))
+    if unknown:
+        raise ScoreInputError(
+            f"--image-mode {unknown}: not a counterfactual image mode; use one of "
+            f"{list(COUNTERFACTUAL_MODES)} (the file's rows answered under that image)"
+        )
+    others = {f"{m}/": path for m, path in (image_modes or {}).items()}
+    others |= {f"order{k}/": path for k, path in (orders or {}).items()}
+    frames = {"": frame} | {p: read(Path(path), fmt, questions)[0] for p, path in others.items()}
     # Built before anything is written: a bad metric option leaves no files behind. Written
     # into a hidden sibling and swapped in whole: a rescoring killed midway leaves the earlier
     # one as it was.
@@ -78,6 +95,7 @@ def score_file(
                 "seed": int(cfg.seed),
                 "predictions": str(Path(predictions).resolve()),
                 "questions": None if questions is None else str(Path(questions).resolve()),
+                "also": {p: str(Path(path).resolve()) for p, path in others.items()},
                 "format": fmt,
                 **{
                     key: OmegaConf.to_container(cfg[key], resolve=True)
@@ -88,10 +106,22 @@ def score_file(
         record = RunRecord(staging, settings, choices={"format": fmt})
         record.provenance = environment()
         add_metrics(record.provenance, scoring.families)
-        by_split = {str(split): rows for split, rows in frame.groupby(SPLIT, sort=False)}
-        metrics, _ = scoring.score(by_split, staging / SCORES_FILE, breakdown)
+        answers = {
+            prefix: {str(split): rows for split, rows in table.groupby(SPLIT, sort=False)}
+            for prefix, table in frames.items()
+        }
+        metrics, scored = score_job(
+            scoring,
+            answers,
+            image_modes={f"{m}/": m for m in image_modes or {}},
+            orders=[f"order{k}/" for k in orders or {}],
+            breakdown=breakdown,
+        )
+        for prefix, table in scored.items():  # scores.parquet, scores_<mode>.parquet, ...
+            stem = f"_{prefix.rstrip('/')}" if prefix else ""
+            write_scores(table, scores_path(staging / f"predictions{stem}.jsonl"))
         record.finish(metrics, failed_items(metrics))
-        _summary(metrics, list(by_split), cfg, staging)
+        _summary(metrics, list(answers[""]), cfg, staging)
     return metrics
 
 
@@ -119,6 +149,21 @@ def _summary(metrics: dict[str, float], splits: list[str], cfg: DictConfig, out_
     Console().print(view)
 
 
+def _pairs(values: Sequence[str], option: str, key: Callable[[str], Any]) -> dict[Any, Path]:
+    """`KEY=FILE` arguments as {key: path}."""
+    out: dict[Any, Path] = {}
+    for value in values:
+        name, sep, path = value.partition("=")
+        try:
+            out[key(name)] = Path(path)
+        except ValueError:
+            sep = ""
+        if not sep or not path:
+            raise ScoreInputError(f"{option} {value!r}: write it as KEY=FILE, e.g. {option} "
+                                  f"{'blank' if key is str else '1'}=predictions_x.jsonl")  # fmt: skip
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `medvqa-score`; exit status 2 for a file that cannot be scored or an
     override that cannot work."""
@@ -141,10 +186,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the question file a LLaVA/LLaVA-Med model_vqa.py answers file was made from "
         "(it holds the ground truth; joined on question_id)",
     )
+    parser.add_argument(
+        "--image-mode",
+        action="append",
+        default=[],
+        metavar="MODE=FILE",
+        help="the same questions answered under a counterfactual image (blank, none, shuffled, "
+        "mismatched; a run's predictions_<mode>.jsonl): image reliance and the deltas",
+    )
+    parser.add_argument(
+        "--order",
+        action="append",
+        default=[],
+        metavar="K=FILE",
+        help="the same questions with their closed options reordered (a run's "
+        "predictions_order<k>.jsonl): option-order flips",
+    )
     parser.add_argument("overrides", nargs="*", help="config overrides (metric=..., ...)")
     args = parser.parse_intermixed_args(argv)
     try:
-        score_file(args.predictions, args.out, args.format, args.overrides, args.questions)
+        score_file(
+            args.predictions,
+            args.out,
+            args.format,
+            args.overrides,
+            args.questions,
+            _pairs(args.image_mode, "--image-mode", str),
+            _pairs(args.order, "--order", int),
+        )
     except (ScoreInputError, ConfigError, OutputDirError) as err:
         log.error("%s", err)
         return 2

@@ -48,6 +48,7 @@ from medvqa.hashing import Hasher, file_hash
 log = logging.getLogger(__name__)
 
 ON_BAD_ROW = ("error", "skip")
+DEFAULT_ON_BAD_ROW = ON_BAD_ROW[0]  # every loader's `on_bad_row` default, and a run's
 # How manifests name their splits -> the normalised source splits.
 MANIFEST_SPLITS = {"train": "train", "val": "validate", "validate": "validate", "test": "test"}
 _TABLE_FILE = "table.parquet"
@@ -324,7 +325,7 @@ class AnnotatedSource(VQASource):
         self,
         root: str | Path,
         cache_dir: str | Path | None = None,
-        on_bad_row: str = "error",
+        on_bad_row: str = DEFAULT_ON_BAD_ROW,
     ) -> None:
         super().__init__(root)
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir else None

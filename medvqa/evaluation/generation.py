@@ -241,7 +241,7 @@ class GenerationModule(L.LightningModule):
         model: torch.nn.Module,
         tokenizer: Any,
         max_new_tokens: int,
-        merge_adapters: bool = ModelSchema.merge_adapters,
+        merge_adapters: bool,
     ) -> None:
         super().__init__()
         self.model = model
@@ -459,6 +459,7 @@ def generate_predictions(
     source: VQASource,
     out_path: Path,
     split: str,
+    *,
     batch_size: int = DataSchema.eval_batch_size,
     max_new_tokens: int = ModelSchema.max_new_tokens,
     image_mode: str = "image",
@@ -469,7 +470,7 @@ def generate_predictions(
     trainer: L.Trainer | None = None,
     mismatch_field: str = DataSchema.mismatch_field,
     pool: pd.DataFrame | None = None,
-    merge_adapters: bool = ModelSchema.merge_adapters,
+    merge_adapters: bool,
     share_image_prefix: bool = ModelSchema.share_image_prefix,
 ) -> pd.DataFrame | None:
     """Generate answers for `frame` into `out_path` (resuming), return this split's records.

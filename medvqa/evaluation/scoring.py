@@ -181,7 +181,7 @@ def counters(metrics: Sequence[MetricFamily]) -> dict[str, float]:
     return {k: float(v) for metric in metrics for k, v in metric.counters().items()}
 
 
-def _bootstrap_options(evaluation_cfg: Any) -> dict[str, Any] | None:
+def bootstrap_options(evaluation_cfg: Any) -> dict[str, Any] | None:
     """`evaluation.bootstrap` as keyword arguments; None when it is off (`samples: 0`)."""
     return Bootstrap.of(evaluation_cfg.bootstrap).options()
 
@@ -243,7 +243,7 @@ def paired_delta_intervals(
     family that computes each score (:func:`paired_delta`). Keys:
     `<prefix><split>/<score>_ci_{lo,hi,half}`. A split where a side has an unscored row, or
     where no family can pair the score, gets none."""
-    opts = _bootstrap_options(evaluation_cfg)
+    opts = bootstrap_options(evaluation_cfg)
     if opts is None:
         return {}
     out: dict[str, float] = {}
@@ -276,7 +276,7 @@ def headline_intervals(
     """
     from medvqa.evaluation.statistics import cluster_bootstrap, paired_bootstrap_diff, rr_ci
 
-    opts = _bootstrap_options(evaluation_cfg)
+    opts = bootstrap_options(evaluation_cfg)
     if opts is None:
         return {}
     columns = _ci_columns(metrics)

@@ -129,6 +129,21 @@ def trained_roles(peft_cfg: Any, images: bool = True) -> list[str]:
     return kept
 
 
+def on_meta(peft_cfg: Any) -> tuple[Any, int]:
+    """The method as `apply_method` applies it to a model on the meta device (the plan's counts
+    and FLOPs): prompt tuning's virtual tokens become trainable rows of the embedding by index,
+    which needs no tokenizer; and the number of those tokens."""
+    from omegaconf import OmegaConf
+
+    peft = OmegaConf.to_container(peft_cfg, resolve=True)
+    assert isinstance(peft, dict)
+    n_virtual = int(peft["virtual_tokens"])
+    if n_virtual and peft.get("adapter"):
+        peft["adapter"]["token_indices"] = list(range(n_virtual))
+        peft["virtual_tokens"] = 0
+    return OmegaConf.create(peft), n_virtual
+
+
 def apply_method(
     model: torch.nn.Module,
     peft_cfg: Any,
@@ -152,7 +167,7 @@ def apply_method(
     Methods with `virtual_tokens` (prompt tuning) also add their tokens to `processor`, so
     every prompt built from it afterwards carries them.
     """
-    n_virtual = int(peft_cfg.get("virtual_tokens", 0))
+    n_virtual = int(peft_cfg.virtual_tokens)
     token_ids: list[int] = []
     if n_virtual:
         if processor is None:

@@ -35,7 +35,12 @@ import torch
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
-from medvqa.models.adapters import apply_method, build_adapter_config, compiles_layers
+from medvqa.models.adapters import (
+    apply_method,
+    build_adapter_config,
+    compiles_layers,
+    on_meta,
+)
 from medvqa.models.architectures import image_tokens, load_architecture, meta_model
 from medvqa.models.flops import COUNTED_FAMILIES, attention_shape, matmul_params, model_flops
 from medvqa.models.loading import architecture, resolve_pretrained, roles, torch_dtype
@@ -339,13 +344,10 @@ def _sample_flops(
     model_roles = roles(model_cfg)
     model = meta_model(config, torch_dtype(model_cfg)).requires_grad_(False)
     virtual = 0
-    if isinstance(peft, dict):
-        virtual = int(peft.get("virtual_tokens", 0))
-        if virtual and peft.get("adapter"):  # trainable token rows: in the embedding, no matmul
-            peft["adapter"]["token_indices"] = list(range(virtual))
-            peft["virtual_tokens"] = 0
+    if peft is not None:  # trainable token rows: in the embedding, no matmul
+        method, virtual = on_meta(OmegaConf.create(peft))
         with torch.device("meta"):
-            model = apply_method(model, OmegaConf.create(peft), model_roles, None, images)
+            model = apply_method(model, method, model_roles, None, images)
     p = matmul_params(model, model_roles)
     tokens = text_tokens + virtual
     patches = projected = 0
@@ -564,7 +566,7 @@ def _job_cost(
     fit = bool(job.peft.fit) and from_run is None
     tuned = fit or from_run is not None
     adapters = _injectable(build_adapter_config(job.peft.adapter, None, roles(job.model)))
-    merged = not tuned or not adapters or bool(job.model.merge_adapters)
+    merged = not tuned or not adapters or setup.merged > 0  # model.merge_adapters, as planned
     # the untuned base's answers are cached under paths.cache_dir, keyed by what changes them
     base_key = (
         resolve_pretrained(job.model),

@@ -93,7 +93,7 @@ class Setup:
     offload_optimizer: bool = False
     gpu_gib: float = DEFAULT_GPU_GIB
     # Parameters copied while generating: the adapted layers' base weights, merged into copies
-    # (`model.merge_adapters`; on an H200 LLaVA-Med's LoRA generation peaked 11.3 GiB higher)
+    # (`model.merge_adapters`; on an H100 LLaVA-Med's LoRA generation peaked 12.4 GiB higher)
     merged: int = 0
     # Generation runs each image's prompt prefix once (`medvqa.evaluation.prefix`).
     shared_prefix: bool = False
@@ -333,6 +333,15 @@ def fastest_layout(s: Setup) -> Setup:
     return min(fitting, key=speed_order)
 
 
+def merge_if_fits(s: Setup, mergeable: int) -> Setup:
+    """`model.merge_adapters=auto`: generate with the adapters folded into copies of their
+    base weights (`mergeable` parameters) where generation with the copies leaves
+    `SUGGESTED_SHARE` of the GPU free; else `s` unmerged."""
+    merged = dataclasses.replace(s, merged=mergeable)
+    limit = SUGGESTED_SHARE * s.gpu_gib * GIB
+    return merged if mergeable and estimate(merged).generation <= limit else s
+
+
 def speed_order(s: Setup) -> tuple[float, int]:
     """Sort key of layouts, fastest first by the time model; ties to the larger micro-batch."""
     return round(step_time(s), 9), -s.micro_batch
@@ -410,6 +419,7 @@ def describe(plan: Plan) -> dict[str, Any]:
         "micro_batch": float(s.micro_batch),
         "accumulate": float(s.accumulate),
         "checkpoint_every": float(s.checkpoint_every),
+        "merged_adapters": float(s.merged > 0),
     }
 
 

@@ -16,10 +16,10 @@ from typing import Any
 
 import torch
 from hydra.utils import get_class
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from medvqa.atomic import write_file
-from medvqa.cluster import device_count
+from medvqa.cluster import GPU_ACCELERATORS, device_count
 from medvqa.evaluation.lengths import generation_length
 from medvqa.evaluation.prefix import family_refusal
 from medvqa.hashing import Hasher
@@ -29,11 +29,18 @@ from medvqa.models.adapters import (
     checkpoint_every,
     count_parameters,
     mergeable_layers,
+    on_meta,
 )
 from medvqa.models.architectures import image_tokens, meta_model
 from medvqa.models.loading import architecture, roles, torch_dtype
 from medvqa.planning.activations import LayerActivations, measure_layer
-from medvqa.planning.memory import DEFAULT_GPU_GIB, TEXT_TOKENS, Setup, fastest_layout
+from medvqa.planning.memory import (
+    DEFAULT_GPU_GIB,
+    TEXT_TOKENS,
+    Setup,
+    fastest_layout,
+    merge_if_fits,
+)
 from medvqa.training.spec import TrainerSchema
 from medvqa.training.strategies import is_deepspeed
 
@@ -90,7 +97,7 @@ def build_setup(
         intermediate=int(text.intermediate_size),
         layer=_measured(cache, config, adapter, train_weights, dtype, trainable_dtype, autocast),
         image_tokens=image_tokens(config, preprocessor, with_markers=True) if images else 0,
-        text_tokens=int(text_tokens) + int(peft.get("virtual_tokens", 0)),
+        text_tokens=int(text_tokens) + int(peft.virtual_tokens),
         micro_batch=int(cfg.data.batch_size),
         accumulate=int(cfg.trainer.accumulate_grad_batches),
         eval_batch=int(cfg.data.eval_batch_size),
@@ -101,12 +108,24 @@ def build_setup(
         nodes=nodes,
         offload_optimizer=_offloads_optimizer(cfg.trainer.strategy),
         gpu_gib=gpu_capacity_gib() if gpu_gib is None else float(gpu_gib),
-        merged=mergeable if bool(cfg.model.merge_adapters) else 0,
+        merged=mergeable if cfg.model.merge_adapters is True else 0,
         shared_prefix=bool(cfg.model.share_image_prefix) and family_refusal(config) is None,
     )
     if every is None:
         setup = fastest_layout(setup)
+    if cfg.model.merge_adapters == "auto" and str(cfg.trainer.accelerator) in GPU_ACCELERATORS:
+        setup = merge_if_fits(setup, mergeable)
     return setup
+
+
+def merges_adapters(model_cfg: Any, planned: Setup | None) -> bool:
+    """Whether generation folds the adapters into copies of their base weights
+    (`model.merge_adapters`): true or false as set; auto where the memory plan ran before the
+    fit (`planned`: CUDA, `task.check_memory`) and found room for the copies (`merge_if_fits`)."""
+    value = model_cfg.merge_adapters
+    if value == "auto":
+        return planned is not None and planned.merged > 0
+    return bool(value)
 
 
 def gpu_capacity_gib() -> float:
@@ -122,13 +141,7 @@ def _counts(
     """(trained, total, mergeable) parameters of the model with the run's method applied, on
     meta; mergeable: the base weights of the adapted layers (`model.merge_adapters` copies
     them while generating)."""
-    peft = OmegaConf.to_container(cfg.peft, resolve=True)
-    assert isinstance(peft, dict)
-    n_virtual = int(peft.get("virtual_tokens", 0))
-    if n_virtual and peft.get("adapter"):  # the token rows themselves: no tokenizer needed
-        peft["adapter"]["token_indices"] = list(range(n_virtual))
-        peft["virtual_tokens"] = 0
-    method = OmegaConf.create(peft)
+    method, _ = on_meta(cfg.peft)
     model = meta_model(config, torch_dtype(cfg.model))
     with torch.device("meta"):  # adapters are created where the weights are: nowhere
         model = apply_method(model, method, roles(cfg.model), None, images, trainable_dtype)

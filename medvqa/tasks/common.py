@@ -14,7 +14,7 @@ from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
 from medvqa.analysis.summary import print_summary, summary_table, write_summary
-from medvqa.data.annotated import check_images
+from medvqa.data.annotated import DEFAULT_ON_BAD_ROW, check_images
 from medvqa.data.audit import audit_leakage, leakage_warnings
 from medvqa.data.base import VQASource
 from medvqa.data.shifts import Shift, Splits, limit_splits, make_splits
@@ -93,7 +93,7 @@ def prepare_splits(
     write_report(json.dumps(report, indent=2, default=str))  # kept even if the image check fails
     if images:
         frames, report["image_check"] = check_images(
-            source, splits.frames, str(cfg.dataset.get("on_bad_row", "error"))
+            source, splits.frames, str(cfg.dataset.get("on_bad_row", DEFAULT_ON_BAD_ROW))
         )
         splits = Splits(frames, splits.source_counts, splits.dropped)
         for name, frame in frames.items():

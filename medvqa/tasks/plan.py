@@ -298,7 +298,12 @@ def print_plan(result: Plan, console: Console | None = None) -> None:
         ("loss", result.loss, f"float32 logits over {s.vocab} entries"),
         ("reserve", result.reserve, "CUDA context, workspaces (estimate)"),
         ("training", result.training, f"global batch {s.global_batch}"),
-        ("generation", result.generation, f"eval batch {s.eval_batch}, KV cache"),
+        (
+            "generation",
+            result.generation,
+            f"eval batch {s.eval_batch}, KV cache"
+            + (f", adapters merged into copies of {s.merged / 1e9:.2f} B weights" * (s.merged > 0)),
+        ),
     ]
     for name, value, what in rows:
         view.add_row(name, f"{value / GIB:.1f}", what)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -21,12 +21,18 @@ from medvqa.analysis.aggregate import method_name
 from medvqa.cluster import GPU_ACCELERATORS
 from medvqa.distributed import is_global_zero
 from medvqa.evaluation.baselines import chance_scores
-from medvqa.evaluation.beyond import beyond_accuracy
 from medvqa.evaluation.consistency import check_reorderable, reordered
 from medvqa.evaluation.generation import generate_splits, prediction_trainer
 from medvqa.evaluation.lengths import generation_length
-from medvqa.evaluation.scoring import Scoring, prefixed, scores_path, split_metrics
-from medvqa.evaluation.statistics import Bootstrap
+from medvqa.evaluation.passes import CHANCE, EvalPass, job_passes, report_rows
+from medvqa.evaluation.scoring import (
+    Scoring,
+    prefixed,
+    scores_path,
+    split_metrics,
+    write_scores,
+)
+from medvqa.evaluation.views import score_job
 from medvqa.interrupts import stage
 from medvqa.models.adapters import (
     apply_method,
@@ -40,6 +46,7 @@ from medvqa.models.flops import fit_rates
 from medvqa.models.loading import load_vlm, roles
 from medvqa.models.saving import TRAINED_DIR, load_trainable, save_trainable, trained_before
 from medvqa.planning.memory import Setup, checkpointing_label
+from medvqa.planning.setup import merges_adapters
 from medvqa.provenance import add_metrics, add_model, add_trained
 from medvqa.record import config_fingerprint
 from medvqa.tasks.common import prepare_splits, report_run
@@ -102,72 +109,33 @@ def train_eval(
     trained are loaded instead of fitted. Every rank fits and generates its shard; global rank 0
     scores, writes and reports (the other ranks return no metrics).
     """
-    unknown = [r for r in references if r not in REFERENCES]
-    if unknown:
-        raise ValueError(f"task.references: unknown {unknown}; choose from {list(REFERENCES)}")
-    check_model_for_data(cfg)
     trained = None if from_run is None else Path(from_run) / TRAINED_DIR
     fit = bool(cfg.peft.fit) and trained is None
     tuned = fit or trained is not None
-    if tuned:  # before any data or model is loaded
-        check_trainer(cfg.trainer)
-        check_precision(cfg.trainer, cfg.model)
-    measure.reset()
-    planned = None  # the plan's layout (model.gradient_checkpointing=auto decides there)
-    plan_metrics: dict[str, float] = {}  # its estimates, beside the measured peaks
-    if fit and check_memory and str(cfg.trainer.accelerator) in GPU_ACCELERATORS:
-        # the memory plan (task=plan) says it fits this machine's GPUs
-        with measure.measured("plan"):
-            planned, plan_metrics = check_fits(cfg)
+    planned, plan_metrics = _checks(cfg, references, fit, tuned, check_memory)
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
     roles_ = roles(cfg.model)
     build_adapter_config(cfg.peft.adapter, cfg.peft.adapter_scope, roles_)  # fail fast on typos
     prompt = instantiate(cfg.prompt)  # one template for training and generation
     callbacks = instantiate_group(cfg.callbacks) if fit else []
+    passes = job_passes(
+        cfg.label or cfg.peft.label or cfg.peft.name,
+        str(cfg.data.eval_image),
+        tuned,
+        reference_label("zero_shot") if "zero_shot" in references else None,
+        list(cfg.data.extra_eval_images),
+        int(cfg.data.option_orders),
+    )
 
     # Built first: a bad metric option fails before any data or model is loaded.
     with Scoring.from_config(cfg.metric, cfg.evaluation) as scoring:
         add_metrics(provenance, scoring.families)
-        with measure.measured("data"):  # the table, the shift, every image checked
-            source, splits = prepare_splits(cfg, out_dir, images=True, provenance=provenance)
-        frames = {s: splits[s] for s in eval_splits}
-        # The counterfactual image modes' partners, before the model loads and trains.
-        check_partners(
-            frames,
-            [cfg.data.eval_image, *cfg.data.extra_eval_images],
-            str(cfg.data.mismatch_field),
-        )
-        check_reorderable(frames, int(cfg.data.option_orders))
-
+        source, splits, frames = _evaluated_splits(cfg, out_dir, eval_splits, provenance)
         with measure.measured("load"):
             model, processor = load_vlm(cfg.model)
         add_model(provenance, model)
-        generate = partial(
-            generate_splits,
-            trainer=prediction_trainer(cfg.trainer),  # one for every split and image mode
-            processor=processor,
-            source=source,
-            frames=frames,
-            batch_size=int(cfg.data.eval_batch_size),
-            max_new_tokens=generation_length(cfg.model, source),
-            trainer_cfg=cfg.trainer,
-            num_workers=cfg.data.num_workers,
-            prompt=prompt,
-            mismatch_field=str(cfg.data.mismatch_field),
-            merge_adapters=bool(cfg.model.merge_adapters),
-            share_image_prefix=bool(cfg.model.share_image_prefix),
-        )
-        shared = Path(cfg.paths.cache_dir) / SHARED_PREDICTIONS
-        eval_image = str(cfg.data.eval_image)
-        label = cfg.label or cfg.peft.label or cfg.peft.name
-        outputs: dict[str, Path] = {}  # metric-name prefix -> predictions file
-        generated: dict[str, dict[str, pd.DataFrame] | None] = {}
-        if "zero_shot" in references and tuned:
-            outputs["zero_shot/"] = out_dir / "predictions_zero_shot.jsonl"
-            generated["zero_shot/"] = generate(
-                model, out_path=outputs["zero_shot/"], image_mode=eval_image, shared_dir=shared
-            )
-
+        generate = _generator(cfg, processor, source, frames, prompt, planned, out_dir)
+        answers = {p.prefix: generate(model, p) for p in passes if p.base}  # the untuned base
         model = apply_method(
             model,
             cfg.peft,
@@ -176,99 +144,172 @@ def train_eval(
             images=str(cfg.data.train_image) != "none",
             trainable_dtype=None if is_deepspeed(cfg.trainer.strategy) else torch.float32,
         )
-        # This run directory's own weights from an attempt that trained to the end (the record is
-        # `incomplete`, or the job died while generating or scoring): reused, not trained again.
-        fingerprint = config_fingerprint(cfg)
-        previous = (
-            None if (not fit or cfg.force) else trained_before(out_dir / TRAINED_DIR, fingerprint)
-        )
-        global_step, manifest = None, previous
-        if previous is not None:
-            log.info(
-                "reusing the weights this run trained before (%s, step %d); force=true trains again",
-                out_dir / TRAINED_DIR,
-                previous["global_step"],
-            )
-            load_trainable(model, out_dir / TRAINED_DIR, cfg.peft.name)
-            global_step = int(previous["global_step"])
-        elif fit:
-            global_step = _fit(
-                cfg,
-                model,
-                roles_,
-                processor,
-                splits.frames,
-                source,
-                prompt,
-                out_dir,
-                loggers,
-                callbacks,
-                planned,
-            )
-            if is_global_zero():
-                manifest = save_trainable(
-                    model, out_dir / TRAINED_DIR, cfg.peft.name, fingerprint, global_step
-                )
-        elif trained is not None:
-            load_trainable(model, trained, cfg.peft.name)
-        add_trained(provenance, manifest)
-
-        outputs[""] = out_dir / "predictions.jsonl"
-        generated[""] = generate(
-            model, out_path=outputs[""], image_mode=eval_image, shared_dir=None if tuned else shared
-        )
-        for mode in cfg.data.extra_eval_images:  # e.g. the blind ablation: Δ = sighted − blank
-            outputs[f"{mode}/"] = out_dir / f"predictions_{mode}.jsonl"
-            generated[f"{mode}/"] = generate(model, out_path=outputs[f"{mode}/"], image_mode=mode)
-        for k in range(1, int(cfg.data.option_orders) + 1):  # closed options in other orders
-            outputs[f"order{k}/"] = out_dir / f"predictions_order{k}.jsonl"
-            generated[f"order{k}/"] = generate(
-                model,
-                out_path=outputs[f"order{k}/"],
-                image_mode=eval_image,
-                frames={s: reordered(f, k) for s, f in frames.items()},
-            )
+        global_step = _weights(
+            cfg, model, roles_, processor, splits, source, prompt, out_dir, loggers, callbacks,
+            planned, trained, provenance,
+        )  # fmt: skip
+        answers |= {p.prefix: generate(model, p) for p in passes if not p.base}
         if not is_global_zero():
             return {}  # rank 0 scores and reports
 
         metrics: dict[str, float] = dict(plan_metrics)
         if global_step is not None:
             metrics["train/global_step"] = float(global_step)
-        results: dict[str, dict[str, float]] = {}
-        scored: dict[str, pd.DataFrame] = {}
         with measure.measured("score"):
-            for prefix, preds in generated.items():
-                results[prefix], scored[prefix] = scoring.score(preds, scores_path(outputs[prefix]))
-                metrics.update(prefixed(prefix, results[prefix]))
-        rows = [(label, "")]
-        if "zero_shot/" in generated:
-            rows.append((reference_label("zero_shot"), "zero_shot/"))
-        if "chance" in references:
-            metrics.update(
-                prefixed("chance/", split_metrics(chance_scores(frames), cfg.evaluation))
-            )
-            rows.append((reference_label("chance"), "chance/"))
-        for mode in cfg.data.extra_eval_images:
-            prefix = f"delta_{mode}/"
-            metrics.update(scoring.deltas(results[""], results[f"{mode}/"], prefix=prefix))
-            metrics.update(scoring.paired_delta_intervals(scored[""], scored[f"{mode}/"], prefix))
-            rows.append((f"{label}, {mode} image", f"{mode}/"))
-        for k in range(1, int(cfg.data.option_orders) + 1):
-            rows.append((f"{label}, options reordered ({k})", f"order{k}/"))
-        metrics.update(
-            beyond_accuracy(
-                scored,
-                outputs[""],
-                extra_images=list(cfg.data.extra_eval_images),
-                breakdown=list(cfg.evaluation.breakdown),
-                bootstrap=Bootstrap.of(cfg.evaluation.bootstrap).options(),
-                families=scoring.families,
-            )
-        )
-
+            scored = _score(cfg, scoring, passes, answers, frames, references, out_dir, metrics)
         metrics.update(measure.metrics())
+        rows = report_rows(passes, reference_label("chance") if "chance" in references else None)
         report_run(cfg, out_dir, loggers, metrics, rows, scored[""])
         return metrics
+
+
+def _checks(
+    cfg: DictConfig, references: Sequence[str], fit: bool, tuned: bool, check_memory: bool
+) -> tuple[Setup | None, dict[str, float]]:
+    """What can be refused before any data or model is loaded; the memory plan's setup where it
+    ran (a fit on CUDA GPUs with `check_memory`: the layout `auto` picks, whether generation
+    merges) and its estimates, recorded beside the measured peaks."""
+    unknown = [r for r in references if r not in REFERENCES]
+    if unknown:
+        raise ValueError(f"task.references: unknown {unknown}; choose from {list(REFERENCES)}")
+    check_model_for_data(cfg)
+    if tuned:
+        check_trainer(cfg.trainer)
+        check_precision(cfg.trainer, cfg.model)
+    measure.reset()
+    if not (fit and check_memory and str(cfg.trainer.accelerator) in GPU_ACCELERATORS):
+        return None, {}
+    with measure.measured("plan"):  # the memory plan (task=plan) says it fits these GPUs
+        return check_fits(cfg)
+
+
+def _evaluated_splits(
+    cfg: DictConfig,
+    out_dir: Path,
+    eval_splits: Sequence[str],
+    provenance: MutableMapping[str, Any] | None,
+) -> tuple[Any, Any, dict[str, pd.DataFrame]]:
+    """The source, the job's splits and the evaluated ones, with what the extra passes need
+    checked before the model loads (the counterfactual images' partners, reorderable options)."""
+    with measure.measured("data"):  # the table, the shift, every image checked
+        source, splits = prepare_splits(cfg, out_dir, images=True, provenance=provenance)
+    frames = {s: splits[s] for s in eval_splits}
+    check_partners(
+        frames, [cfg.data.eval_image, *cfg.data.extra_eval_images], str(cfg.data.mismatch_field)
+    )
+    check_reorderable(frames, int(cfg.data.option_orders))
+    return source, splits, frames
+
+
+def _generator(
+    cfg: DictConfig,
+    processor: Any,
+    source: Any,
+    frames: dict[str, pd.DataFrame],
+    prompt: Any,
+    planned: Setup | None,
+    out_dir: Path,
+) -> Callable[[torch.nn.Module, EvalPass], dict[str, pd.DataFrame] | None]:
+    """Generation of one evaluation pass with the job's settings, one predict Trainer for all."""
+    generate = partial(
+        generate_splits,
+        trainer=prediction_trainer(cfg.trainer),
+        processor=processor,
+        source=source,
+        batch_size=int(cfg.data.eval_batch_size),
+        max_new_tokens=generation_length(cfg.model, source),
+        trainer_cfg=cfg.trainer,
+        num_workers=cfg.data.num_workers,
+        prompt=prompt,
+        mismatch_field=str(cfg.data.mismatch_field),
+        merge_adapters=merges_adapters(cfg.model, planned),
+        share_image_prefix=bool(cfg.model.share_image_prefix),
+    )
+    shared = Path(cfg.paths.cache_dir) / SHARED_PREDICTIONS
+
+    def run(model: torch.nn.Module, p: EvalPass) -> dict[str, pd.DataFrame] | None:
+        return generate(
+            model,
+            out_path=p.path(out_dir),
+            image_mode=p.image_mode,
+            frames={s: reordered(f, p.order) for s, f in frames.items()} if p.order else frames,
+            shared_dir=shared if p.shared else None,
+        )
+
+    return run
+
+
+def _weights(
+    cfg: DictConfig,
+    model: torch.nn.Module,
+    roles_: Any,
+    processor: Any,
+    splits: Any,
+    source: Any,
+    prompt: Any,
+    out_dir: Path,
+    loggers: Sequence[Logger],
+    callbacks: list[L.Callback],
+    planned: Setup | None,
+    trained: Path | None,
+    provenance: MutableMapping[str, Any] | None,
+) -> int | None:
+    """The method's weights into `model`: this run directory's own from an attempt that trained
+    to the end (the record is `incomplete`, or the job died while generating or scoring:
+    reused, not trained again), another run's (`trained`: task=eval), or a fit; the optimiser
+    steps, None where nothing was fitted (a method without training, task=eval)."""
+    fit = bool(cfg.peft.fit) and trained is None
+    fingerprint = config_fingerprint(cfg)
+    previous = None if not fit or cfg.force else trained_before(out_dir / TRAINED_DIR, fingerprint)
+    global_step, manifest = None, previous
+    if previous is not None:
+        log.info(
+            "reusing the weights this run trained before (%s, step %d); force=true trains again",
+            out_dir / TRAINED_DIR,
+            previous["global_step"],
+        )
+        load_trainable(model, out_dir / TRAINED_DIR, cfg.peft.name)
+        global_step = int(previous["global_step"])
+    elif fit:
+        global_step = _fit(
+            cfg, model, roles_, processor, splits.frames, source, prompt, out_dir, loggers,
+            callbacks, planned,
+        )  # fmt: skip
+        if is_global_zero():
+            manifest = save_trainable(
+                model, out_dir / TRAINED_DIR, cfg.peft.name, fingerprint, global_step
+            )
+    elif trained is not None:
+        load_trainable(model, trained, cfg.peft.name)
+    add_trained(provenance, manifest)
+    return global_step
+
+
+def _score(
+    cfg: DictConfig,
+    scoring: Scoring,
+    passes: Sequence[EvalPass],
+    answers: dict[str, Any],
+    frames: dict[str, pd.DataFrame],
+    references: Sequence[str],
+    out_dir: Path,
+    metrics: dict[str, float],
+) -> dict[str, pd.DataFrame]:
+    """Score every pass and run the views (`views.score_job`, as `medvqa-score` does), the
+    chance row where asked; each scored table written once. Adds to `metrics`; returns the
+    scored tables by metric prefix."""
+    figures, scored = score_job(
+        scoring,
+        {p.prefix: answers[p.prefix] for p in passes},
+        image_modes={p.prefix: p.image_mode for p in passes if p.image_variant},
+        orders=[p.prefix for p in passes if p.order],
+    )
+    metrics.update(figures)
+    if "chance" in references:
+        metrics.update(prefixed(CHANCE, split_metrics(chance_scores(frames), cfg.evaluation)))
+    for p in passes:  # the views' per-sample columns are in the main table
+        write_scores(scored[p.prefix], scores_path(p.path(out_dir)))
+    return scored
 
 
 def _fit(

@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 from medvqa.data import records as R
-from medvqa.data.annotated import IDENTIFIER, TEXT, AnnotatedSource, BadRows
+from medvqa.data.annotated import DEFAULT_ON_BAD_ROW, IDENTIFIER, TEXT, AnnotatedSource, BadRows
 from medvqa.data.cleaning import CleaningLog
 from medvqa.data.questions import YES_NO
 from medvqa.errors import DataError
@@ -112,7 +112,7 @@ class KvasirVqaX1(AnnotatedSource):
         self,
         root: str | Path,
         cache_dir: str | Path | None = None,
-        on_bad_row: str = "error",
+        on_bad_row: str = DEFAULT_ON_BAD_ROW,
         annotation_dir: str = "Kvasir-VQA-x1",
         image_dir: str = "Kvasir-VQA/images",
         yes_no_closed: bool = True,

@@ -30,6 +30,7 @@ import pandas as pd
 
 from medvqa.data import records as R
 from medvqa.data.annotated import (
+    DEFAULT_ON_BAD_ROW,
     IDENTIFIER,
     TEXT,
     AnnotatedSource,
@@ -243,7 +244,7 @@ class MimicCxrVqa(AnnotatedSource):
         self,
         root: str | Path,
         cache_dir: str | Path | None = None,
-        on_bad_row: str = "error",
+        on_bad_row: str = DEFAULT_ON_BAD_ROW,
         annotation_dir: str = "mimic-cxr-vqa/mimiccxrvqa/dataset",
         image_dir: str = "physionet.org/files/mimic-cxr-jpg/2.0.0",
         hosp_dir: str = "physionet.org/files/mimic-iv/2.2/hosp",

@@ -45,6 +45,7 @@ from PIL import Image
 
 from medvqa.data import records as R
 from medvqa.data.annotated import (
+    DEFAULT_ON_BAD_ROW,
     IDENTIFIER,
     MANIFEST_SPLITS,
     TEXT,
@@ -157,7 +158,7 @@ class OncologyMcq(AnnotatedSource):
         self,
         root: str | Path,
         cache_dir: str | Path | None = None,
-        on_bad_row: str = "error",
+        on_bad_row: str = DEFAULT_ON_BAD_ROW,
         manifest: str = "questions.jsonl",
         slice: str = "middle",  # shadows the builtin: the config key is `slice`
     ) -> None:

@@ -28,6 +28,7 @@ import pandas as pd
 
 from medvqa.data import records as R
 from medvqa.data.annotated import (
+    DEFAULT_ON_BAD_ROW,
     IDENTIFIER,
     TEXT,
     TEXT_OR_NUMBER,
@@ -133,7 +134,7 @@ class Ovqa(AnnotatedSource):
         self,
         root: str | Path,
         cache_dir: str | Path | None = None,
-        on_bad_row: str = "error",
+        on_bad_row: str = DEFAULT_ON_BAD_ROW,
         clean_closed: bool = True,
     ) -> None:
         super().__init__(root, cache_dir, on_bad_row)

@@ -49,6 +49,7 @@ from PIL import Image
 
 from medvqa.data import records as R
 from medvqa.data.annotated import (
+    DEFAULT_ON_BAD_ROW,
     IDENTIFIER,
     TEXT,
     TEXT_OR_NUMBER,
@@ -127,7 +128,7 @@ class RoboSurgVqa(AnnotatedSource):
         self,
         root: str | Path,
         cache_dir: str | Path | None = None,
-        on_bad_row: str = "error",
+        on_bad_row: str = DEFAULT_ON_BAD_ROW,
         test_wording: str = "canonical",
         neutral_question: bool = False,
     ) -> None:

@@ -23,6 +23,7 @@ import pandas as pd
 
 from medvqa.data import records as R
 from medvqa.data.annotated import (
+    DEFAULT_ON_BAD_ROW,
     IDENTIFIER,
     TEXT,
     TEXT_OR_NUMBER,
@@ -87,7 +88,7 @@ class Slake(AnnotatedSource):
         self,
         root: str | Path,
         cache_dir: str | Path | None = None,
-        on_bad_row: str = "error",
+        on_bad_row: str = DEFAULT_ON_BAD_ROW,
         languages: tuple[str, ...] | list[str] = ("en",),
         clean_closed: bool = True,
     ) -> None:

@@ -41,6 +41,7 @@ import pandas as pd
 
 from medvqa.data import records as R
 from medvqa.data.annotated import (
+    DEFAULT_ON_BAD_ROW,
     IDENTIFIER,
     TEXT,
     TEXT_OR_NUMBER,
@@ -216,7 +217,7 @@ class VqaRad(AnnotatedSource):
         self,
         root: str | Path,
         cache_dir: str | Path | None = None,
-        on_bad_row: str = "error",
+        on_bad_row: str = DEFAULT_ON_BAD_ROW,
         annotation_file: str = "VQA_RAD Dataset Public.json",
         image_dir: str = "VQA_RAD Image Folder",
     ) -> None:

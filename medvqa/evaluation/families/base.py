@@ -147,6 +147,13 @@ class MetricFamily(Plugin, ABC):
         """Counts over the whole run, added once after every split (`judge/calls`)."""
         return {}
 
+    def over_rows(self, scored: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
+        """Figures over all of a job's main answers together, every split at once (calibration:
+        a temperature fitted on the validation rows, applied to the others), with any per-sample
+        columns they add; the scores' `split` column says which row is which. None by default
+        (`medvqa.evaluation.views.run_views` calls it after the views)."""
+        return scored, {}
+
     def ci_columns(self) -> dict[str, tuple[str, str]]:
         """Score -> (per-sample column, answer type) for the scores that are per-sample means:
         they get case-bootstrap intervals and paired deltas."""

@@ -191,6 +191,10 @@ class CalibrationMetric(MetricFamily):
         """Brier is a per-sample mean: case-bootstrap intervals and paired deltas."""
         return {self.column(f"{t}_brier"): (self.column("sq_error"), t) for t in ("closed", "open")}
 
+    def over_rows(self, scored: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
+        """Temperature scaling over the job's splits (`temperature_metrics`)."""
+        return temperature_metrics(scored, self)
+
 
 # --- temperature scaling -----------------------------------------------------------------------
 

@@ -1,0 +1,185 @@
+"""The views beyond accuracy: figures over all of a job's scored answers together, where a
+metric family scores one predictions file at a time (docs/metrics.md#image-reliance and the
+sections after it). Each view is a plug-in that declares what it reads:
+
+- image reliance, against the counterfactual image modes' answers (`reliance.py`);
+- paraphrase consistency, over rows that share a `paraphrase_group` (`consistency.py`);
+- option-order flips, against the reordered options' answers (`consistency.py`);
+- and every metric family's own hook over the job's rows (`MetricFamily.over_rows`:
+  calibration's temperature, fitted on the validation answers).
+
+A view applies where the job has its inputs (the other passes, the grouping column); one that
+applies but misses every per-sample column it reads is skipped with a warning naming the
+columns and the metric family that makes them (missing some, e.g. open answers scored without
+exact match, it warns and those answers' figures are NaN). `train_eval` and
+`medvqa-score` run the same views (`run_views`), so a predictions file scored again gives the
+figures of the run that made it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import pandas as pd
+
+from medvqa.data import records as R
+from medvqa.evaluation import consistency, reliance
+from medvqa.evaluation.families.traditional import BINARY_CORRECT
+from medvqa.evaluation.scoring import Scoring, bootstrap_options, prefixed
+
+log = logging.getLogger(__name__)
+
+# The traditional family's per-sample columns the views read, by the answer type that needs
+# them: whether an answer is right, and which candidate a closed answer chose.
+NEEDED_FOR = {**{c: t for t, c in BINARY_CORRECT.items()}, consistency.CHOICE: "closed"}
+CORRECT = tuple(BINARY_CORRECT.values())
+
+
+@dataclass
+class JobRows:
+    """What the views read: the main answers' scored table (`main`, which the views' per-sample
+    columns join), every other pass's scored table by its metric prefix (`<mode>/`,
+    `order<k>/`), the breakdown fields and the bootstrap's options (None: no intervals)."""
+
+    main: pd.DataFrame
+    others: Mapping[str, pd.DataFrame] = field(default_factory=dict)
+    image_modes: Sequence[str] = ()  # the counterfactual image modes among `others`
+    orders: Sequence[str] = ()  # the reorderings' prefixes among `others`
+    breakdown: Sequence[str] = ()
+    bootstrap: Mapping[str, Any] | None = None
+
+
+class View:
+    """One view: `applies` says whether the job has its inputs; `columns` are the per-sample
+    columns of `main` it reads (made by the `family` named); `apply` returns `main` with its
+    own per-sample columns and its figures."""
+
+    name: ClassVar[str]
+    columns: ClassVar[tuple[str, ...]] = ()
+    family: ClassVar[str] = "traditional"
+
+    def applies(self, rows: JobRows) -> bool:
+        raise NotImplementedError
+
+    def apply(self, rows: JobRows) -> tuple[pd.DataFrame, dict[str, float]]:
+        raise NotImplementedError
+
+    def needed(self, rows: JobRows) -> list[str]:
+        """The columns it reads that the answer types of `main`'s rows need."""
+        types = set(rows.main[R.ANSWER_TYPE]) if R.ANSWER_TYPE in rows.main else set()
+        return [c for c in self.columns if NEEDED_FOR[c] in types]
+
+
+class ImageReliance(View):
+    name = "image reliance"
+    columns = CORRECT
+
+    def applies(self, rows: JobRows) -> bool:
+        return bool(rows.image_modes)
+
+    def apply(self, rows: JobRows) -> tuple[pd.DataFrame, dict[str, float]]:
+        main, modes = reliance.add_reliance(
+            rows.main, {m: rows.others[f"{m}/"] for m in rows.image_modes}
+        )
+        return main, reliance.reliance_metrics(main, modes, rows.breakdown, rows.bootstrap)
+
+
+class ParaphraseConsistency(View):
+    name = "paraphrase consistency"
+    columns = CORRECT
+
+    def applies(self, rows: JobRows) -> bool:
+        group = rows.main.get(R.PARAPHRASE_GROUP)
+        return group is not None and bool(group.notna().any())
+
+    def apply(self, rows: JobRows) -> tuple[pd.DataFrame, dict[str, float]]:
+        main = consistency.add_agreement(rows.main)
+        splits = list(dict.fromkeys(main[R.SPLIT])) if R.SPLIT in main.columns else []
+        return main, consistency.consistency_metrics(main, splits, rows.bootstrap)
+
+
+class OrderFlips(View):
+    name = "option-order flips"
+    columns = (consistency.CHOICE,)
+
+    def applies(self, rows: JobRows) -> bool:
+        return bool(rows.orders)
+
+    def apply(self, rows: JobRows) -> tuple[pd.DataFrame, dict[str, float]]:
+        main, _ = consistency.order_flips(rows.main, {p: rows.others[p] for p in rows.orders})
+        return main, consistency.order_metrics(main, rows.bootstrap)
+
+
+VIEWS: tuple[View, ...] = (ImageReliance(), ParaphraseConsistency(), OrderFlips())
+
+
+def run_views(rows: JobRows, families: Sequence[Any] = ()) -> tuple[pd.DataFrame, dict[str, float]]:
+    """Every view whose inputs the job has, then each metric family's hook over the job's rows
+    (`MetricFamily.over_rows`); returns `main` with their per-sample columns and their figures."""
+    out: dict[str, float] = {}
+    for view in VIEWS:
+        if not view.applies(rows):
+            continue
+        needed = view.needed(rows)
+        missing = [c for c in needed if c not in rows.main]
+        if missing:
+            log.warning(
+                "%s: the scored answers have no column(s) %s, which the %s metric family makes "
+                "(metric=[%s,...]): %s",
+                view.name,
+                missing,
+                view.family,
+                view.family,
+                "skipped" if missing == needed else "its figures for those answers are NaN",
+            )
+            if missing == needed:
+                continue
+        rows.main, figures = view.apply(rows)
+        out.update(figures)
+    for family in families:
+        rows.main, figures = family.over_rows(rows.main)
+        out.update(figures)
+    return rows.main, out
+
+
+def score_job(
+    scoring: Scoring,
+    answers: Mapping[str, Mapping[str, pd.DataFrame]],
+    image_modes: Mapping[str, str] | None = None,
+    orders: Sequence[str] = (),
+    breakdown: Sequence[str] | None = None,
+) -> tuple[dict[str, float], dict[str, pd.DataFrame]]:
+    """Score every pass of a job and run the views over them: what `train_eval` and
+    `medvqa-score` both do. `answers`: metric prefix ("" the main answers, `<mode>/`,
+    `order<k>/`, ...) -> split -> predictions; `image_modes`: the prefixes answered under a
+    counterfactual image -> the mode (their scores also as `delta_<mode>/`: main - mode, with
+    paired intervals); `orders`: the reorderings' prefixes; `breakdown`: the fields to break
+    the figures down by (default `evaluation.breakdown`; intervals by `evaluation.bootstrap`).
+    Returns the prefixed figures and
+    the scored tables by prefix (the main one with the views' per-sample columns); nothing is
+    written."""
+    metrics: dict[str, float] = {}
+    results: dict[str, dict[str, float]] = {}
+    scored: dict[str, pd.DataFrame] = {}
+    for prefix, by_split in answers.items():
+        results[prefix], scored[prefix] = scoring.score(by_split, breakdown=breakdown)
+        metrics.update(prefixed(prefix, results[prefix]))
+    image_modes = dict(image_modes or {})
+    for prefix in image_modes:  # e.g. the blind ablation: delta = sighted - blank
+        delta = f"delta_{prefix}"
+        metrics.update(scoring.deltas(results[""], results[prefix], delta))
+        metrics.update(scoring.paired_delta_intervals(scored[""], scored[prefix], delta))
+    rows = JobRows(
+        scored[""],
+        others=scored,
+        image_modes=list(image_modes.values()),
+        orders=list(orders),
+        breakdown=list(scoring.evaluation.breakdown if breakdown is None else breakdown),
+        bootstrap=bootstrap_options(scoring.evaluation),
+    )
+    scored[""], figures = run_views(rows, scoring.families)
+    metrics.update(figures)
+    return metrics, scored
