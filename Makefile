@@ -63,7 +63,7 @@ bench-gpu: install  ## on a CUDA machine: train/generation throughput, peak memo
 
 # No install step: a GPU node has its own CUDA torch (and may have no index; launch/README.md).
 GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
-gpu-check:  ## on one CUDA GPU: a whole 7B-shaped SURE job and ZeRO-2 with a resume (~5 min, docs/gpus.md)
+gpu-check:  ## on one CUDA GPU: a whole 7B-shaped SURE job and ZeRO-2 with a resume (~8 min on an H100, docs/gpus.md)
 	PYTHON=$(GPU_PYTHON) bash benchmarks/gpu_check.sh $(ARGS)
 
 STUDY_DIR ?= logs/synthetic_study

@@ -158,9 +158,8 @@ def score_job(
     counterfactual image -> the mode (their scores also as `delta_<mode>/`: main - mode, with
     paired intervals); `orders`: the reorderings' prefixes; `breakdown`: the fields to break
     the figures down by (default `evaluation.breakdown`; intervals by `evaluation.bootstrap`).
-    Returns the prefixed figures and
-    the scored tables by prefix (the main one with the views' per-sample columns); nothing is
-    written."""
+    Returns the prefixed figures and the scored tables by prefix (the main one with the views'
+    per-sample columns); nothing is written."""
     metrics: dict[str, float] = {}
     results: dict[str, dict[str, float]] = {}
     scored: dict[str, pd.DataFrame] = {}
