@@ -173,6 +173,15 @@ def test_failed_diverged_and_missing_cells_are_marked(tmp_path: Path) -> None:
     assert "CUDA OOM" in report.files["html"].read_text()
 
 
+def test_a_text_column_without_values_shows_the_dash_not_none() -> None:
+    """The issues table of failed runs only: `diverged_step` holds None in every row, a text
+    column to pandas, which would print "None"."""
+    from medvqa.analysis.report import _frame_html
+
+    html = _frame_html(pd.DataFrame({"status": ["failed"], "diverged_step": [None]}))
+    assert "None" not in html and "<td>—</td>" in html
+
+
 def test_rows_in_paper_order_then_unknown_labels(tmp_path: Path) -> None:
     rng = np.random.default_rng(4)
     write_record(tmp_path, "lora", 0, metrics=headline(rng), label="my method")

@@ -212,8 +212,11 @@ def _breakable(text: str) -> str:
 
 
 def _cell(value: Any) -> Any:
-    """A table cell as HTML (`_breakable` text); numbers and missing values as they are."""
-    if isinstance(value, numbers.Number) or (pd.api.types.is_scalar(value) and pd.isna(value)):
+    """A table cell as HTML (`_breakable` text); numbers as they are, a missing value as the
+    tables' "—" (in a text column pandas would print None)."""
+    if pd.api.types.is_scalar(value) and pd.isna(value):
+        return "—"
+    if isinstance(value, numbers.Number):
         return value
     return _breakable(str(value))
 

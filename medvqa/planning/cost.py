@@ -46,7 +46,7 @@ from medvqa.models.flops import COUNTED_FAMILIES, attention_shape, matmul_params
 from medvqa.models.loading import architecture, resolve_pretrained, roles, torch_dtype
 from medvqa.planning.memory import LABELLED_TOKENS, TEXT_TOKENS, Setup, checkpointing_label
 from medvqa.planning.memory import step_time as time_model
-from medvqa.planning.setup import _injectable
+from medvqa.planning.setup import injectable
 
 # Composes one job's config from its overrides (Hydra's compose API, as run.py composes it).
 Composer = Callable[[Sequence[str]], DictConfig]
@@ -565,7 +565,7 @@ def _job_cost(
     from_run = task.get("from_run")
     fit = bool(job.peft.fit) and from_run is None
     tuned = fit or from_run is not None
-    adapters = _injectable(build_adapter_config(job.peft.adapter, None, roles(job.model)))
+    adapters = injectable(build_adapter_config(job.peft.adapter, None, roles(job.model)))
     merged = not tuned or not adapters or setup.merged > 0  # model.merge_adapters, as planned
     # the untuned base's answers are cached under paths.cache_dir, keyed by what changes them
     base_key = (

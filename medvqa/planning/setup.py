@@ -77,7 +77,7 @@ def build_setup(
     head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
     kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
     adapter = build_adapter_config(peft.adapter, None, roles(cfg.model))
-    adapter = adapter if _injectable(adapter) else None
+    adapter = adapter if injectable(adapter) else None
     train_weights = "language" in peft.train_modules
     autocast = AUTOCAST.get(str(cfg.trainer.precision))
     cache = Path(cfg.paths.cache_dir) / CACHE
@@ -153,7 +153,7 @@ def _counts(
     return (*count_parameters(model), mergeable)
 
 
-def _injectable(adapter: Any) -> bool:
+def injectable(adapter: Any) -> bool:
     """Adapters that live in the decoder layers (LoRA, (IA)^3); prompt tuning's trainable
     tokens live in the embedding, and leave the layers frozen."""
     return adapter is not None and type(adapter).__name__ in ("LoraConfig", "IA3Config")
