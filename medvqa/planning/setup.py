@@ -108,7 +108,7 @@ def build_setup(
         nodes=nodes,
         offload_optimizer=_offloads_optimizer(cfg.trainer.strategy),
         gpu_gib=gpu_capacity_gib() if gpu_gib is None else float(gpu_gib),
-        merged=mergeable if cfg.model.merge_adapters is True else 0,
+        merged=mergeable if merges_adapters(cfg.model, None) else 0,  # auto: decided below
         shared_prefix=bool(cfg.model.share_image_prefix) and family_refusal(config) is None,
     )
     if every is None:
