@@ -19,6 +19,7 @@ from medvqa import CONF_DIR
 from medvqa.atomic import OutputDirError, staged_dir
 from medvqa.config import ConfigError, check_config, check_judge_config
 from medvqa.evaluation.generation import SPLIT
+from medvqa.evaluation.passes import mode_prefix, order_prefix, prediction_path
 from medvqa.evaluation.readers import READERS, ScoreInputError, read
 from medvqa.evaluation.reliance import COUNTERFACTUAL_MODES
 from medvqa.evaluation.scoring import Scoring, failed_items, scores_path, write_scores
@@ -76,8 +77,8 @@ def score_file(
             f"--image-mode {unknown}: not a counterfactual image mode; use one of "
             f"{list(COUNTERFACTUAL_MODES)} (the file's rows answered under that image)"
         )
-    others = {f"{m}/": path for m, path in (image_modes or {}).items()}
-    others |= {f"order{k}/": path for k, path in (orders or {}).items()}
+    others = {mode_prefix(m): path for m, path in (image_modes or {}).items()}
+    others |= {order_prefix(k): path for k, path in (orders or {}).items()}
     frames = {"": frame} | {p: read(Path(path), fmt, questions)[0] for p, path in others.items()}
     # Built before anything is written: a bad metric option leaves no files behind. Written
     # into a hidden sibling and swapped in whole: a rescoring killed midway leaves the earlier
@@ -113,13 +114,12 @@ def score_file(
         metrics, scored = score_job(
             scoring,
             answers,
-            image_modes={f"{m}/": m for m in image_modes or {}},
-            orders=[f"order{k}/" for k in orders or {}],
+            image_modes={mode_prefix(m): m for m in image_modes or {}},
+            orders=[order_prefix(k) for k in orders or {}],
             breakdown=breakdown,
         )
         for prefix, table in scored.items():  # scores.parquet, scores_<mode>.parquet, ...
-            stem = f"_{prefix.rstrip('/')}" if prefix else ""
-            write_scores(table, scores_path(staging / f"predictions{stem}.jsonl"))
+            write_scores(table, scores_path(prediction_path(staging, prefix)))
         record.finish(metrics, failed_items(metrics))
         _summary(metrics, list(answers[""]), cfg, staging)
     return metrics
@@ -153,14 +153,17 @@ def _pairs(values: Sequence[str], option: str, key: Callable[[str], Any]) -> dic
     """`KEY=FILE` arguments as {key: path}."""
     out: dict[Any, Path] = {}
     for value in values:
-        name, sep, path = value.partition("=")
+        name, _, path = value.partition("=")
         try:
+            if not path:
+                raise ValueError(value)
             out[key(name)] = Path(path)
-        except ValueError:
-            sep = ""
-        if not sep or not path:
-            raise ScoreInputError(f"{option} {value!r}: write it as KEY=FILE, e.g. {option} "
-                                  f"{'blank' if key is str else '1'}=predictions_x.jsonl")  # fmt: skip
+        except ValueError as err:
+            example = "blank" if key is str else "1"
+            raise ScoreInputError(
+                f"{option} {value!r}: write it as KEY=FILE, e.g. {option} "
+                f"{example}=predictions_x.jsonl"
+            ) from err
     return out
 
 

@@ -16,6 +16,23 @@ ZERO_SHOT = "zero_shot/"
 CHANCE = "chance/"
 
 
+def mode_prefix(mode: str) -> str:
+    """The metric prefix of the answers under a counterfactual image mode (`blank/`)."""
+    return f"{mode}/"
+
+
+def order_prefix(k: int) -> str:
+    """The metric prefix of the answers with the closed options in the k-th other order."""
+    return f"order{k}/"
+
+
+def prediction_path(out_dir: Path, prefix: str) -> Path:
+    """The predictions file of a pass (`predictions.jsonl`, `predictions_<mode>.jsonl`, ...);
+    its scored table is `scoring.scores_path` of it."""
+    stem = f"{PREDICTIONS}_{prefix.rstrip('/')}" if prefix else PREDICTIONS
+    return Path(out_dir) / f"{stem}.jsonl"
+
+
 @dataclass(frozen=True)
 class EvalPass:
     """One generation pass over the job's evaluated splits."""
@@ -27,13 +44,9 @@ class EvalPass:
     base: bool = False  # the untuned base model's answers, generated before the method applies
     shared: bool = False  # cached under paths.cache_dir for a sweep's jobs (the untuned base's)
 
-    @property
-    def stem(self) -> str:
-        return f"{PREDICTIONS}_{self.prefix.rstrip('/')}" if self.prefix else PREDICTIONS
-
     def path(self, out_dir: Path) -> Path:
-        """Its predictions file (`predictions.jsonl`, `predictions_<mode>.jsonl`, ...)."""
-        return Path(out_dir) / f"{self.stem}.jsonl"
+        """Its predictions file (`prediction_path`)."""
+        return prediction_path(out_dir, self.prefix)
 
     @property
     def image_variant(self) -> bool:
@@ -57,9 +70,9 @@ def job_passes(
     if zero_shot_label is not None and tuned:
         passes.append(EvalPass(ZERO_SHOT, zero_shot_label, eval_image, base=True, shared=True))
     passes.append(EvalPass("", label, eval_image, shared=not tuned))
-    passes += [EvalPass(f"{m}/", f"{label}, {m} image", m) for m in extra_images]
+    passes += [EvalPass(mode_prefix(m), f"{label}, {m} image", m) for m in extra_images]
     passes += [
-        EvalPass(f"order{k}/", f"{label}, options reordered ({k})", eval_image, order=k)
+        EvalPass(order_prefix(k), f"{label}, options reordered ({k})", eval_image, order=k)
         for k in range(1, int(option_orders) + 1)
     ]
     return passes

@@ -46,7 +46,7 @@ class JobRows:
 
     main: pd.DataFrame
     others: Mapping[str, pd.DataFrame] = field(default_factory=dict)
-    image_modes: Sequence[str] = ()  # the counterfactual image modes among `others`
+    image_modes: Mapping[str, str] = field(default_factory=dict)  # prefix -> its image mode
     orders: Sequence[str] = ()  # the reorderings' prefixes among `others`
     breakdown: Sequence[str] = ()
     bootstrap: Mapping[str, Any] | None = None
@@ -82,7 +82,7 @@ class ImageReliance(View):
 
     def apply(self, rows: JobRows) -> tuple[pd.DataFrame, dict[str, float]]:
         main, modes = reliance.add_reliance(
-            rows.main, {m: rows.others[f"{m}/"] for m in rows.image_modes}
+            rows.main, {mode: rows.others[prefix] for prefix, mode in rows.image_modes.items()}
         )
         return main, reliance.reliance_metrics(main, modes, rows.breakdown, rows.bootstrap)
 
@@ -174,7 +174,7 @@ def score_job(
     rows = JobRows(
         scored[""],
         others=scored,
-        image_modes=list(image_modes.values()),
+        image_modes=image_modes,
         orders=list(orders),
         breakdown=list(scoring.evaluation.breakdown if breakdown is None else breakdown),
         bootstrap=bootstrap_options(scoring.evaluation),

@@ -112,6 +112,7 @@ def train_eval(
     trained = None if from_run is None else Path(from_run) / TRAINED_DIR
     fit = bool(cfg.peft.fit) and trained is None
     tuned = fit or trained is not None
+    measure.reset()  # this job's phases (a local multirun runs its jobs in one process)
     planned, plan_metrics = _checks(cfg, references, fit, tuned, check_memory)
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
     roles_ = roles(cfg.model)
@@ -146,7 +147,7 @@ def train_eval(
         )
         global_step = _weights(
             cfg, model, roles_, processor, splits, source, prompt, out_dir, loggers, callbacks,
-            planned, trained, provenance,
+            planned, fit, trained, provenance,
         )  # fmt: skip
         answers |= {p.prefix: generate(model, p) for p in passes if not p.base}
         if not is_global_zero():
@@ -176,7 +177,6 @@ def _checks(
     if tuned:
         check_trainer(cfg.trainer)
         check_precision(cfg.trainer, cfg.model)
-    measure.reset()
     if not (fit and check_memory and str(cfg.trainer.accelerator) in GPU_ACCELERATORS):
         return None, {}
     with measure.measured("plan"):  # the memory plan (task=plan) says it fits these GPUs
@@ -251,6 +251,7 @@ def _weights(
     loggers: Sequence[Logger],
     callbacks: list[L.Callback],
     planned: Setup | None,
+    fit: bool,
     trained: Path | None,
     provenance: MutableMapping[str, Any] | None,
 ) -> int | None:
@@ -258,7 +259,6 @@ def _weights(
     to the end (the record is `incomplete`, or the job died while generating or scoring:
     reused, not trained again), another run's (`trained`: task=eval), or a fit; the optimiser
     steps, None where nothing was fitted (a method without training, task=eval)."""
-    fit = bool(cfg.peft.fit) and trained is None
     fingerprint = config_fingerprint(cfg)
     previous = None if not fit or cfg.force else trained_before(out_dir / TRAINED_DIR, fingerprint)
     global_step, manifest = None, previous
