@@ -71,12 +71,8 @@ from medvqa.models.adapters import (  # noqa: E402
     enable_gradient_checkpointing,
     merged_adapters,
 )
-from medvqa.models.architectures import (  # noqa: E402
-    image_tokens,
-    load_architecture,
-    qwen_resize,
-    shrink,
-)
+from medvqa.models.architectures import image_tokens, load_architecture, shrink  # noqa: E402
+from medvqa.models.families.qwen import qwen_resize  # noqa: E402
 from medvqa.models.flops import (  # noqa: E402
     add_batch,
     attention_shape,

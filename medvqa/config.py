@@ -551,7 +551,7 @@ def register() -> None:
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
     # Datasets and metric families: one schema per registered plug-in, made from its class.
-    for kind in plugins.PACKAGES:
+    for kind in plugins.GROUPS:
         for name, cls in plugins.registered(kind).items():
             cs.store(group=kind, name=f"{name}_schema", node=schema(cls))
     cs.store(group="shift", name="shift_schema", node=ShiftSchema)

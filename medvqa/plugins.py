@@ -1,16 +1,19 @@
-"""Plug-ins register themselves: a dataset or metric family is a class, found, never listed.
+"""Plug-ins register themselves: a dataset, metric family or model family is a class, found,
+never listed.
 
-A dataset source (subclass of `medvqa.data.base.VQASource`) or a metric family (subclass of
-`medvqa.evaluation.families.base.MetricFamily`) that sets a `name` class attribute is registered
-under that name when its module is imported. Its config schema is *generated* from the
-signature of its constructor (or of the classmethod named by `config_factory`): every parameter
-becomes a typed field with the parameter's default, so a parameter and its default are written
-exactly once, in the code, and a misspelled key still fails when Hydra composes the config.
+A dataset source (subclass of `medvqa.data.base.VQASource`), a metric family (subclass of
+`medvqa.evaluation.families.base.MetricFamily`) or a model family (subclass of
+`medvqa.models.families.base.ModelFamily`, named by its architecture's `model_type`) that sets a
+`name` class attribute is registered under that name when its module is imported. A dataset's
+or metric family's config schema is *generated* from the signature of its constructor (or of
+the classmethod named by `config_factory`): every parameter becomes a typed field with the
+parameter's default, so a parameter and its default are written exactly once, in the code, and
+a misspelled key still fails when Hydra composes the config.
 
-Discovery imports every module of the built-in plug-in packages, then the modules named in the
+Discovery imports every module of a kind's built-in package, then the modules named in the
 `MEDVQA_PLUGINS` environment variable (comma-separated) and those of the `medvqa.plugins`
-entry-point group, so code outside this repository adds a dataset or a metric family without
-editing any file here (its YAML comes in through `hydra.searchpath`).
+entry-point group, so code outside this repository adds a plug-in without editing any file
+here (its YAML comes in through `hydra.searchpath`).
 """
 
 from __future__ import annotations
@@ -34,11 +37,14 @@ from medvqa.hashing import content_hash
 
 log = logging.getLogger(__name__)
 
-# Plug-in kind -> the package whose modules are its built-in plug-ins (and the config group).
+# Plug-in kind -> the package whose modules are its built-in plug-ins.
 PACKAGES: dict[str, str] = {
     "dataset": "medvqa.data.sources",
     "metric": "medvqa.evaluation.families",
+    "family": "medvqa.models.families",  # model families, keyed by model_type; no config group
 }
+# The kinds that are config groups too: each plug-in's schema is stored under its name there.
+GROUPS = ("dataset", "metric")
 ENV_VAR = "MEDVQA_PLUGINS"
 ENTRY_POINT_GROUP = "medvqa.plugins"
 
@@ -90,30 +96,31 @@ def _import(module: str, why: str) -> None:
     _imported.add(module)
 
 
-_DISCOVERED: list[str] = []  # the $MEDVQA_PLUGINS value the last discovery saw
+_DISCOVERED: dict[str, str] = {}  # kind -> the $MEDVQA_PLUGINS value its last discovery saw
 
 
-def discover() -> None:
-    """Import every plug-in module (built-in packages, MEDVQA_PLUGINS, entry points), once
-    per value of MEDVQA_PLUGINS: scanning packages and entry points costs ~10 ms, and the
-    registry is asked per record and per table cell."""
+def discover(kind: str) -> None:
+    """Import the built-in plug-in modules of `kind` and every module named in MEDVQA_PLUGINS
+    or by an entry point, once per value of MEDVQA_PLUGINS: scanning packages and entry points
+    costs ~10 ms, and the registry is asked per record and per table cell. Only `kind`'s
+    package is scanned: asking for a model family imports no dataset or metric module."""
     wanted = os.environ.get(ENV_VAR, "")
-    if [wanted] == _DISCOVERED:
+    if _DISCOVERED.get(kind) == wanted:
         return
-    for package in PACKAGES.values():
-        pkg = importlib.import_module(package)
-        for info in pkgutil.iter_modules(pkg.__path__, prefix=f"{package}."):
-            _import(info.name, f"built-in, in {package}")
+    package = PACKAGES[kind]
+    pkg = importlib.import_module(package)
+    for info in pkgutil.iter_modules(pkg.__path__, prefix=f"{package}."):
+        _import(info.name, f"built-in, in {package}")
     for module in filter(None, (m.strip() for m in os.environ.get(ENV_VAR, "").split(","))):
         _import(module, f"named in ${ENV_VAR}")
     for point in entry_points(group=ENTRY_POINT_GROUP):
         _import(point.value, f"entry point {point.name!r} of group {ENTRY_POINT_GROUP}")
-    _DISCOVERED[:] = [wanted]
+    _DISCOVERED[kind] = wanted
 
 
 def registered(kind: str) -> dict[str, type]:
     """Every plug-in of `kind` by name (after discovery)."""
-    discover()
+    discover(kind)
     return dict(sorted(_REGISTRY[kind].items()))
 
 

@@ -15,6 +15,7 @@ import transformers
 from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
 from medvqa.models import architectures as arch
+from medvqa.models.families import idefics3, qwen
 
 # Published parameter counts of each checkpoint, with where they were found.
 PUBLISHED: dict[str, int] = {
@@ -131,7 +132,7 @@ def test_smart_resize_matches_transformers():
     for height, width in [(20, 20), (224, 224), (333, 517), (1080, 1920), (4000, 3000), (28, 5000)]:
         for max_pixels in (1280 * 28 * 28, 12845056):
             expected = smart_resize(height, width, 28, 3136, max_pixels)
-            assert arch.smart_resize(height, width, 28, 3136, max_pixels) == expected
+            assert qwen.smart_resize(height, width, 28, 3136, max_pixels) == expected
 
 
 def test_smolvlm_tiles_follow_the_longest_edge():
@@ -160,7 +161,7 @@ def test_idefics3_tiles_match_transformers():
         (601, 600),
     ]:
         _, rows, cols = processor.get_number_of_image_patches(height, width)
-        assert arch.idefics3_tiles(height, width, 2048, 512, True) == (rows, cols)
+        assert idefics3.idefics3_tiles(height, width, 2048, 512, True) == (rows, cols)
 
 
 def test_markers_count_the_special_tokens_around_images():
@@ -218,5 +219,5 @@ def test_unknown_checkpoint_names_the_fix(tmp_path):
 
 def test_image_tokens_refuses_an_unknown_family():
     config = transformers.AutoConfig.for_model("blip-2")
-    with pytest.raises(ValueError, match="no image-token rule for model_type 'blip-2'"):
+    with pytest.raises(ValueError, match="no model family 'blip-2' for the image-token count"):
         arch.image_tokens(config, {})

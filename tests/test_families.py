@@ -15,32 +15,41 @@ import torch
 import yaml
 
 from medvqa.models.adapters import apply_method
+from medvqa.models.architectures import load_architecture
+from medvqa.models.families.base import families
 from medvqa.models.loading import architecture, load_vlm, roles
 from medvqa.models.saving import load_trainable, save_trainable
 from medvqa.training.datamodule import META_KEY, VQADataset, make_loader
 from medvqa.training.module import VQAModule
 from tests.conftest import CONF, compose
 
-# (config name, tiny family override or None for the config's own `family`)
 SLOW = pytest.mark.slow  # same architecture as a case that runs by default
-CASES = [
-    ("llava_med", None),
-    pytest.param("llava", None, marks=SLOW),
-    ("qwen2_vl", None),
-    ("qwen2_5_vl", None),
-    ("medgemma", None),
-    ("smolvlm", None),  # the checkpoint is Idefics3 architecture
-    # SmolVLM architecture (SmolVLM2 checkpoints), same module names
-    pytest.param("smolvlm", "smolvlm", marks=SLOW),
-    ("paligemma", None),
-]
-# Every preset of a hub checkpoint (the offline toys have a builder instead).
-CONFIGS = sorted(
-    p.stem
-    for p in (CONF / "model").glob("*.yaml")
-    if yaml.safe_load(p.read_text()).get("pretrained")
-)
+# Every preset of a hub checkpoint (the offline toys have a builder instead), with the
+# model_type of its shipped architecture: the family every per-family fact is keyed by.
+PRESETS = {
+    p.stem: load_architecture(hub)[0].model_type
+    for p in sorted((CONF / "model").glob("*.yaml"))
+    if (hub := yaml.safe_load(p.read_text()).get("pretrained"))
+}
+CONFIGS = sorted(PRESETS)
 assert {"llava_med", "qwen2_vl", "medgemma", "smolvlm", "paligemma"} <= set(CONFIGS)
+# The built-in families (medvqa/models/families/): each runs its tiny twin with the preset it
+# names (`ModelFamily.preset`); a preset of another family's architecture, or a family run with
+# a preset of a sibling architecture (SmolVLM2 with the SmolVLM preset), is slow.
+FAMILIES = {n: f for n, f in families().items() if f.__module__.startswith("medvqa.")}
+
+
+def _case(preset: str, name: str) -> object:
+    own = PRESETS[preset] == name and getattr(FAMILIES.get(name), "preset", None) == preset
+    return pytest.param(preset, name, marks=() if own else SLOW, id=f"{preset}-{name}")
+
+
+CASES = [
+    _case(preset, name)
+    for preset, name in sorted(
+        {(f.preset, n) for n, f in FAMILIES.items()} | {(p, n) for p, n in PRESETS.items()}
+    )
+]
 # Every method that trains, found from its YAML: a new method is tested by adding its file.
 METHODS = sorted(
     p.stem for p in (CONF / "peft").glob("*.yaml") if yaml.safe_load(p.read_text()).get("fit", True)
@@ -50,8 +59,9 @@ ADAPTER_MARKERS = ("lora_", "ia3_l", "trainable_tokens_delta")
 
 
 def model_cfg(name: str, cache: Path, family: str | None = None):
-    """The real `model=<name>` config with the hub id swapped for the offline tiny builder."""
-    fam = family or architecture(compose([f"model={name}"], cache).model)[0].model_type
+    """The real `model=<name>` config with the hub id swapped for the offline tiny twin of
+    `family` (by default the preset's own)."""
+    fam = family or PRESETS[name]
     builder = (
         f"model.builder={{_target_: medvqa.zoo.families.TinyFamilyBuilder, "
         f"family: {fam}, cache_dir: '{cache}'}}"
@@ -77,12 +87,10 @@ def _base_name(name: str) -> str:
 
 @pytest.mark.parametrize("name", CONFIGS)
 def test_config_names_its_hub_checkpoint(name: str) -> None:
-    from medvqa.zoo.families import FAMILIES
-
     assert (CONF / "model" / f"{name}.yaml").is_file()
     cfg = compose([f"model={name}"]).model
-    family = architecture(cfg)[0].model_type  # the shipped config's: what every table keys
-    assert cfg.name == name and family in FAMILIES
+    family = architecture(cfg)[0].model_type  # the shipped config's: what every fact is keyed by
+    assert cfg.name == name and family == PRESETS[name]
     assert "/" in cfg.pretrained and cfg.builder is None
     assert cfg.dtype == "bfloat16" and cfg.trust_remote_code is False
     assert set(roles(cfg)) == {"vision", "projector", "language", "lm_head"}
@@ -90,26 +98,86 @@ def test_config_names_its_hub_checkpoint(name: str) -> None:
         assert roles(cfg) == roles(compose(["model=llava_med"]).model)
 
 
-def test_every_per_family_table_names_every_shipped_family() -> None:
-    """A family is its architecture's `model_type`; each table keyed by it must name every family
-    a preset ships, so a new family fails here listing the tables still to fill (docs/extending.md#a-model)."""
-    from medvqa.models.architectures import COUNTERS
-    from medvqa.models.rehearsal import PROCESSORS
-    from medvqa.models.stand_in import FAMILIES, TOKENS
+def test_every_preset_has_a_family_and_every_family_a_preset() -> None:
+    """A preset's architecture (its `model_type`) must have a family module, and each family
+    names the preset its tests run (docs/extending.md#a-model)."""
+    orphans = {preset: kind for preset, kind in PRESETS.items() if kind not in FAMILIES}
+    assert not orphans, (
+        f"presets whose model_type has no module in medvqa/models/families: {orphans}"
+    )
+    assert {name: f.preset for name, f in FAMILIES.items() if f.preset not in PRESETS} == {}
+
+
+def _facts(cache: Path) -> dict[str, object]:
+    """Everything the code asks of the PaliGemma family, as plain values."""
+    from medvqa.evaluation.prefix import family_refusal
+    from medvqa.models.architectures import image_tokens, shrink
+    from medvqa.models.flops import counts_flops
+    from medvqa.models.prompting import chat_template
+    from medvqa.models.rehearsal import stand_in_processor
     from medvqa.zoo.families import TinyFamilyBuilder
 
-    shipped = {architecture(compose([f"model={name}"]).model)[0].model_type for name in CONFIGS}
-    tables = {
-        "models.architectures.COUNTERS (image tokens)": set(COUNTERS),
-        "models.stand_in.TOKENS (stand-in tokenizer)": set(TOKENS),
-        "models.rehearsal.PROCESSORS (rehearsal processor)": set(PROCESSORS),
-        "zoo.families.TinyFamilyBuilder._<family> (tiny twin)": {
-            f for f in FAMILIES if hasattr(TinyFamilyBuilder, f"_{f}")
-        },
+    config, preprocessor = load_architecture("google/paligemma-3b-mix-224")
+    model, processor = TinyFamilyBuilder("paligemma", cache).make()
+    stand_in = stand_in_processor(config, preprocessor)
+    return {
+        "image tokens": image_tokens(config, preprocessor, (300, 500)),
+        "shrunk": shrink(config).to_json_string(),
+        "stand-in": (type(stand_in).__name__, stand_in.tokenizer.get_vocab()),
+        "template": chat_template("paligemma"),
+        "sharing": family_refusal(config),
+        "flops": counts_flops(config),
+        "tiny twin": {k: v.tolist() for k, v in model.state_dict().items()},
+        "tiny processor": processor.tokenizer.get_vocab(),
     }
-    missing = {table: sorted(shipped - keys) for table, keys in tables.items() if shipped - keys}
-    assert not missing, missing
-    assert set(FAMILIES) == set(TOKENS)
+
+
+def test_a_family_is_its_module_alone(tmp_path: Path, monkeypatch) -> None:
+    """PaliGemma's module copied outside the repository, with the built-in one gone, found
+    through MEDVQA_PLUGINS: every fact the code asks of the family (image tokens, shrinking,
+    the rehearsal's stand-in processor, the chat template, prefix sharing, FLOPs, the tiny twin
+    bit for bit) is the same. With neither, each of them fails naming the family: nothing else
+    in medvqa knows it, so adding a family is its module plus its YAML."""
+    import sys
+
+    from medvqa import plugins
+    from medvqa.models.families import paligemma
+    from medvqa.models.families.base import UnknownFamilyError
+
+    before = _facts(tmp_path)
+    registry = plugins._REGISTRY["family"]
+    monkeypatch.setitem(registry, "paligemma", registry["paligemma"])  # restored after the test
+    del registry["paligemma"]
+    with pytest.raises(UnknownFamilyError, match="no model family 'paligemma'"):
+        _facts(tmp_path)
+
+    (tmp_path / "moved_family.py").write_text(Path(paligemma.__file__).read_text())
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv(plugins.ENV_VAR, "moved_family")
+    try:
+        assert families()["paligemma"].__module__ == "moved_family"
+        assert _facts(tmp_path) == before
+    finally:
+        registry.pop("paligemma", None)
+        sys.modules.pop("moved_family", None)
+        plugins._imported.discard("moved_family")
+
+
+def test_a_family_lacking_a_fact_is_refused_when_defined() -> None:
+    from medvqa.models.families.base import ModelFamily, StandIn
+    from medvqa.plugins import PluginError
+
+    tokens = ("<pad>", "<image>")
+    with pytest.raises(PluginError, match=r"lacks preset, image_tokens\(\), tiny\(\)"):
+
+        class Half(ModelFamily):  # registers nothing: it is refused first
+            name = "half_vlm"
+            stand_in = StandIn(tokens, None, "<pad>", {}, "", {"image_token_id": "<image>"})
+            image_processor = processor = "SiglipImageProcessorPil"
+
+    with pytest.raises(PluginError, match="'<img>', which is not a special token"):
+        StandIn(tokens, None, "<pad>", {}, "", {"image_token_id": "<img>"})
+    assert "half_vlm" not in families()
 
 
 @pytest.mark.parametrize("method", METHODS)

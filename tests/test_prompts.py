@@ -20,6 +20,7 @@ from medvqa.models.prompting import (
     CHAT_TEMPLATES,
     IGNORE_INDEX,
     PromptTemplate,
+    chat_template,
     encode,
     prompt_text,
 )
@@ -151,7 +152,7 @@ def test_paligemma_gets_a_template_its_checkpoints_lack() -> None:
     from medvqa.models.prompting import build_messages
 
     assert compose(["model=paligemma"], Path("/nonexistent")).model.chat_template == "paligemma"
-    template = _compile_jinja_template(CHAT_TEMPLATES["paligemma"])
+    template = _compile_jinja_template(chat_template("paligemma"))
     turn = build_messages("Are there polyps?", True)
     answer = [{"role": "assistant", "content": [{"type": "text", "text": "yes"}]}]
     render = partial(template.render, eos_token="<eos>")

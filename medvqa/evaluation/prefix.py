@@ -27,27 +27,22 @@ from typing import Any
 
 import torch
 
+from medvqa.models.families.base import families
 from medvqa.models.prompting import pad_batch, per_token_keys
 
 log = logging.getLogger(__name__)
 
 SHARED_KEY = "shared_prefix"
-# Families whose image keys and values depend on what follows the image: sharing would change
-# the answers, so they generate unshared (one log line says why).
-UNSHAREABLE = {
-    "paligemma": (
-        "PaliGemma attends bidirectionally over its whole prompt (a prefix-LM), so the image's "
-        "keys and values depend on the question after it"
-    ),
-}
 # Image tensors the model needs after the prefix, one row per image: Qwen-VL computes its
 # multimodal rotary positions of the whole row from the image grid. Pixels are never needed again.
 POSITION_INPUTS = ("image_grid_thw",)
 
 
 def family_refusal(config: Any) -> str | None:
-    """Why models of `config`'s family cannot share image prefixes, or None when they can."""
-    return UNSHAREABLE.get(str(getattr(config, "model_type", "")))
+    """Why models of `config`'s family cannot share image prefixes (`ModelFamily.unshareable`:
+    their image keys and values depend on what follows the image), or None when they can."""
+    kind = families().get(str(getattr(config, "model_type", "")))
+    return kind.unshareable if kind is not None else None
 
 
 def sharing_refusal(model: torch.nn.Module, processor: Any) -> str | None:

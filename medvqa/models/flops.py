@@ -3,8 +3,8 @@ count for `benchmarks/gpu.py` and for what a run records of itself, `medvqa.meas
 FLOPs for MFU, and what a setup computes beyond them (recomputation, full logits) for HFU.
 
 Counted for the families whose image geometry the batch shows (LLaVA: pixel_values at the
-tower's resolution; Qwen2/2.5-VL: image_grid_thw); for the others `COUNTED_FAMILIES` leaves MFU
-out rather than guess.
+tower's resolution; Qwen2/2.5-VL: image_grid_thw); for the others (`ModelFamily.counts_flops`
+false) MFU is left out rather than guessed.
 """
 
 from __future__ import annotations
@@ -17,13 +17,12 @@ from typing import Any
 import torch
 
 from medvqa.measure import Phase
+from medvqa.models.families.base import families
 from medvqa.models.prompting import labelled_tokens
 
 # Dense bf16 tensor-core peak, FLOP/s (vendor data sheets, without sparsity).
 PEAK_BF16 = {"H100 SXM": 989e12, "H100 NVL": 835e12, "H100 PCIe": 756e12, "H200": 989e12,
              "A100": 312e12, "L40S": 362e12}  # fmt: skip
-# model_type of the configs whose batches `add_batch` reads the image patches of.
-COUNTED_FAMILIES = ("llava", "qwen2_vl", "qwen2_5_vl")
 # What `add_batch` sums (per batch, over its samples).
 SUMS = ("samples", "tokens", "tokens_sq", "labelled", "positions", "patches", "patches_sq",
         "projected")  # fmt: skip
@@ -210,6 +209,12 @@ def step_flops(
     )
 
 
+def counts_flops(config: Any) -> bool:
+    """Whether `add_batch` reads the image patches of `config`'s family from its batches."""
+    kind = families().get(str(getattr(config, "model_type", "")))
+    return kind is not None and kind.counts_flops
+
+
 def fit_rates(
     model: torch.nn.Module, roles_: Any, phase: Phase, world_size: int
 ) -> dict[str, float]:
@@ -223,7 +228,7 @@ def fit_rates(
     out = {"tokens_per_s": sums["tokens"] * world_size / phase.seconds}
     config = model.config
     peak = peak_flops(torch.cuda.get_device_name()) if torch.cuda.is_available() else None
-    if getattr(config, "model_type", None) not in COUNTED_FAMILIES:
+    if not counts_flops(config):
         return {**out, "mfu": float("nan")}
     per_sample = step_flops(model, roles_, config, sums) / sums["samples"]
     out["tflop_per_sample"] = per_sample / 1e12

@@ -83,27 +83,22 @@ CHAT_TEMPLATES = {
         "{%- endif -%}"
         "{%- endfor -%}"
     ),
-    # PaliGemma's checkpoints carry no chat template; its processor itself puts the image tokens
-    # and <bos> first and "\n" after the prompt, and the answer (its `suffix`) ends with <eos>.
-    # A system turn, if any, is a line before the question.
-    "paligemma": (
-        "{%- for m in messages -%}"
-        "{%- for c in m['content'] if c['type'] == 'text' -%}{{ c['text'] }}{%- endfor -%}"
-        "{%- if m['role'] == 'system' -%}{{ '\\n' }}{%- endif -%}"
-        "{%- if m['role'] == 'assistant' -%}{{ eos_token }}{%- endif -%}"
-        "{%- endfor -%}"
-    ),
 }
 
 
 def chat_template(name: str) -> str:
-    """The Jinja text of a named chat template (error naming the known ones)."""
-    if name not in CHAT_TEMPLATES:
+    """The Jinja text of a named chat template: one of `CHAT_TEMPLATES`, or the template a
+    model family gives checkpoints that ship none (`ModelFamily.chat_template`, by its name)."""
+    from medvqa.models.families.base import families
+
+    known = dict(CHAT_TEMPLATES)
+    known.update({n: f.chat_template for n, f in families().items() if f.chat_template})
+    if name not in known:
         raise ValueError(
             f"model.chat_template={name!r} is not a known template; choose one of "
-            f"{sorted(CHAT_TEMPLATES)} or null (the processor's own)."
+            f"{sorted(known)} or null (the processor's own)."
         )
-    return CHAT_TEMPLATES[name]
+    return known[name]
 
 
 _NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")

@@ -18,11 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import transformers
 from transformers import AutoModelForImageTextToText, AutoProcessor, PretrainedConfig
 
-from medvqa.models import processors
-from medvqa.models.stand_in import TOKENS, build_tokenizer
+from medvqa.models.families.base import family_of, transformers_class
+from medvqa.models.stand_in import build_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -33,46 +32,6 @@ SEED = 0
 # Merges the stand-in tokenizer may learn; its corpus yields a few hundred tokens. The model
 # keeps the checkpoint's vocabulary (embedding rows), most of which the stand-in never uses.
 STAND_IN_VOCAB = 1000
-# model_type -> (image processor class, processor class, the preprocessor fields the processor
-# itself takes; the others are the image processor's): transformers' torchvision-free classes,
-# or the image-only ones of medvqa.models.processors.
-PROCESSORS: dict[str, tuple[str, Any, tuple[str, ...]]] = {
-    "llava": (
-        "LlavaImageProcessorPil",
-        "LlavaProcessor",
-        ("patch_size", "vision_feature_select_strategy", "num_additional_image_tokens"),
-    ),
-    "qwen2_vl": ("Qwen2VLImageProcessorPil", processors.ImageOnlyQwen2VLProcessor, ()),
-    "qwen2_5_vl": ("Qwen2VLImageProcessorPil", processors.ImageOnlyQwen2_5_VLProcessor, ()),
-    "idefics3": ("Idefics3ImageProcessorPil", "Idefics3Processor", ("image_seq_len",)),
-    "smolvlm": (
-        "SmolVLMImageProcessorPil",
-        processors.ImageOnlySmolVLMProcessor,
-        ("image_seq_len",),
-    ),
-    "gemma3": ("Gemma3ImageProcessorPil", "Gemma3Processor", ("image_seq_length",)),
-    "paligemma": ("SiglipImageProcessorPil", "PaliGemmaProcessor", ()),
-}
-# model_type -> config attribute -> the special token (of TOKENS) whose id it holds.
-_QWEN_TOKENS = {
-    "image_token_id": "<|image_pad|>",
-    "video_token_id": "<|video_pad|>",
-    "vision_start_token_id": "<|vision_start|>",
-    "vision_end_token_id": "<|vision_end|>",
-}
-CONFIG_TOKENS: dict[str, dict[str, str]] = {
-    "llava": {"image_token_index": "<image>"},
-    "qwen2_vl": _QWEN_TOKENS,
-    "qwen2_5_vl": _QWEN_TOKENS,
-    "idefics3": {"image_token_id": "<image>"},
-    "smolvlm": {"image_token_id": "<image>"},
-    "gemma3": {
-        "boi_token_index": "<start_of_image>",
-        "eoi_token_index": "<end_of_image>",
-        "image_token_index": "<image_soft_token>",
-    },
-    "paligemma": {"image_token_index": "<image>"},
-}
 TEXT_TOKENS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 
@@ -135,21 +94,14 @@ def stand_in_processor(config: PretrainedConfig, preprocessor: dict[str, Any]) -
     """The family's processor with the checkpoint's image settings (`preprocessor`: the
     image-token fields of its files, with model.processor_kwargs over them) and a stand-in
     tokenizer: images become as many tokens as the real processor makes of them."""
-    family = config.model_type
-    if family not in PROCESSORS:
-        raise ValueError(
-            f"model.random_weights: no stand-in processor for model_type {family!r} (known: "
-            f"{', '.join(sorted(PROCESSORS))}); give a checkpoint directory with its own "
-            "tokenizer and processor files as model.pretrained, or add the family to "
-            f"{__name__}.PROCESSORS."
-        )
-    image_class, processor_class, own = PROCESSORS[family]
+    kind = family_of(config.model_type, "model.random_weights (a stand-in processor)")
     settings = {key: value for key, value in preprocessor.items() if value is not None}
-    image_processor = _class(image_class)(
+    own = kind.processor_fields
+    image_processor = transformers_class(kind.image_processor)(
         **{key: value for key, value in settings.items() if key not in own}
     )
-    tokenizer = build_tokenizer(family, STAND_IN_VOCAB)
-    return _class(processor_class)(
+    tokenizer = build_tokenizer(kind.name, STAND_IN_VOCAB)
+    return transformers_class(kind.processor)(
         image_processor=image_processor,
         tokenizer=tokenizer,
         chat_template=tokenizer.chat_template,
@@ -157,17 +109,11 @@ def stand_in_processor(config: PretrainedConfig, preprocessor: dict[str, Any]) -
     )
 
 
-def _class(name_or_class: Any) -> Any:
-    return getattr(transformers, name_or_class) if isinstance(name_or_class, str) else name_or_class
-
-
 def point_config_at(config: PretrainedConfig, tokenizer: Any) -> None:
     """Make `config` name the stand-in tokenizer's ids for its special tokens (image
     placeholders, bos/eos/pad), which differ from the checkpoint tokenizer's."""
     ids = tokenizer.convert_tokens_to_ids
-    for attribute, token in CONFIG_TOKENS[config.model_type].items():
-        if token not in TOKENS[config.model_type]["special"]:
-            raise ValueError(f"{token!r} is not a special token of {config.model_type}")
+    for attribute, token in family_of(config.model_type).stand_in.config_tokens.items():
         setattr(config, attribute, ids(token))
     text = config.get_text_config(decoder=True)
     for part in {id(config): config, id(text): text}.values():

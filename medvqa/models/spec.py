@@ -73,8 +73,9 @@ class ModelSchema:
     # tower (as benchmarks/gpu.py --cpu), for a CPU. Records and reports mark such a run as a
     # rehearsal: its scores mean nothing.
     random_weights: Any = False
-    # A named chat template (medvqa.models.prompting.CHAT_TEMPLATES, e.g. llava_med) replacing
-    # the processor's own, for checkpoints saved without the one the model was trained with.
+    # A named chat template (medvqa.models.prompting.chat_template: llava_med, or a family's
+    # own such as paligemma) replacing the processor's, for checkpoints saved without the one
+    # the model was trained with.
     chat_template: str | None = None
     # Keyword arguments for AutoProcessor.from_pretrained, e.g. Qwen's image size cap
     # `{min_pixels: 3136, max_pixels: 401408}`; part of what answers are keyed by (through the

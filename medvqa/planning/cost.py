@@ -42,7 +42,7 @@ from medvqa.models.adapters import (
     on_meta,
 )
 from medvqa.models.architectures import image_tokens, load_architecture, meta_model
-from medvqa.models.flops import COUNTED_FAMILIES, attention_shape, matmul_params, model_flops
+from medvqa.models.flops import attention_shape, counts_flops, matmul_params, model_flops
 from medvqa.models.loading import architecture, resolve_pretrained, roles, torch_dtype
 from medvqa.planning.memory import LABELLED_TOKENS, TEXT_TOKENS, Setup, checkpointing_label
 from medvqa.planning.memory import step_time as time_model
@@ -339,7 +339,7 @@ def _sample_flops(
     model_cfg: DictConfig, peft: Any, images: bool, text_tokens: int
 ) -> SampleFlops | None:
     config, preprocessor = architecture(model_cfg)
-    if config.model_type not in COUNTED_FAMILIES:
+    if not counts_flops(config):
         return None
     model_roles = roles(model_cfg)
     model = meta_model(config, torch_dtype(model_cfg)).requires_grad_(False)

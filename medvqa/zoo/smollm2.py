@@ -23,13 +23,13 @@ import torch
 
 from medvqa.models.builders.cache import CachedModelBuilder, plain
 from medvqa.models.builders.gguf import SmolLM2GgufInput, load_smollm2
+from medvqa.models.families.llava import IMAGE_TOKEN, llava_config
 from medvqa.zoo.tiny import PRETRAIN_FINGERPRINT, pretrain_stage
 
 log = logging.getLogger(__name__)
 
 # 2: pre-trained with the loss at the labelled positions only (other rounding: other weights).
 BUILDER_VERSION = 2
-IMAGE_TOKEN = "<image>"
 # SmolLM2's own template renders `message['content']` as a string, so it cannot take content
 # lists with image parts. This is the same ChatML, without the default system prompt (it costs
 # ~20 tokens of every CPU sequence); a system message is still rendered if one is given. Turns
@@ -136,12 +136,7 @@ def build_model(
     vision_heads: int,
 ) -> torch.nn.Module:
     """A LLaVA with a fresh small CLIP tower and projector around SmolLM2's weights."""
-    from transformers import (
-        CLIPVisionConfig,
-        LlamaConfig,
-        LlavaConfig,
-        LlavaForConditionalGeneration,
-    )
+    from transformers import LlamaConfig, LlavaForConditionalGeneration
 
     tok = processor.tokenizer
     text_dict = causal.config.to_dict()
@@ -149,22 +144,14 @@ def build_model(
         text_dict.pop(key, None)
     text = LlamaConfig(**text_dict)
     text.pad_token_id = tok.pad_token_id
-    vision = CLIPVisionConfig(
-        hidden_size=vision_hidden,
-        intermediate_size=2 * vision_hidden,
-        num_hidden_layers=vision_layers,
-        num_attention_heads=vision_heads,
-        image_size=image_size,
-        patch_size=patch_size,
-        projection_dim=vision_hidden,
-    )
-    config = LlavaConfig(
-        vision_config=vision,
-        text_config=text,
-        image_token_index=tok.convert_tokens_to_ids(IMAGE_TOKEN),
-        image_seq_length=(image_size // patch_size) ** 2,
-        vision_feature_layer=-1,
-        vision_feature_select_strategy="default",
+    config = llava_config(
+        tok,
+        text,
+        image_size,
+        patch_size,
+        vision_hidden,
+        vision_layers,
+        vision_heads,
         tie_word_embeddings=bool(text.tie_word_embeddings),
     )
     model = LlavaForConditionalGeneration(config)

@@ -21,7 +21,8 @@ import torch
 from medvqa.data import records as R
 from medvqa.hashing import Hasher
 from medvqa.models.builders.cache import CachedModelBuilder, plain
-from medvqa.models.stand_in import LLAVA_TEMPLATE as CHAT_TEMPLATE
+from medvqa.models.families.llava import TEMPLATE as CHAT_TEMPLATE
+from medvqa.models.families.llava import build_model
 from medvqa.models.stand_in import build_tokenizer
 
 log = logging.getLogger(__name__)
@@ -145,61 +146,6 @@ def build_processor(texts: list[str], vocab_size: int, image_size: int, patch_si
         num_additional_image_tokens=1,  # CLIP's CLS token, dropped by the "default" strategy
         chat_template=CHAT_TEMPLATE,
     )
-
-
-def build_model(
-    processor: Any,
-    image_size: int,
-    patch_size: int,
-    vision_hidden: int,
-    vision_layers: int,
-    vision_heads: int,
-    text_hidden: int,
-    text_layers: int,
-    text_heads: int,
-) -> torch.nn.Module:
-    """A randomly initialised LLaVA (CLIP ViT + Llama) sized for a CPU."""
-    from transformers import (
-        CLIPVisionConfig,
-        LlamaConfig,
-        LlavaConfig,
-        LlavaForConditionalGeneration,
-    )
-
-    tok = processor.tokenizer
-    vision = CLIPVisionConfig(
-        hidden_size=vision_hidden,
-        intermediate_size=2 * vision_hidden,
-        num_hidden_layers=vision_layers,
-        num_attention_heads=vision_heads,
-        image_size=image_size,
-        patch_size=patch_size,
-        projection_dim=vision_hidden,
-    )
-    text = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=text_hidden,
-        intermediate_size=2 * text_hidden,
-        num_hidden_layers=text_layers,
-        num_attention_heads=text_heads,
-        num_key_value_heads=text_heads,
-        max_position_embeddings=512,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
-    config = LlavaConfig(
-        vision_config=vision,
-        text_config=text,
-        image_token_index=tok.convert_tokens_to_ids("<image>"),
-        image_seq_length=(image_size // patch_size) ** 2,
-        vision_feature_layer=-1,
-        vision_feature_select_strategy="default",
-    )
-    model = LlavaForConditionalGeneration(config)
-    model.generation_config.pad_token_id = tok.pad_token_id
-    model.generation_config.eos_token_id = tok.eos_token_id
-    return model
 
 
 def pretrain_stage(

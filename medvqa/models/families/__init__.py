@@ -1,0 +1,1 @@
+"""Model families: one module per VLM architecture (`base.ModelFamily`), found, never listed."""
