@@ -29,6 +29,7 @@ from hydra.utils import get_class
 
 from medvqa import CONF_DIR
 from medvqa.analysis.summary import COLUMNS
+from medvqa.evaluation.passes import CHANCE, ZERO_SHOT
 from medvqa.evaluation.scoring import unreliable
 from medvqa.measure import split_perf
 from medvqa.record import (
@@ -52,9 +53,9 @@ PEFT_METHODS = ("none", "full", "prompt_tuning", "lora", "ia3")
 BASELINES = ("most_frequent", "no_image", "no_image_eval", "random", "image_only")
 # The paper's row order; other methods come after these, in the order they were first seen.
 METHOD_ORDER = (*PEFT_METHODS, *BASELINES)
-# Metric-name prefixes of the reference rows a run scores, and the method each row is: the
-# untuned base is the `none` method, chance is the random baseline.
-REFERENCES = {"zero_shot/": "none", "chance/": "random"}
+# Metric-name prefixes of the reference rows a run scores (its evaluation passes), and the
+# method each row is: the untuned base is the `none` method, chance is the random baseline.
+REFERENCES = {ZERO_SHOT: "none", CHANCE: "random"}
 # Dataset options that change the test questions but not their ids (RoboSurg-VQA's
 # `test_wording`): a run whose value is not the dataset class's default is a condition of its
 # own, `<method id> [test_wording=heldout_paraphrase]`, paired question by question with the

@@ -113,7 +113,8 @@ def point_config_at(config: PretrainedConfig, tokenizer: Any) -> None:
     """Make `config` name the stand-in tokenizer's ids for its special tokens (image
     placeholders, bos/eos/pad), which differ from the checkpoint tokenizer's."""
     ids = tokenizer.convert_tokens_to_ids
-    for attribute, token in family_of(config.model_type).stand_in.config_tokens.items():
+    kind = family_of(config.model_type, "model.random_weights (the stand-in's ids)")
+    for attribute, token in kind.stand_in.config_tokens.items():
         setattr(config, attribute, ids(token))
     text = config.get_text_config(decoder=True)
     for part in {id(config): config, id(text): text}.values():

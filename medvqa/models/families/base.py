@@ -171,7 +171,7 @@ class UnknownFamilyError(ValueError):
     """No family is registered for a model_type; the message names the known ones and the fix."""
 
 
-def family_of(model_type: str, needed_for: str = "this") -> type[ModelFamily]:
+def family_of(model_type: str, needed_for: str) -> type[ModelFamily]:
     """The family of `model_type`; the error says what needed it and how to add one."""
     known = plugins.registered("family")
     if model_type not in known:
