@@ -1,7 +1,9 @@
 """Every real-dataset experiment, end to end on a fixture in the dataset's native layout.
 
 `task=splits` must work from the annotation files alone and write the counts, the cleaning
-steps and the leakage audit; every experiment must run a debug fit on the tiny model.
+steps and the leakage audit; every experiment's shift must split the native files, and every
+experiment must run a debug fit on the tiny model (one per dataset by default, the rest with
+`make test-slow`).
 """
 
 from __future__ import annotations
@@ -172,8 +174,32 @@ def _splits_report_with(
 
 
 @pytest.mark.parametrize("experiment", REAL_EXPERIMENTS)
+def test_experiment_splits_its_fixture(experiment: str, tmp_path: Path) -> None:
+    """Every real-data experiment composes and its shift makes four non-empty splits of the
+    dataset's native files (in-process: what differs between one dataset's experiments)."""
+    fixture = write_fixture(_dataset_of(experiment), tmp_path / "data")
+    report = _splits_report_with(fixture.root, tmp_path, experiment=experiment)
+    assert set(report["splits"]) >= {"train", "test_iid", "test_ood"}
+    assert all(v["n"] > 0 for v in report["splits"].values()), report["splits"]
+
+
+def _one_fit_per_dataset() -> list[Any]:
+    """Each experiment; the first of each dataset runs by default, the others are slow: a fit
+    exercises the dataset's loader, prompts and metrics, and one dataset's experiments differ
+    only in the shift, which `test_experiment_splits_its_fixture` checks for all of them."""
+    seen: set[str] = set()
+    cases = []
+    for experiment in REAL_EXPERIMENTS:
+        dataset = _dataset_of(experiment)
+        marks = (pytest.mark.slow,) if dataset in seen else ()
+        seen.add(dataset)
+        cases.append(pytest.param(experiment, marks=marks))
+    return cases
+
+
+@pytest.mark.parametrize("experiment", _one_fit_per_dataset())
 def test_experiment_debug_fit(experiment: str, tmp_path: Path, cache_dir: Path) -> None:
-    """Every real-data experiment composes, splits and fine-tunes a few steps on the tiny VLM."""
+    """A real-data experiment composes, splits and fine-tunes a few steps on the tiny VLM."""
     fixture = write_fixture(_dataset_of(experiment), tmp_path / "data")
     run_dir = tmp_path / "run"
     result = run_main(
