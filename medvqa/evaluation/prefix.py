@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from medvqa.models.families.base import families
+from medvqa.models.families.base import family_of_config
 from medvqa.models.prompting import pad_batch, per_token_keys
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ POSITION_INPUTS = ("image_grid_thw",)
 def family_refusal(config: Any) -> str | None:
     """Why models of `config`'s family cannot share image prefixes (`ModelFamily.unshareable`:
     their image keys and values depend on what follows the image), or None when they can."""
-    kind = families().get(str(getattr(config, "model_type", "")))
+    kind = family_of_config(config)
     return kind.unshareable if kind is not None else None
 
 

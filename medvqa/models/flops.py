@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from medvqa.measure import Phase
-from medvqa.models.families.base import families
+from medvqa.models.families.base import family_of_config
 from medvqa.models.prompting import labelled_tokens
 
 # Dense bf16 tensor-core peak, FLOP/s (vendor data sheets, without sparsity).
@@ -211,7 +211,7 @@ def step_flops(
 
 def counts_flops(config: Any) -> bool:
     """Whether `add_batch` reads the image patches of `config`'s family from its batches."""
-    kind = families().get(str(getattr(config, "model_type", "")))
+    kind = family_of_config(config)
     return kind is not None and kind.counts_flops
 
 

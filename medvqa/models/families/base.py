@@ -182,6 +182,11 @@ def family_of(model_type: str, needed_for: str) -> type[ModelFamily]:
     return known[model_type]
 
 
+def family_of_config(config: Any) -> type[ModelFamily] | None:
+    """The family of a model config (its `model_type`), or None where none is registered."""
+    return families().get(str(getattr(config, "model_type", "")))
+
+
 def families() -> dict[str, type[ModelFamily]]:
     """Every registered family by model_type."""
     return plugins.registered("family")
@@ -196,5 +201,6 @@ __all__ = [
     "content",
     "families",
     "family_of",
+    "family_of_config",
     "transformers_class",
 ]

@@ -8,7 +8,14 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from medvqa.models import processors
-from medvqa.models.families.base import ImageSize, ModelFamily, StandIn, TinyShape, content
+from medvqa.models.families.base import (
+    ImageSize,
+    ModelFamily,
+    StandIn,
+    TinyShape,
+    content,
+    transformers_class,
+)
 
 # transformers 5.23's processor defaults, used when a checkpoint's processor files omit a field.
 MIN_PIXELS = 56 * 56  # Qwen2VLImageProcessor.size["shortest_edge"]
@@ -148,29 +155,39 @@ class Qwen2VL(ModelFamily):
         rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": section}
         return shape.text(tokenizer, rope_parameters=rope)
 
-    @classmethod
-    def tiny(cls, shape: TinyShape, tokenizer: Any) -> tuple[Any, Any]:
+    @staticmethod
+    def _classes() -> tuple[type, type]:
+        """(config class, model class) of the family in transformers."""
         from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
-        config = Qwen2VLConfig(
+        return Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    @staticmethod
+    def _tiny_vision(shape: TinyShape) -> dict[str, Any]:
+        return {
+            "depth": 1,
+            "embed_dim": shape.vision_hidden,
+            "hidden_size": shape.text_hidden,
+            "num_heads": 2,
+            "patch_size": shape.patch_size,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+        }
+
+    @classmethod
+    def tiny(cls, shape: TinyShape, tokenizer: Any) -> tuple[Any, Any]:
+        config_class, model_class = cls._classes()
+        config = config_class(
             text_config=cls._text(shape, tokenizer),
-            vision_config={
-                "depth": 1,
-                "embed_dim": shape.vision_hidden,
-                "hidden_size": shape.text_hidden,
-                "num_heads": 2,
-                "patch_size": shape.patch_size,
-                "spatial_merge_size": 2,
-                "temporal_patch_size": 2,
-            },
+            vision_config=cls._tiny_vision(shape),
             **cls._ids(tokenizer),
         )
-        processor = processors.ImageOnlyQwen2VLProcessor(
+        processor = transformers_class(cls.processor)(
             image_processor=cls._image_processor(shape),
             tokenizer=tokenizer,
             chat_template=tokenizer.chat_template,
         )
-        return Qwen2VLForConditionalGeneration(config), processor
+        return model_class(config), processor
 
 
 class Qwen2_5VL(Qwen2VL):
@@ -185,29 +202,23 @@ class Qwen2_5VL(Qwen2VL):
         vision.depth, vision.num_heads, vision.out_hidden_size = 2, 4, text.hidden_size
         vision.fullatt_block_indexes = [1]
 
-    @classmethod
-    def tiny(cls, shape: TinyShape, tokenizer: Any) -> tuple[Any, Any]:
+    @staticmethod
+    def _classes() -> tuple[type, type]:
         from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-        config = Qwen2_5_VLConfig(
-            text_config=cls._text(shape, tokenizer),
-            vision_config={
-                "depth": 2,
-                "hidden_size": shape.vision_hidden,
-                "intermediate_size": 2 * shape.vision_hidden,
-                "out_hidden_size": shape.text_hidden,
-                "num_heads": 2,
-                "patch_size": shape.patch_size,
-                "spatial_merge_size": 2,
-                "temporal_patch_size": 2,
-                "window_size": 4 * shape.patch_size,
-                "fullatt_block_indexes": [1],
-            },
-            **cls._ids(tokenizer),
-        )
-        processor = processors.ImageOnlyQwen2_5_VLProcessor(
-            image_processor=cls._image_processor(shape),
-            tokenizer=tokenizer,
-            chat_template=tokenizer.chat_template,
-        )
-        return Qwen2_5_VLForConditionalGeneration(config), processor
+        return Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    @staticmethod
+    def _tiny_vision(shape: TinyShape) -> dict[str, Any]:
+        return {
+            "depth": 2,
+            "hidden_size": shape.vision_hidden,
+            "intermediate_size": 2 * shape.vision_hidden,
+            "out_hidden_size": shape.text_hidden,
+            "num_heads": 2,
+            "patch_size": shape.patch_size,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "window_size": 4 * shape.patch_size,
+            "fullatt_block_indexes": [1],
+        }
