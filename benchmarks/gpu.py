@@ -28,6 +28,10 @@ MIMIC (a 2.5k x 3k radiograph under the preset's pixel cap). Per method and setu
     python benchmarks/gpu.py --setups none-4-compile --warmup 10   # compiled rows: warm up longer
     python benchmarks/gpu.py --cpu                             # a shrunk shape on the CPU
 
+`--models` takes the presets whose `pretrained` has an architecture to build (a local checkpoint
+or a shipped config; not a `builder` preset such as tiny), or `preset@checkpoint`; another is
+refused before any work, naming them.
+
 `--cpu` shrinks the architecture (2 layers, narrow) and runs the same code on the CPU: it checks
 the script (tests/test_training_speed.py), its figures mean nothing. `--out FILE` appends one JSON
 line per row as it is measured.
@@ -44,7 +48,7 @@ import math
 import sys
 import time
 from collections.abc import Iterator, Mapping
-from functools import partial
+from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +57,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from lightning.fabric.utilities.apply_func import move_data_to_device
+from omegaconf import OmegaConf
 from rich.console import Console
 from rich.table import Table
 from torch.utils.data import DataLoader, Dataset
@@ -71,7 +76,12 @@ from medvqa.models.adapters import (  # noqa: E402
     enable_gradient_checkpointing,
     merged_adapters,
 )
-from medvqa.models.architectures import image_tokens, load_architecture, shrink  # noqa: E402
+from medvqa.models.architectures import (  # noqa: E402
+    UnknownArchitectureError,
+    image_tokens,
+    load_architecture,
+    shrink,
+)
 from medvqa.models.families.qwen import qwen_resize  # noqa: E402
 from medvqa.models.flops import (  # noqa: E402
     add_batch,
@@ -469,6 +479,49 @@ def layer_activations(config: Any, cfg: Any, device: torch.device) -> float:
     return measured.per_token / 1024
 
 
+def _has_architecture(pretrained: str) -> bool:
+    """Whether `build_model` can build `pretrained`: a local checkpoint or a shipped config."""
+    try:
+        load_architecture(pretrained)
+    except UnknownArchitectureError:
+        return False
+    return True
+
+
+@cache
+def buildable_presets() -> dict[str, str]:
+    """The model presets (conf/model/) this script builds, preset -> checkpoint: those whose
+    `pretrained` has an architecture `load_architecture` reads. A preset without one (tiny,
+    smollm2_llava: made by a `builder`) has no architecture to draw random weights for."""
+    presets = {}
+    for path in sorted((ROOT / "conf" / "model").glob("*.yaml")):
+        pretrained = OmegaConf.load(path).get("pretrained")
+        if isinstance(pretrained, str) and _has_architecture(pretrained):
+            presets[path.stem] = pretrained
+    return presets
+
+
+def model_arg(value: str) -> str:
+    """A `--models` entry, checked before any work: a preset this script builds, or
+    `preset@checkpoint` (another checkpoint of one, with an architecture to build)."""
+    preset, at, pretrained = value.partition("@")
+    presets = buildable_presets()
+    if preset not in presets:
+        why = f"the preset {preset!r} " + (
+            "names no checkpoint architecture (model.pretrained) to build with random weights"
+            if (ROOT / "conf" / "model" / f"{preset}.yaml").is_file()
+            else "is not in conf/model/"
+        )
+    elif at and not _has_architecture(pretrained):
+        why = f"{pretrained!r} is neither a local checkpoint nor a shipped architecture"
+    else:
+        return value
+    raise argparse.ArgumentTypeError(
+        f"{value}: {why}. The presets it builds: {', '.join(presets)} (or <preset>@<checkpoint> "
+        "for another checkpoint of one, e.g. " + QWEN_7B + ")"
+    )
+
+
 def compose_cfg(model: str, method: str, cpu: bool, overrides: list[str]) -> Any:
     """The run's config; `model` is a preset, or `preset@hub_id` for another checkpoint of it."""
     trainer = "cpu" if cpu else "gpu"
@@ -548,7 +601,7 @@ def rows_for(model_name: str, args: argparse.Namespace) -> Iterator[dict[str, An
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["llava_med", QWEN_7B])
+    parser.add_argument("--models", nargs="+", type=model_arg, default=["llava_med", QWEN_7B])
     parser.add_argument("--methods", nargs="+", default=list(METHODS))
     parser.add_argument("--setups", nargs="+", default=list(DEFAULT_SETUPS), choices=SETUPS)
     parser.add_argument("--steps", type=int, default=8, help="timed optimiser steps")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import json
 import logging
 import os
@@ -104,19 +105,78 @@ def _read_owner(fd: int) -> dict[str, object]:
     return owner if isinstance(owner, dict) else {}
 
 
-def replace_dir(new: Path, target: Path) -> None:
-    """Put the complete directory `new` in the place of `target` (which may exist).
+def replace_dir(new: Path, target: Path, keep: Sequence[str] = ()) -> None:
+    """Put the complete directory `new` in the place of `target` (which may exist); the entries
+    of the old `target` named in `keep` are merged into the new one (`_merge`).
 
-    A directory cannot be renamed over a non-empty one, so the old copy is renamed aside first
-    and removed after: at every moment either the old or the new complete copy is in place
-    (or, for an instant, none: never a half-written one).
+    A directory cannot be renamed over a non-empty one, so the old copy is renamed aside to
+    `.<name>.old-<pid>`, `new` renamed into place, and only then are the `keep` entries moved
+    over and the rest of the old copy removed: no step puts them in a folder that could be
+    deleted as an unfinished build. A kill at any step leaves a state `recover` (run first here,
+    and by `staged_dir` before every build) turns into the whole old or the whole new folder:
+    between the two renames, the one instant with no `target`, it renames the old copy back;
+    later, it finishes moving `keep` over and removing the old copy.
     """
     new, target = Path(new), Path(target)
-    old = target.with_name(f".{target.name}.old-{os.getpid()}")
+    recover(target, keep, builds=False)  # `new` may be a `.building-<pid>`: left alone
+    old = _sibling(target, "old")
     if target.exists():
         os.replace(target, old)
     os.replace(new, target)
-    shutil.rmtree(old, ignore_errors=True)
+    _settle(old, target, keep)
+
+
+def recover(target: Path, keep: Sequence[str] = (), builds: bool = True) -> None:
+    """Repair what a `replace_dir`/`staged_dir` of `target` killed midway left beside it: after
+    this `target` is a whole folder (the old or the new one) holding every `keep` entry, and no
+    `.<name>.old-*` or `.<name>.building-*` of a dead process is left.
+
+    Touches the leftovers of processes that no longer run (`_pid_alive`, this host) and of this
+    one: call it when this process is not itself swapping `target`. An `.old-<pid>` while
+    `target` is missing is whole (only the instant between the two renames leaves this state):
+    it is renamed back, so the old output wins over a finished build that was never swapped in
+    (removed; the re-run rebuilds it). Any other leftover, an `.old-<pid>` beside `target` or a
+    `.building-<pid>` (an unfinished build, or one that older versions had moved `keep` entries
+    into before the swap), gives `target` the `keep` entries it lacks and is removed.
+    `builds=False` leaves `.building-*` alone.
+    """
+    target = Path(target)
+    for kind in ("old", "building") if builds else ("old",):
+        prefix = f".{target.name}.{kind}-"
+        for leftover in sorted(target.parent.glob(glob.escape(prefix) + "*")):
+            pid = leftover.name[len(prefix) :]
+            if pid != str(os.getpid()) and _pid_alive(pid):
+                continue
+            if kind == "old" and not target.exists():
+                log.warning("restoring %s from %s, left by a swap killed midway", target, leftover)
+                os.replace(leftover, target)
+            else:
+                _settle(leftover, target, keep)
+
+
+def _sibling(target: Path, kind: str) -> Path:
+    """This process's `.<name>.<kind>-<pid>` beside `target` (`recover` parses the pid)."""
+    return target.with_name(f".{target.name}.{kind}-{os.getpid()}")
+
+
+def _settle(leftover: Path, target: Path, keep: Sequence[str]) -> None:
+    """Merge the `keep` entries of `leftover` into `target`, then delete the rest of it."""
+    if target.is_dir():
+        for name in keep:
+            if (leftover / name).exists():
+                _merge(leftover / name, target / name)
+    shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _merge(src: Path, dst: Path) -> None:
+    """Move into `dst` what it lacks of `src`, descending into folders both have (W&B's offline
+    runs are one folder each). Each move is one rename: killed midway, what is not moved yet is
+    still in `src`, which `recover` merges again."""
+    if not os.path.lexists(dst):
+        os.replace(src, dst)
+    elif src.is_dir() and not src.is_symlink() and dst.is_dir():
+        for child in sorted(src.iterdir()):
+            _merge(child, dst / child.name)
 
 
 class OutputDirError(FileExistsError):
@@ -133,35 +193,32 @@ def staged_dir(
 ) -> Iterator[Path]:
     """Yield a hidden sibling of `target` to write `tool`'s output into; swap it in whole
     (`replace_dir`) when the block ends normally. Killed or failed midway, `target` stays as it
-    was (never new tables beside old figures); a folder a killed build left behind is removed by
-    the next. Entries named in `keep` (e.g. W&B's offline runs) move over from the old folder.
+    was (never new tables beside old figures); what a killed run left behind is put right
+    (`recover`) by the next, and what a failed one did at once. Entries named in `keep` (e.g.
+    W&B's offline runs) are merged from the old folder into the new one after the swap (what
+    the new one holds wins), never moved into a build that a kill could leave to be deleted.
 
     Only an empty folder or an earlier output of `tool` (its `OUTPUT_MARKER`, or the file
     `legacy` that outputs from before the marker hold) is replaced: pointed at a run directory or
     any other folder, it refuses before any work instead of deleting what is there.
     """
     target = Path(target)
+    recover(target, keep)
     if target.exists() and not _replaceable(target, tool, legacy):
         raise OutputDirError(
             f"{target} exists and is not a {tool} output (it has no {OUTPUT_MARKER}"
             f"{f' or {legacy}' if legacy else ''}); its contents would be replaced. Choose "
             "another output folder, or empty or remove this one."
         )
-    for stale in target.parent.glob(f".{target.name}.building-*"):
-        if not _pid_alive(stale.name.rsplit("-", 1)[-1]):
-            shutil.rmtree(stale, ignore_errors=True)
-    staging = target.with_name(f".{target.name}.building-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
+    staging = _sibling(target, "building")
     staging.mkdir(parents=True)
     try:
         yield staging
         (staging / OUTPUT_MARKER).write_text(tool + "\n")
-        for name in keep:
-            if (target / name).exists():
-                os.replace(target / name, staging / name)
-        replace_dir(staging, target)
+        replace_dir(staging, target, keep)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        recover(target, keep)  # an exception mid-swap: roll it back, or finish it, now
 
 
 def _replaceable(target: Path, tool: str, legacy: str | None) -> bool:

@@ -1,10 +1,10 @@
 """Typed schemas behind the YAML under conf/.
 
 Each group's YAML files start from one of these schemas (`defaults: [<name>_schema, _self_]`),
-so a misspelled key in a YAML file or on the command line fails when Hydra composes the config,
-not hours into a job; `check_config` refuses the values no type can rule out (a batch size of
--1, a breakdown by a column the dataset lacks) when a run starts. `register()` is idempotent
-and runs on import.
+so a misspelled key in a YAML file or on the command line (or a bool key given 2 or "yes",
+`_strict_bools`) fails when Hydra composes the config, not hours into a job; `check_config`
+refuses the values no type can rule out (a batch size of -1, a breakdown by a column the dataset
+lacks) when a run starts. `register()` is idempotent and runs on import.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+from omegaconf.nodes import BooleanNode
 
 from medvqa import plugins
 from medvqa.cluster import rank_log_name, slurm_gpus, slurm_mem_gb, slurm_tasks
@@ -27,7 +28,8 @@ from medvqa.errors import ConfigError
 from medvqa.evaluation.judge.config import JudgeConfig
 from medvqa.evaluation.statistics import Bootstrap
 from medvqa.hashing import content_hash
-from medvqa.models.spec import ModelSchema
+from medvqa.models.spec import ModelSchema, random_weights_kind
+from medvqa.training.hardware import cuda_allocator_problem
 
 # PeftSchema, DataSchema and TrainerSchema sit with the training code that reads their defaults.
 from medvqa.training.spec import DataSchema, PeftSchema, TrainerSchema
@@ -148,6 +150,11 @@ def _whole(value: Any) -> bool:
 
 def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _one_of(value: Any, *choices: Any) -> bool:
+    """`value` is one of `choices`, of the same type: 1 is not true, nor 0 false."""
+    return any(type(value) is type(c) and value == c for c in choices)
 
 
 def _at_least(low: float, *also: Any) -> Callable[[Any], bool]:
@@ -360,13 +367,13 @@ def _value_problems(cfg: DictConfig) -> list[str]:
             "or raise trainer.max_epochs"
         )
     compile_layers = _plain(OmegaConf.select(cfg, "model.compile_layers"))
-    if compile_layers not in (True, False, "auto", None):
+    if not _one_of(compile_layers, True, False, "auto", None):
         problems.append(
             f"model.compile_layers={_show(compile_layers)}: use auto (compiled on CUDA GPUs, "
             "eager elsewhere), true or false"
         )
     merge = _plain(OmegaConf.select(cfg, "model.merge_adapters"))
-    if merge not in (True, False, "auto", None):
+    if not _one_of(merge, True, False, "auto", None):
         problems.append(
             f"model.merge_adapters={_show(merge)}: use auto (merged for generation where the "
             "memory plan finds room on the GPU), true or false"
@@ -377,6 +384,14 @@ def _value_problems(cfg: DictConfig) -> list[str]:
             "Liger's Triton kernels in the decoder layers (measured on an H100); choose one "
             "(compiled layers were the faster, docs/gpus.md#speed-measured-on-an-h100)"
         )
+    try:  # the one reading of it (loading, planning, records, reports)
+        random_weights_kind(_plain(OmegaConf.select(cfg, "model.random_weights")))
+    except ValueError as err:
+        problems.append(str(err))
+    allocator = OmegaConf.select(cfg, "cuda_allocator")
+    problem = cuda_allocator_problem(allocator)
+    if problem:
+        problems.append(f"cuda_allocator={allocator}: {problem}")
     orders = _plain(OmegaConf.select(cfg, "data.option_orders"))
     prompt = OmegaConf.select(cfg, "prompt")
     if _whole(orders) and orders > 0 and prompt is not None and prompt.get("options") is None:
@@ -397,7 +412,13 @@ def _value_problems(cfg: DictConfig) -> list[str]:
                 f"data.limit.{split}={_show(cap)}: needs a whole number of rows >= 1, or null "
                 "(no cap)"
             )
+    from medvqa.training.checkpoints import ckpt_path_problems  # torch: only when checking
     from medvqa.training.datamodule import IMAGE_MODES  # torch and lightning: only when checking
+
+    problems += ckpt_path_problems(OmegaConf.select(cfg, "ckpt_path"))
+    allow = _plain(OmegaConf.select(cfg, "eval.allow_seen_rows", default=False))
+    if not isinstance(allow, bool):  # `eval` is not typed: a YAML `on` or a 2 reaches here
+        problems.append(f"eval.allow_seen_rows={_show(allow)}: needs true or false")
 
     for key in ("data.train_image", "data.eval_image", "data.extra_eval_images"):
         value = _plain(OmegaConf.select(cfg, key))
@@ -534,6 +555,33 @@ def job_dirname(overrides: str, default: str) -> str:
     return f"{overrides.encode()[: MAX_DIRNAME - 11].decode(errors='ignore')}~{digest}"
 
 
+def _strict_bools(node: DictConfig) -> DictConfig:
+    """`node` with every bool-typed field taking true or false only, from YAML and from the
+    command line alike (returned for chaining).
+
+    OmegaConf converts into a bool field whatever reads as one: `model.share_image_prefix=2`, "2",
+    "yes" or "on" composed as true, silently. Its `convert=False` flag on those nodes makes such
+    a value fail when Hydra composes, naming the key, the value and the type (bool) it needs.
+    Which fields: those the schemas' dataclasses type `bool` (OmegaConf makes a BooleanNode of
+    each). A structured field left missing (Config's `model: ModelSchema = MISSING`) is filled
+    with its schema first: a group merged into a missing node gets fresh nodes, without flags.
+    """
+    for key in list(node.keys()):
+        child = node._get_node(key)
+        if isinstance(child, BooleanNode):
+            child._set_flag("convert", False)
+            continue
+        if not isinstance(child, DictConfig):
+            continue
+        schema_type = child._metadata.ref_type
+        if child._is_missing() and dataclasses.is_dataclass(schema_type):
+            node[key] = OmegaConf.structured(schema_type)
+            child = node._get_node(key)
+        if not (child._is_missing() or child._is_none()):
+            _strict_bools(child)
+    return node
+
+
 def register() -> None:
     """Put the schemas in Hydra's ConfigStore and the resolvers in OmegaConf (idempotent)."""
     # `${job_dirname:overrides,default}`: a multirun folder name from the overrides.
@@ -549,17 +597,21 @@ def register() -> None:
     # `${rank_log:}`: the job log's name, run.log on global rank 0, run_rank<k>.log on rank k.
     OmegaConf.register_new_resolver("rank_log", rank_log_name, replace=True)
     cs = ConfigStore.instance()
-    cs.store(name="config_schema", node=Config)
+
+    def store(node: type, name: str, group: str | None = None) -> None:
+        cs.store(group=group, name=name, node=_strict_bools(OmegaConf.structured(node)))
+
+    store(Config, "config_schema")
     # Datasets and metric families: one schema per registered plug-in, made from its class.
     for kind in plugins.GROUPS:
         for name, cls in plugins.registered(kind).items():
-            cs.store(group=kind, name=f"{name}_schema", node=schema(cls))
-    cs.store(group="shift", name="shift_schema", node=ShiftSchema)
-    cs.store(group="model", name="model_schema", node=ModelSchema)
-    cs.store(group="peft", name="peft_schema", node=PeftSchema)
-    cs.store(group="trainer", name="trainer_schema", node=TrainerSchema)
-    cs.store(group="paths", name="paths_schema", node=PathsSchema)
-    cs.store(group="judge", name="judge_schema", node=JudgeSchema)
+            store(schema(cls), f"{name}_schema", kind)
+    store(ShiftSchema, "shift_schema", "shift")
+    store(ModelSchema, "model_schema", "model")
+    store(PeftSchema, "peft_schema", "peft")
+    store(TrainerSchema, "trainer_schema", "trainer")
+    store(PathsSchema, "paths_schema", "paths")
+    store(JudgeSchema, "judge_schema", "judge")
 
 
 register()

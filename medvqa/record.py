@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 from medvqa.atomic import write_file
 from medvqa.hashing import Hasher
@@ -48,9 +48,13 @@ def is_rehearsal(config: Mapping[str, Any] | None) -> bool:
     """Whether a run's resolved config drew its model's weights at random
     (`model.random_weights`): its scores mean nothing, and reports keep it apart."""
     model = (config or {}).get("model")
-    return (
-        isinstance(model, Mapping) and random_weights_kind(model.get("random_weights")) is not None
-    )
+    try:
+        return (
+            isinstance(model, Mapping)
+            and random_weights_kind(model.get("random_weights")) is not None
+        )
+    except ValueError:  # a value the config check refused: the job drew no weights at all
+        return False
 
 
 def _json_number(value: Any) -> Any:
@@ -200,107 +204,3 @@ def read_record(path: Path) -> dict[str, Any]:
             wanted = "a string" if expected is str else "an object"
             raise ValueError(f"{path}: {key!r} is {kind(value)}, expected {wanted}; {fix}")
     return record
-
-
-# What `task=eval` takes from the run whose weights it evaluates: the weights need that model
-# and method (and the method's trained parts depend on whether it was trained with images),
-# the seed decides the splits (another seed would test on training rows), and the trainer's
-# precision decides the numbers (a bf16 model cannot even run without autocast). Dotted keys
-# take one value; the devices and strategy stay this machine's (generation never goes
-# through DeepSpeed).
-ADOPTED = ("model", "peft", "seed", "trainer.precision", "data.train_image")
-# The config groups among them (`choices`: what reports group by).
-ADOPTED_CHOICES = ("model", "peft")
-
-
-def check_trained_weights(
-    run_dir: Path, trained: DictConfig, provenance: Mapping[str, Any] | None = None
-) -> None:
-    """Before any data or model work: the run `eval.from_run` names trained weights, they are
-    all there (weights and manifest), the manifest's method is the run's, and the manifest is
-    the one the run recorded (`provenance["trained"]`: the same training, config fingerprint
-    and step; records from before it was kept are not compared). A method that trains nothing
-    (peft=none) needs none."""
-    from medvqa.models.saving import (  # torch: only here
-        META_FILE,
-        TRAINED_DIR,
-        WEIGHTS_FILE,
-        read_manifest,
-    )
-
-    where = f"eval.from_run={run_dir}"
-    task = OmegaConf.select(trained, "task.name", default=None)
-    if task not in (None, "train_eval"):
-        source = OmegaConf.select(trained, "eval.from_run", default=None)
-        evaluated = f" (this one evaluated eval.from_run={source})" if source else ""
-        raise ValueError(
-            f"{where}: that is a task={task} run; it trained no weights{evaluated}. Give the "
-            "directory of a task=train_eval run."
-        )
-    if not OmegaConf.select(trained, "peft.fit", default=True):
-        return
-    weights, manifest = run_dir / TRAINED_DIR / WEIGHTS_FILE, run_dir / TRAINED_DIR / META_FILE
-    if not weights.is_file() or not manifest.is_file():
-        raise FileNotFoundError(
-            f"{where}: its trained weights are not there ({weights} and {manifest.name}); they "
-            "were moved or deleted. Restore the run's trained/ folder, or train again "
-            "(task=train_eval)."
-        )
-    meta = read_manifest(run_dir / TRAINED_DIR)
-    if meta is None:
-        raise ValueError(f"{where}: {manifest} cannot be read as a manifest; train again")
-    method = OmegaConf.select(trained, "peft.name", default=None)
-    if method is not None and meta.get("method") != method:
-        raise ValueError(
-            f"{where}: {weights} holds {meta.get('method')!r} weights, but the run's method is "
-            f"{method!r}; the folder was overwritten. Train again (task=train_eval)."
-        )
-    recorded = (provenance or {}).get("trained")
-    if isinstance(recorded, dict) and recorded != meta:
-        differ = sorted(k for k in {*recorded, *meta} if recorded.get(k) != meta.get(k))
-        raise ValueError(
-            f"{where}: {manifest} is not the manifest the run recorded (they differ in "
-            f"{differ}: recorded {[recorded.get(k) for k in differ]}, found "
-            f"{[meta.get(k) for k in differ]}); the trained/ folder was replaced by another "
-            "training. Evaluate the run that trained these weights, or train again."
-        )
-
-
-def adopt_run(cfg: DictConfig, choices: Mapping[str, Any]) -> tuple[DictConfig, dict[str, Any]]:
-    """For `eval.from_run`: `cfg` and `choices` with the model, method and seed of that run."""
-    from_run = OmegaConf.select(cfg, "eval.from_run")
-    if not from_run:
-        return cfg, dict(choices)
-    path = Path(from_run) / RESULTS_FILE
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"eval.from_run={from_run}: no {RESULTS_FILE} there; give a run dir"
-        )
-    record = read_record(path)
-    if record["status"] not in ("finished", "incomplete"):
-        raise ValueError(
-            f"eval.from_run={from_run}: the run is {record['status']!r}; only a run that "
-            "finished training has weights to evaluate."
-        )
-    cfg = cfg.copy()
-    if not isinstance(record.get("config"), dict):
-        raise ValueError(
-            f"eval.from_run={from_run}: {path} records no config, so the model and method its "
-            "weights need are unknown; evaluate a run whose record has one."
-        )
-    trained = OmegaConf.create(record["config"])
-    check_trained_weights(Path(from_run), trained, record.get("provenance"))
-    with open_dict(cfg):
-        for key in ADOPTED:
-            value = OmegaConf.select(trained, key, default=None)
-            if value is None:  # a record from before the key was adopted: keep the composed one
-                continue
-            if isinstance(value, DictConfig):  # a group: replaced, not merged
-                schema = OmegaConf.get_type(cfg, key)
-                value = OmegaConf.to_container(value)
-                if schema not in (None, dict):
-                    value = OmegaConf.merge(OmegaConf.structured(schema), value)
-            OmegaConf.update(cfg, key, value, merge=False)
-    log.info("evaluating the weights of %s: %s", from_run, record.get("choices", {}))
-    adopted = {k: v for k, v in record.get("choices", {}).items() if k in ADOPTED_CHOICES}
-    return cfg, {**choices, **adopted}

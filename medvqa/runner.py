@@ -38,7 +38,8 @@ from medvqa.errors import ConfigError
 from medvqa.evaluation.scoring import failed_items
 from medvqa.interrupts import as_interrupted, interrupts_job, where
 from medvqa.provenance import environment
-from medvqa.record import RunRecord, adopt_run
+from medvqa.record import RunRecord
+from medvqa.tasks.from_run import adopt_run, default_choices
 from medvqa.tracking import finish, instantiate_group, log_config, log_status
 from medvqa.training.hardware import configure_cuda_allocator
 from medvqa.training.module import Diverged
@@ -75,7 +76,11 @@ def run(cfg: DictConfig) -> dict[str, float] | None:
         raise
     configure_cuda_allocator(cfg.cuda_allocator)  # before anything allocates on a GPU
     out_dir = Path(hydra_cfg.runtime.output_dir)
-    cfg, choices = adopt_run(cfg, hydra_cfg.runtime.choices)  # task=eval: the run's model
+    if OmegaConf.select(cfg, "eval.from_run"):  # task=eval: the run's model, checked
+        defaults = default_choices(hydra_cfg.job.config_name)
+        cfg, choices = adopt_run(cfg, hydra_cfg.runtime.choices, hydra_cfg.overrides.task, defaults)
+    else:
+        choices = dict(hydra_cfg.runtime.choices)
     record = RunRecord(out_dir, cfg, choices=choices)
     # Filled by the task as it loads data, model and metrics; written with every status.
     record.provenance = environment()

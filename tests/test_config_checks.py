@@ -19,7 +19,7 @@ import pytest
 from hydra.utils import instantiate
 
 from medvqa import plugins
-from medvqa.config import ConfigError, check_config
+from medvqa.config import Config, ConfigError, check_config
 from medvqa.data import records as R
 from tests.conftest import CONF, DISTRIBUTED_ENV, ROOT, SMALL_MODEL, compose
 from tests.native import fixture_writer
@@ -103,6 +103,14 @@ def test_an_eval_task_is_checked_without_its_run() -> None:
         ["trainer.limit_val_batches=0.0"],
         ["trainer.val_check_interval=00:01:00:00"],
         ["evaluation.bootstrap.samples=0"],
+        ["cuda_allocator=null"],
+        ["cuda_allocator='expandable_segments:True,max_split_size_mb:128'"],
+        ["cuda_allocator='backend:cudaMallocAsync'"],
+        ["cuda_allocator='roundup_power2_divisions:[256:1,512:2,>:8]'"],
+        ["cuda_allocator='garbage_collection_threshold:0.6,pinned_num_register_threads:8'"],
+        ["model.random_weights=true"],
+        ["model.random_weights=shrunk"],
+        ["model.compile_layers=false", "model.merge_adapters=true"],
     ],
 )
 def test_valid_values_pass(overrides: list[str]) -> None:
@@ -145,6 +153,13 @@ def test_valid_values_pass(overrides: list[str]) -> None:
         ("judge.concurrency=0", "judge.concurrency"),
         ("judge.retries=-1", "judge.retries"),
         ("seed=-1", "seed"),
+        ("cuda_allocator=garbage_value", "cuda_allocator"),
+        ("cuda_allocator=expandable_segments:true", "cuda_allocator"),
+        ("cuda_allocator=max_split_size_mb:8", "cuda_allocator"),
+        ("cuda_allocator=pinned_num_register_threads:3", "cuda_allocator"),
+        # words-or-booleans (`Any` fields) take a real bool: 1 is not true, nor 0 false
+        ("model.compile_layers=1", "model.compile_layers"),
+        ("model.merge_adapters=0", "model.merge_adapters"),
     ],
 )
 def test_a_bad_value_names_its_key_and_value(override: str, key: str) -> None:
@@ -335,3 +350,107 @@ def test_the_plan_options_are_checked(override: str, message: str) -> None:
 
 def test_good_plan_options_pass() -> None:
     check_config(compose(["task=plan", "+task.gpu_gib=141", "+task.text_tokens=64"], COMPOSE_CACHE))
+
+
+# -- issue #44: values refused at the first CUDA allocation, by the record writer, or read as ----
+# -- booleans that are not -------------------------------------------------------------------
+
+
+def test_a_cuda_allocator_pytorch_would_refuse_fails_at_once_with_the_fix() -> None:
+    """`cuda_allocator=garbage_value` was applied (and recorded) as it was; PyTorch refused it
+    only at the first CUDA allocation, after the data and the model had loaded."""
+    message = _error(["cuda_allocator=garbage_value"])
+    assert "cuda_allocator=garbage_value: 'garbage_value'" in message
+    assert "expandable_segments" in message and "max_split_size_mb" in message  # the options
+    assert "cuda_allocator=expandable_segments:True" in message and "null" in message  # fixes
+    message = _error(["cuda_allocator='expandable_segments:True,max_split_size_mb:8'"])
+    assert "max_split_size_mb:8: max_split_size_mb takes a whole number of MB >= 20" in message
+
+
+@pytest.mark.parametrize("value", ["huge", "1"])
+def test_a_random_weights_value_is_checked_before_any_work(value: str) -> None:
+    """`model.random_weights=huge` was refused only by the record writer, so a sweep's job with
+    it left no record; `medvqa.models.spec.random_weights_kind` is the one reading of it."""
+    message = _error([f"model.random_weights={value}"])
+    assert "model.random_weights=" in message and value in message
+    assert "shrunk" in message and "false" in message  # the valid values
+
+
+def test_a_refused_sweep_job_with_bad_random_weights_is_recorded_failed(tmp_path: Path) -> None:
+    """The runner's refusal record (a sweep job) is written for a value the record writer itself
+    cannot read as a rehearsal or not; in process, as runner.run calls it."""
+    from types import SimpleNamespace
+
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    from medvqa.runner import _record_refusal
+
+    cfg = compose(["model.random_weights=huge", "logger=csv"], tmp_path / "cache")
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = str(tmp_path / "job")
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    with pytest.raises(ConfigError) as err:
+        check_config(cfg)
+    hydra_cfg = SimpleNamespace(runtime=SimpleNamespace(choices={"model": "tiny"}))
+    _record_refusal(cfg, tmp_path / "job", hydra_cfg, err.value)
+    record = json.loads((tmp_path / "job" / "results.json").read_text())
+    assert record["status"] == "failed" and record["rehearsal"] is False
+    assert "model.random_weights='huge'" in record["error"]
+
+
+def _bool_keys(cls: type, prefix: str = "") -> list[str]:
+    """The config keys the schema dataclass `cls` (and those it nests) types `bool`."""
+    import dataclasses
+    import typing
+
+    keys = []
+    for name, hint in typing.get_type_hints(cls).items():
+        if name.startswith("_") or name not in {f.name for f in dataclasses.fields(cls)}:
+            continue
+        if hint is bool or hint == bool | None:
+            keys.append(f"{prefix}{name}")
+        elif dataclasses.is_dataclass(hint):
+            keys += _bool_keys(hint, f"{prefix}{name}.")
+    return keys
+
+
+BOOL_KEYS = _bool_keys(Config)
+
+
+def test_the_bool_keys_are_found_in_every_schema() -> None:
+    for key in ("force", "allow_toy_model", "model.share_image_prefix", "peft.fit"):
+        assert key in BOOL_KEYS
+    assert "trainer.enable_checkpointing" in BOOL_KEYS and "trainer.benchmark" in BOOL_KEYS
+
+
+@pytest.mark.parametrize("key", BOOL_KEYS)
+def test_a_bool_key_takes_true_or_false_only(key: str) -> None:
+    """`model.share_image_prefix=2` composed as true: OmegaConf reads 2, "2", "yes" or "on" into
+    a bool field. Each key the schemas type bool now refuses anything but true/false, naming
+    the key, the value and the type it needs."""
+    from hydra.errors import ConfigCompositionException
+
+    compose([f"{key}=false"], COMPOSE_CACHE)
+    for value in ("2", "yes"):
+        with pytest.raises(ConfigCompositionException) as err:
+            compose([f"{key}={value}"], COMPOSE_CACHE)
+        shown = f"{err.value}\n{err.value.__cause__}"
+        assert f"{key}={value}" in shown and "bool" in shown.split("type hint")[1], shown
+
+
+def test_a_bool_key_written_as_a_number_in_a_yaml_file_fails_to_compose(tmp_path: Path) -> None:
+    from hydra.errors import ConfigCompositionException
+
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "numbers.yaml").write_text(
+        "# @package _global_\nmodel:\n  share_image_prefix: 2\n"
+    )
+    (tmp_path / "experiment" / "words.yaml").write_text(
+        "# @package _global_\ntrainer:\n  enable_checkpointing: 'on'\n"
+    )
+    for name, key in (("numbers", "model.share_image_prefix"), ("words", "trainer.enable_")):
+        with pytest.raises(ConfigCompositionException, match=rf"(?s)type hint 'bool'.*{key}"):
+            compose([f"hydra.searchpath=[file://{tmp_path}]", f"+experiment={name}"])

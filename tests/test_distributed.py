@@ -177,6 +177,20 @@ def test_task_eval_reproduces_a_finished_run(
     assert pd.read_json(run / "predictions.jsonl", lines=True)["prediction"].tolist() == (
         pd.read_json(again / "predictions.jsonl", lines=True)["prediction"].tolist()
     )
+    assert after["provenance"]["from_run"]["splits"] == "the run's"
+    # Another shift's OoD test holds rows these weights trained on (merged from train): refused
+    # before the model loads, naming the count and the override; evaluated only when asked.
+    unlimited = [f"data.limit.{s}=null" for s in ("train", "test_iid", "test_ood")]
+    other = [*SMOKE, "task=eval", f"eval.from_run={run}", "shift=body_part", *unlimited]
+    proc = run_main(other, tmp_path / "leak", cache_dir)
+    assert proc.returncode == 1 and "generate" not in proc.stderr, proc.stderr[-3000:]
+    assert "shift=body_part" in proc.stderr and "rows trained on" in proc.stderr
+    proc = run_main([*other, "eval.allow_seen_rows=true"], tmp_path / "allowed", cache_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    allowed = read_record(tmp_path / "allowed" / "results.json")
+    assert allowed["config"]["eval"]["allow_seen_rows"] is True
+    seen = allowed["provenance"]["from_run"]["seen"]["test_ood"]
+    assert seen["rows"] > 0 and "shift=body_part" in allowed["config"]["eval"]["split_overrides"]
     # The record keeps the manifest of the weights it trained: what task=eval checks them by.
     manifest = before["provenance"]["trained"]
     assert manifest["method"] == "ia3"

@@ -38,6 +38,7 @@ LAYERS: dict[str, int] = {
     "planning": 5,
     "config": 6,  # the schemas of every group, the checks at start
     "record": 6,
+    "targets": 6,  # which `_target_`s a record may name
     "provenance": 6,
     "tracking": 6,
     "runner": 7,

@@ -217,9 +217,7 @@ def test_finished_job_is_skipped_and_checkpoint_resumes(
     record = json.loads((tmp_path / "results.json").read_text())
     trained = json.loads((tmp_path / "trained" / "trainable.json").read_text())
     # the Lightning checkpoint holds only the trained tensors, not the frozen base
-    ckpt = torch.load(
-        tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False
-    )
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert len(ckpt["state_dict"]) == trained["n_tensors"]
 
     again = run_main(args, tmp_path, cache_dir)

@@ -1043,3 +1043,54 @@ def test_a_report_killed_midway_leaves_the_earlier_one_whole(
     assert "Full Finetune" in (out / "tables.md").read_text()
     assert (out / "wandb" / "run.log").read_text() == "an upload"
     assert all(p.is_file() and out in p.parents for p in second.files.values())
+
+
+# -- rehearsals (random weights: model.random_weights) in a report ----------------------------
+
+
+def _random_weights(path: Path, value: Any) -> Path:
+    """The record at `path`, its run's `model.random_weights` set to `value` (True: a
+    rehearsal, as medvqa.record.is_rehearsal reads it)."""
+    record = json.loads(path.read_text())
+    record["config"]["model"]["random_weights"] = value
+    path.write_text(json.dumps(record))
+    return path
+
+
+def test_a_real_runs_label_never_names_the_rehearsal_left_out(tmp_path: Path) -> None:
+    """A real run and a rehearsal of the same method and seed differ in `model.random_weights`
+    only: they were told apart as variants, and the real run's row, alone in the tables once
+    the rehearsal is left out, read "LoRA [model.random_weights=False]"."""
+    rng = np.random.default_rng(0)
+    runs = tmp_path / "runs"
+    real = _random_weights(write_record(runs / "real", seed=1, metrics=headline(rng)), False)
+    _random_weights(write_record(runs / "mock", seed=1, metrics=headline(rng)), True)
+    report = build_report(collect([runs]), tmp_path / "out")
+    assert "1 rehearsal run(s)" in report.rehearsal
+    assert set(report.long["method"]) == {"LoRA"}
+    assert "random_weights" not in (tmp_path / "out" / "tables.md").read_text()
+    alone = build_report(collect([real.parent]), tmp_path / "alone")
+    pd.testing.assert_frame_equal(report.long, alone.long)
+
+
+def test_the_tables_of_a_report_of_rehearsals_only_say_so(tmp_path: Path) -> None:
+    """tables.md / tables.tex (and each table's own files) are what gets copied into a paper:
+    built from rehearsals only, they carry the note that their scores mean nothing, as
+    report.html and a rehearsal's summary.md do."""
+    from medvqa.record import REHEARSAL_NOTE
+
+    rng = np.random.default_rng(1)
+    for peft in ("lora", "ia3"):
+        _random_weights(write_record(tmp_path / "runs", peft, metrics=headline(rng)), "shrunk")
+    out = tmp_path / "out"
+    build_report(collect([tmp_path / "runs"]), out)
+    markdown = (out / "tables.md").read_text()
+    assert markdown.count(REHEARSAL_NOTE) == 1  # one table (one shift), one note
+    latex = (out / "tables.tex").read_text()
+    assert r"\caption{REHEARSAL: random weights (model.random\_weights)" in latex
+    assert REHEARSAL_NOTE in (out / "tables" / "synthetic_modality.md").read_text()
+    # a real run's report says nothing of the kind
+    write_record(tmp_path / "real", metrics=headline(rng))
+    build_report(collect([tmp_path / "real"]), tmp_path / "real_out")
+    assert "REHEARSAL" not in (tmp_path / "real_out" / "tables.md").read_text()
+    assert "REHEARSAL" not in (tmp_path / "real_out" / "tables.tex").read_text()

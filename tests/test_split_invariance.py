@@ -17,7 +17,7 @@ TOLERANCE = 1e-4  # relative difference of each trained tensor
 
 
 def _trained(path: Path) -> tuple[dict[str, torch.Tensor], int]:
-    saved = torch.load(path)
+    saved = torch.load(path, weights_only=True)
     return saved["tensors"], saved["global_step"]
 
 

@@ -88,17 +88,27 @@ def test_a_sweep_job_the_config_check_refuses_is_recorded_failed(
     tmp_path: Path, cache_dir: Path
 ) -> None:
     """Refused before any work, as a single run is, but with a `failed` record naming the
-    problem: a report over the sweep and a relaunch see the job (the sweep still exits 1)."""
-    args = ["-m", "task=splits", "logger=csv", "data.batch_size=0,4", f"hydra.sweep.dir={tmp_path}"]
+    problem: a report over the sweep and a relaunch see the job (the sweep still exits 1). A
+    `model.random_weights` the record writer cannot read is refused and recorded too."""
+    args = [
+        "-m",
+        "task=splits",
+        "logger=csv",
+        "data.batch_size=0,4",
+        "model.random_weights=false,huge",
+        f"hydra.sweep.dir={tmp_path}",
+    ]
     proc = run_main(args, tmp_path / "unused", cache_dir)
     assert proc.returncode == 1, proc.stderr[-2000:]
     records = {
-        r["config"]["data"]["batch_size"]: r
+        (r["config"]["data"]["batch_size"], r["config"]["model"]["random_weights"]): r
         for r in map(json.loads, map(Path.read_text, tmp_path.rglob("results.json")))
     }
-    assert records[4]["status"] == "finished"
-    assert records[0]["status"] == "failed"
-    assert "data.batch_size=0: needs a whole number >= 1" in records[0]["error"]
+    assert set(records) == {(0, False), (4, False), (0, "huge"), (4, "huge")}
+    assert records[4, False]["status"] == "finished"
+    assert {r["status"] for k, r in records.items() if k != (4, False)} == {"failed"}
+    assert "data.batch_size=0: needs a whole number >= 1" in records[0, False]["error"]
+    assert "model.random_weights='huge'" in records[4, "huge"]["error"]
 
 
 def test_long_override_lists_get_a_short_hashed_folder_name() -> None:

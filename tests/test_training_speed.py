@@ -297,6 +297,31 @@ def test_the_gpu_benchmark_runs_on_a_shrunk_shape(tmp_path: Path) -> None:
     assert len(out.read_text().splitlines()) == 6
 
 
+@pytest.mark.parametrize(
+    ("models", "why"),
+    [
+        (["tiny"], "'tiny' names no checkpoint architecture"),  # a builder preset
+        (["llava_med", "smollm2_llava"], "'smollm2_llava' names no checkpoint architecture"),
+        (["no_such_preset"], "is not in conf/model/"),
+        (["llava_med@nobody/unshipped-7b"], "neither a local checkpoint nor a shipped"),
+    ],
+)
+def test_the_gpu_benchmark_refuses_a_model_it_cannot_build_before_any_work(
+    models: list[str], why: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--models tiny` (no checkpoint) ended in load_architecture(None)'s TypeError, after any
+    models listed before it had run; argument parsing refuses it, naming the presets it can build
+    (those of conf/model/ with a checkpoint architecture)."""
+    bench = _bench()
+    with pytest.raises(SystemExit) as done:
+        bench.main(["--cpu", "--models", *models])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert why in err, err
+    presets = err.split("The presets it builds: ")[1]
+    assert "llava_med" in presets and "qwen2_5_vl" in presets and "tiny" not in presets
+
+
 def test_loader_workers_change_neither_the_trained_weights_nor_the_answers(
     tiny_model_dir: Path, cache_dir: Path, tmp_path: Path
 ) -> None:

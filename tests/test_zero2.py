@@ -16,8 +16,10 @@ from omegaconf import DictConfig, OmegaConf
 from medvqa.models.adapters import apply_method
 from medvqa.models.loading import load_vlm, roles
 from medvqa.models.saving import WEIGHTS_FILE, load_trainable, save_trainable
+from medvqa.training.checkpoints import load_weights_only
 from medvqa.training.datamodule import VQADataset, make_loader
 from medvqa.training.module import VQAModule
+from medvqa.training.strategies import deepspeed_safe_globals
 from tests.conftest import SMALL, compose
 
 deepspeed = pytest.importorskip("deepspeed", reason="deepspeed is in the dev extra")
@@ -142,7 +144,7 @@ def test_zero2_checkpoint_holds_only_trained_tensors_and_resumes(
 
     # The model-states file: the module's state_dict, DeepSpeed's bookkeeping, Lightning's
     # client state (loops, callbacks, schedulers). Its tensors are exactly the trained ones.
-    states = torch.load(last / "checkpoint" / MODEL_STATES, map_location="cpu", weights_only=False)
+    states = torch.load(last / "checkpoint" / MODEL_STATES, map_location="cpu", weights_only=True)
     module = states["module"]
     assert set(module) == set(trainable)
     assert {n: t.numel() for n, t in module.items()} == trainable
@@ -152,7 +154,7 @@ def test_zero2_checkpoint_holds_only_trained_tensors_and_resumes(
     assert multi_element == sum(trainable.values()), "no frozen tensor hides elsewhere in the file"
     # The optimizer file: ZeRO's fp32 master copy and Adam moments, of the trained tensors only.
     (optim_file,) = (last / "checkpoint").glob(OPTIM_STATES)
-    optim = torch.load(optim_file, map_location="cpu", weights_only=False)["optimizer_state_dict"]
+    optim = load_weights_only(optim_file, "cpu", deepspeed_safe_globals())["optimizer_state_dict"]
     master = optim["single_partition_of_fp32_groups"]
     assert sum(t.numel() for t in master) == sum(trainable.values())
 
@@ -161,7 +163,7 @@ def test_zero2_checkpoint_holds_only_trained_tensors_and_resumes(
     first.strategy.exclude_frozen_parameters = False
     first.save_checkpoint(tmp_path / "full.ckpt")
     full = torch.load(
-        tmp_path / "full.ckpt" / "checkpoint" / MODEL_STATES, map_location="cpu", weights_only=False
+        tmp_path / "full.ckpt" / "checkpoint" / MODEL_STATES, map_location="cpu", weights_only=True
     )
     assert set(frozen) <= set(full["module"]) and full["frozen_param_fragments"]
 

@@ -39,6 +39,7 @@ from medvqa.record import (
     is_rehearsal,
     read_record,
 )
+from medvqa.targets import refusal
 
 log = logging.getLogger(__name__)
 
@@ -193,6 +194,8 @@ def _option_default(target: str, option: str) -> Any:
     """`option`'s default in the signature of the dataset class `target` (defaults are
     written once, there); a sentinel matching no value when the class cannot be imported (a
     record from other code), so every value then names a condition."""
+    if refusal(target) is not None:  # a record's target is never imported unchecked
+        return object()
     try:
         default = inspect.signature(get_class(target)).parameters[option].default
     except Exception:  # an unknown class or option: no default to leave unnamed
@@ -662,17 +665,25 @@ def _variant_labels(
     return [[f"{k}={w.get(k, ABSENT)}" for k in ordered] for w in whats]
 
 
+def rehearsals(frame: pd.DataFrame) -> pd.Series:
+    """Which rows are of rehearsal runs (random weights: `medvqa.record.is_rehearsal`)."""
+    if "rehearsal" not in frame:
+        return pd.Series(False, index=frame.index)
+    return frame["rehearsal"].fillna(False).astype(bool)
+
+
 def _mark_variants(frame: pd.DataFrame) -> pd.DataFrame:
     """Runs of one method that differ in config (e.g. a learning-rate sweep) are not seeds of
     one cell: the keys whose values differ between runs of the *same seed* are appended to the
     method id (all of them) and name (the first `SHOWN_SETTINGS`), named as a user sets them,
     e.g. "LoRA [peft.lr=0.0001]" or "LoRA [data.limit.train=32, metric=[traditional,judge]]"
     (`_variant_labels`). Keys that vary only with the seed (a seed-derived value) are not
-    variants."""
+    variants. Rehearsals (random weights) are no variants of real runs: they never share a
+    table (`medvqa.analysis.report.keep_apart`), so a real run's label never says
+    `model.random_weights=False`."""
     frame = frame.copy()
-    for _, group in frame[frame["kind"] != "reference"].groupby(
-        ["setting", "model", "method_id"], sort=False
-    ):
+    runs = frame[frame["kind"] != "reference"]
+    for _, group in runs.groupby(["setting", "model", "method_id", rehearsals(runs)], sort=False):
         keys: set[str] = set()
         for _, same_seed in group.groupby("seed", dropna=False):
             whats = [w if isinstance(w, dict) else {} for w in same_seed["_what"]]

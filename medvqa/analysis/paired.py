@@ -44,6 +44,7 @@ from medvqa.data import records as R
 from medvqa.evaluation.scoring import SCORES_FILE, RecordedMeans, build_families, paired_delta
 from medvqa.evaluation.statistics import Bootstrap
 from medvqa.record import RESULTS_FILE, read_record
+from medvqa.targets import check_targets
 
 log = logging.getLogger(__name__)
 
@@ -105,12 +106,15 @@ class _Run:
         recorded = (record.get("provenance") or {}).get("metrics") or {}
         evaluation = (record.get("config") or {}).get("evaluation") or {}
         nodes = {
-            name: _with_bootstrap(node, evaluation.get("bootstrap") or {})
+            name: node
             for name, node in ((record.get("config") or {}).get("metric") or {}).items()
             if isinstance(node, Mapping) and "ci_columns" not in (recorded.get(name) or {})
         }
         if nodes:
-            try:
+            try:  # a record is data: its targets are checked before anything is imported
+                check_targets(nodes, str(self.row["source"]), "metric")
+                bootstrap = evaluation.get("bootstrap") or {}
+                nodes = {name: _with_bootstrap(node, bootstrap) for name, node in nodes.items()}
                 self._families += build_families(nodes)
             except ValueError as err:
                 log.warning(

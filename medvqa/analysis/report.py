@@ -29,7 +29,7 @@ from typing import Any
 import pandas as pd
 
 from medvqa.analysis import figures as figs
-from medvqa.analysis.aggregate import SKIPPED
+from medvqa.analysis.aggregate import SKIPPED, rehearsals
 from medvqa.analysis.paired import paired_differences
 from medvqa.analysis.tables import (
     FOOTNOTE,
@@ -107,9 +107,11 @@ def build(runs: pd.DataFrame, out_dir: Path | str) -> Report:
     out_dir.mkdir(parents=True, exist_ok=True)
     usable = runs[runs["status"] != SKIPPED] if not runs.empty else runs
     placed, rehearsal = keep_apart(usable)
+    # Tables of rehearsals only say so themselves, wherever they are copied to.
+    note = REHEARSAL_NOTE if all_rehearsals(placed) else None
     long = long_table(placed)
     issues = issues_table(runs)
-    files = write_tables(long, issues, out_dir)
+    files = write_tables(long, issues, out_dir, note)
     runs.to_csv(out_dir / "runs.csv", index=False)
     files["runs_csv"] = out_dir / "runs.csv"
     provenance = provenance_table(placed)
@@ -140,7 +142,8 @@ def build(runs: pd.DataFrame, out_dir: Path | str) -> Report:
         for name, table in tables.items():
             stem = out_dir / "tables" / f"{slug(view)}_{slug(name)}"
             table.to_csv(stem.with_suffix(".csv"), index=False)
-            stem.with_suffix(".tex").write_text(to_latex(table, f"{name}. {VIEWS[view].note}"))
+            caption = f"{note + '. ' if note else ''}{name}. {VIEWS[view].note}"
+            stem.with_suffix(".tex").write_text(to_latex(table, caption))
             files[stem.name] = stem.with_suffix(".csv")
     report.ranks.to_csv(out_dir / "ranks.csv", index=False)
     report.variance.to_csv(out_dir / "std_shifts_vs_methods.csv", index=False)
@@ -168,13 +171,18 @@ def build(runs: pd.DataFrame, out_dir: Path | str) -> Report:
     return report
 
 
+def all_rehearsals(placed: pd.DataFrame) -> bool:
+    """Whether every row is a rehearsal's (an empty table is no rehearsal)."""
+    return not placed.empty and bool(rehearsals(placed).all())
+
+
 def keep_apart(placed: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     """(the rows the tables are made of, a note on rehearsals): rehearsal runs (random
     weights) never share a table with real runs; where both were given, the rehearsals are
     left out (listed in the speed table only), and a report of rehearsals only says so."""
-    if placed.empty or "rehearsal" not in placed:
+    if placed.empty:
         return placed, ""
-    mock = placed["rehearsal"].fillna(False).astype(bool)
+    mock = rehearsals(placed)
     if not mock.any():
         return placed, ""
     if mock.all():

@@ -440,9 +440,13 @@ def slug(name: str) -> str:
     return keep.strip("_") or "table"
 
 
-def write_tables(long: pd.DataFrame, issues: pd.DataFrame, out_dir: Path) -> dict[str, Path]:
+def write_tables(
+    long: pd.DataFrame, issues: pd.DataFrame, out_dir: Path, note: str | None = None
+) -> dict[str, Path]:
     """tables_long.csv (numbers), tables_wide.csv and tables.md / tables.tex (all shifts), plus
-    one .md/.tex per shift under tables/, and issues.csv (failed/diverged runs)."""
+    one .md/.tex per shift under tables/, and issues.csv (failed/diverged runs). `note` (a
+    report of rehearsals only: REHEARSAL_NOTE) heads every table and caption: a table copied
+    into a paper takes it along."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "tables").mkdir(exist_ok=True)
     paths = {
@@ -465,9 +469,10 @@ def write_tables(long: pd.DataFrame, issues: pd.DataFrame, out_dir: Path) -> dic
     wide_all.to_csv(paths["wide_csv"], index=False)
     md = ["# Results per shift", ""]
     tex = [r"% needs \usepackage{booktabs}", ""]
+    lead = f"**{markdown_text(note)}**\n\n" if note else ""
     for name, table in tables.items():
-        part_md = f"## {markdown_text(name)}\n\n{markdown_table(table)}\n\n{FOOTNOTE}\n"
-        part_tex = to_latex(table, f"{name}. {FOOTNOTE}")
+        part_md = f"## {markdown_text(name)}\n\n{lead}{markdown_table(table)}\n\n{FOOTNOTE}\n"
+        part_tex = to_latex(table, f"{note + '. ' if note else ''}{name}. {FOOTNOTE}")
         (out_dir / "tables" / f"{slug(name)}.md").write_text(part_md)
         (out_dir / "tables" / f"{slug(name)}.tex").write_text(part_tex)
         md.append(part_md)

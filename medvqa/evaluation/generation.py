@@ -49,7 +49,7 @@ from medvqa.evaluation.prefix import (
     sharing_refusal,
     sliding_window,
 )
-from medvqa.hashing import Hasher
+from medvqa.hashing import Hasher, file_hash
 from medvqa.interrupts import stage
 from medvqa.measure import measured
 from medvqa.models.adapters import mergeable_layers, merged_adapters
@@ -560,7 +560,7 @@ def generate_splits(
         key = prediction_key(model_id, model, processor, frames, settings)
         shared = Path(shared_dir) / f"{key}.jsonl"
         empty = not out_path.is_file() or out_path.stat().st_size == 0
-        if shared.is_file() and empty and is_global_zero():
+        if empty and is_global_zero() and intact_shared(shared):
             out_path.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(shared, out_path)
             log.info("reusing the answers of the same weights and prompts from %s", shared)
@@ -584,9 +584,42 @@ def generate_splits(
     }
     if any(v is None for v in out.values()):
         return None
-    if shared is not None and not shared.is_file():
+    if shared is not None and not intact_shared(shared, quiet=True):
         write_file(shared, lambda tmp: shutil.copyfile(out_path, tmp))
+        write_file(checksum_path(shared), lambda tmp: tmp.write_text(file_hash(shared) + "\n"))
     return out  # type: ignore[return-value]
+
+
+def checksum_path(shared: Path) -> Path:
+    """Beside a shared answers file: its SHA-256, written after it is published."""
+    return shared.with_name(f"{shared.name}.sha256")
+
+
+def intact_shared(shared: Path, quiet: bool = False) -> bool:
+    """Whether a shared answers file is there and is what was published (its SHA-256): a
+    damaged or edited one is generated again (and replaced), with a warning naming the file,
+    expected and found, unless `quiet`. One published before checksums is used, with a
+    warning."""
+    if not shared.is_file():
+        return False
+    sidecar = checksum_path(shared)
+    if not sidecar.is_file():
+        if not quiet:
+            log.warning(
+                "%s has no checksum (published before they were kept); used unchecked", shared
+            )
+        return True
+    expected, found = sidecar.read_text().strip(), file_hash(shared)
+    if found != expected and not quiet:
+        log.warning(
+            "%s has SHA-256 %s, %s records %s: damaged or edited; its answers are generated "
+            "again and the file replaced",
+            shared,
+            found,
+            sidecar.name,
+            expected,
+        )
+    return found == expected
 
 
 def prediction_key(

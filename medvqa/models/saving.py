@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from medvqa.atomic import write_file
-from medvqa.hashing import Hasher
+from medvqa.hashing import Hasher, content_hash, file_hash
 
 log = logging.getLogger(__name__)
 
@@ -32,13 +32,17 @@ def save_trainable(
     method: str,
     trained_for: str | None = None,
     global_step: int | None = None,
+    trained_rows: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write the trainable parameters (contiguous CPU copies) and a small manifest; return the
     manifest (the run records it: `provenance.add_trained`).
 
     Both files are written under a temporary name and renamed, the manifest last: a manifest
     means complete weights. `trained_for` (the run config's fingerprint) and `global_step` let
-    a re-run of the same job reuse them (`trained_before`) instead of training again.
+    a re-run of the same job reuse them (`trained_before`) instead of training again. The
+    weights file's size and SHA-256 let whoever loads them later (task=eval, a resumed run)
+    check them before any other work (`verify_weights`); `trained_rows` (`rows_digest` of the
+    training split) ties the run's splits.json to these weights.
     """
     state = {
         name: param.detach().to("cpu").contiguous()
@@ -56,6 +60,9 @@ def save_trainable(
         "n_params": sum(t.numel() for t in state.values()),
         "trained_for": trained_for,
         "global_step": global_step,
+        "bytes": path.stat().st_size,
+        "sha256": file_hash(path),  # a 7B model's LoRA: about a second
+        **({"trained_rows": trained_rows} if trained_rows is not None else {}),
     }
     write_file(out_dir / META_FILE, lambda tmp: tmp.write_text(json.dumps(meta, indent=2)))
     log.info("saved %d trained tensors (%d parameters) to %s", len(state), meta["n_params"], path)
@@ -72,6 +79,47 @@ def read_manifest(weights_dir: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return meta if isinstance(meta, dict) else None
+
+
+class WeightsMismatch(ValueError):
+    """A weights file is not the one its manifest describes (damaged, truncated, replaced)."""
+
+
+def verify_weights(weights_dir: Path, meta: dict[str, Any], where: str, fix: str) -> bool:
+    """Check the weights file against the size and SHA-256 its manifest records, before any
+    data or model work; False (and a warning) for a manifest from before they were recorded.
+    A mismatch raises `WeightsMismatch` naming the file, what was expected and what was found."""
+    path = Path(weights_dir) / WEIGHTS_FILE
+    expected_size, expected_sha = meta.get("bytes"), meta.get("sha256")
+    if not isinstance(expected_sha, str) or not isinstance(expected_size, int):
+        log.warning(
+            "%s: %s records no checksum (written before medvqa recorded them): %s is used "
+            "unchecked",
+            where,
+            META_FILE,
+            path,
+        )
+        return False
+    size = path.stat().st_size
+    if size != expected_size:
+        raise WeightsMismatch(
+            f"{where}: {path} has {size} bytes, its manifest {META_FILE} records "
+            f"{expected_size}: the file is truncated or was replaced. {fix}"
+        )
+    found = file_hash(path)
+    if found != expected_sha:
+        raise WeightsMismatch(
+            f"{where}: {path} has SHA-256 {found}, its manifest {META_FILE} records "
+            f"{expected_sha}: the file is damaged or holds other weights. {fix}"
+        )
+    return True
+
+
+def rows_digest(ids: Any) -> dict[str, Any]:
+    """How many rows and a digest of their ids (order-free): what a manifest keeps of the rows
+    its weights trained on, to tell that a splits.json is theirs."""
+    keys = sorted({str(i) for i in ids})
+    return {"n": len(keys), "sha256": content_hash(keys, length=None)}
 
 
 def trained_before(weights_dir: Path, trained_for: str) -> dict[str, Any] | None:

@@ -14,10 +14,11 @@ from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
 from medvqa.analysis.summary import print_summary, summary_table, write_summary
+from medvqa.data import records as R
 from medvqa.data.annotated import DEFAULT_ON_BAD_ROW, check_images
 from medvqa.data.audit import audit_leakage, leakage_warnings
 from medvqa.data.base import VQASource
-from medvqa.data.shifts import Shift, Splits, limit_splits, make_splits
+from medvqa.data.shifts import SPLITS, Shift, Splits, limit_splits, make_splits
 from medvqa.distributed import is_global_zero
 from medvqa.errors import DataError
 from medvqa.evaluation.scoring import finite
@@ -27,6 +28,11 @@ from medvqa.tracking import log_metrics, log_table
 
 log = logging.getLogger(__name__)
 SPLITS_FILE = "splits.json"
+# splits.json: each split's row ids as used (after data.limit and the image check), and the
+# case keys of the training rows: what `task=eval` checks an evaluation's rows against
+# (medvqa.tasks.from_run.check_unseen).
+ROWS, TRAIN_CASES = "rows", "train_cases"
+TRAIN = SPLITS[0]
 
 
 def report_run(
@@ -50,6 +56,16 @@ def report_run(
     log_table(loggers, "summary", table)
     if predictions is not None:
         log_table(loggers, "predictions", predictions)
+
+
+def split_rows(frames: Mapping[str, pd.DataFrame]) -> dict[str, Any]:
+    """What splits.json keeps of the rows: each split's ids, and the training rows' cases."""
+    train = frames.get(TRAIN)
+    cases = [] if train is None else sorted({str(c) for c in train[R.CASE_ID].dropna()})
+    return {
+        ROWS: {name: [str(i) for i in frame[R.ID]] for name, frame in frames.items()},
+        TRAIN_CASES: cases,
+    }
 
 
 def prepare_splits(
@@ -102,7 +118,7 @@ def prepare_splits(
                     f"{source.name}: split {name!r} has no rows left after skipping bad images "
                     f"({report['image_check']['counts']}); fix the image files."
                 )
-    write_report(json.dumps(report, indent=2, default=str))
+    write_report(json.dumps(report | split_rows(splits.frames), indent=2, default=str))
     sizes = ", ".join(f"{k} {v['n']}" for k, v in report["splits"].items())
     log.info("%s / shift %s: %s", source.name, shift.name, sizes)
     return source, splits

@@ -19,6 +19,7 @@ from medvqa import measure
 from medvqa.analysis.aggregate import REFERENCES as AGGREGATED_REFERENCES
 from medvqa.analysis.aggregate import method_name
 from medvqa.cluster import GPU_ACCELERATORS
+from medvqa.data import records as R
 from medvqa.distributed import is_global_zero
 from medvqa.evaluation.baselines import chance_scores
 from medvqa.evaluation.consistency import check_reorderable, reordered
@@ -44,12 +45,20 @@ from medvqa.models.adapters import (
 )
 from medvqa.models.flops import fit_rates
 from medvqa.models.loading import load_vlm, roles
-from medvqa.models.saving import TRAINED_DIR, load_trainable, save_trainable, trained_before
+from medvqa.models.saving import (
+    TRAINED_DIR,
+    load_trainable,
+    rows_digest,
+    save_trainable,
+    trained_before,
+    verify_weights,
+)
 from medvqa.planning.memory import Setup, checkpointing_label
 from medvqa.planning.setup import merges_adapters
 from medvqa.provenance import add_metrics, add_model, add_trained
 from medvqa.record import config_fingerprint
-from medvqa.tasks.common import prepare_splits, report_run
+from medvqa.tasks.common import TRAIN, prepare_splits, report_run
+from medvqa.tasks.from_run import check_unseen
 from medvqa.tasks.plan import check_fits
 from medvqa.tracking import instantiate_group
 from medvqa.training.checkpoints import AtomicCheckpointIO, set_aside_stale
@@ -101,19 +110,23 @@ def train_eval(
     references: Sequence[str],
     check_memory: bool,
     from_run: str | None = None,
+    allow_seen_rows: bool = False,
 ) -> dict[str, float]:
     """Splits -> (reference rows) -> method applied -> fit -> generate -> score -> report.
 
     `references` adds the untuned base (`zero_shot`) and `chance` rows so the run's numbers have
     context. With `from_run` (a finished run's directory: `task=eval`) the weights that run
-    trained are loaded instead of fitted. Every rank fits and generates its shard; global rank 0
-    scores, writes and reports (the other ranks return no metrics).
+    trained are loaded instead of fitted, on the run's own splits or on splits none of whose
+    test rows they trained on (`from_run.check_unseen`; `allow_seen_rows` evaluates them
+    anyway). Every rank fits and generates its shard; global rank 0 scores, writes and reports
+    (the other ranks return no metrics).
     """
     trained = None if from_run is None else Path(from_run) / TRAINED_DIR
     fit = bool(cfg.peft.fit) and trained is None
     tuned = fit or trained is not None
     measure.reset()  # this job's phases (a local multirun runs its jobs in one process)
     planned, plan_metrics = _checks(cfg, references, fit, tuned, check_memory)
+    reused = _reusable_weights(cfg, out_dir, fit)  # checked before any data or model work
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
     roles_ = roles(cfg.model)
     build_adapter_config(cfg.peft.adapter, cfg.peft.adapter_scope, roles_)  # fail fast on typos
@@ -132,6 +145,10 @@ def train_eval(
     with Scoring.from_config(cfg.metric, cfg.evaluation) as scoring:
         add_metrics(provenance, scoring.families)
         source, splits, frames = _evaluated_splits(cfg, out_dir, eval_splits, provenance)
+        if from_run is not None:  # before the model: rows the weights trained on are refused
+            check_unseen(
+                cfg, from_run, source.name, splits.frames, eval_splits, allow_seen_rows, provenance
+            )
         with measure.measured("load"):
             model, processor = load_vlm(cfg.model)
         add_model(provenance, model)
@@ -147,7 +164,7 @@ def train_eval(
         )
         global_step = _weights(
             cfg, model, roles_, processor, splits, source, prompt, out_dir, loggers, callbacks,
-            planned, fit, trained, provenance,
+            planned, fit, trained, reused, provenance,
         )  # fmt: skip
         answers |= {p.prefix: generate(model, p) for p in passes if not p.base}
         if not is_global_zero():
@@ -253,14 +270,14 @@ def _weights(
     planned: Setup | None,
     fit: bool,
     trained: Path | None,
+    previous: dict[str, Any] | None,
     provenance: MutableMapping[str, Any] | None,
 ) -> int | None:
     """The method's weights into `model`: this run directory's own from an attempt that trained
-    to the end (the record is `incomplete`, or the job died while generating or scoring:
-    reused, not trained again), another run's (`trained`: task=eval), or a fit; the optimiser
-    steps, None where nothing was fitted (a method without training, task=eval)."""
-    fingerprint = config_fingerprint(cfg)
-    previous = None if not fit or cfg.force else trained_before(out_dir / TRAINED_DIR, fingerprint)
+    to the end (`previous`, its manifest: the record is `incomplete`, or the job died while
+    generating or scoring: reused, not trained again), another run's (`trained`: task=eval), or
+    a fit; the optimiser steps, None where nothing was fitted (a method without training,
+    task=eval)."""
     global_step, manifest = None, previous
     if previous is not None:
         log.info(
@@ -277,12 +294,33 @@ def _weights(
         )  # fmt: skip
         if is_global_zero():
             manifest = save_trainable(
-                model, out_dir / TRAINED_DIR, cfg.peft.name, fingerprint, global_step
+                model,
+                out_dir / TRAINED_DIR,
+                cfg.peft.name,
+                config_fingerprint(cfg),
+                global_step,
+                rows_digest(splits.frames[TRAIN][R.ID]),
             )
     elif trained is not None:
         load_trainable(model, trained, cfg.peft.name)
     add_trained(provenance, manifest)
     return global_step
+
+
+def _reusable_weights(cfg: DictConfig, out_dir: Path, fit: bool) -> dict[str, Any] | None:
+    """The manifest of weights this run directory trained to the end for this config, checked
+    against their size and SHA-256 (a damaged file is refused, naming it), else None."""
+    if not fit or cfg.force:
+        return None
+    previous = trained_before(out_dir / TRAINED_DIR, config_fingerprint(cfg))
+    if previous is not None:
+        verify_weights(
+            out_dir / TRAINED_DIR,
+            previous,
+            f"reusing the weights {out_dir} trained before",
+            "Restore them, or train again with force=true.",
+        )
+    return previous
 
 
 def _score(

@@ -8,19 +8,29 @@ resume from. `AtomicCheckpointIO` writes the temporary file next to the target a
 so `last.ckpt` is always the previous complete checkpoint or the new complete one. DeepSpeed
 writes a directory of per-rank shards instead (`medvqa.training.strategies.DeepSpeedStrategy`
 saves it under a temporary name the same way).
+
+No pickles from anywhere: `torch.load` without `weights_only=True` unpickles whatever a file
+names, i.e. runs its code. `ckpt_path` must be a local file (`ckpt_path_problems`, checked with
+the config, before any data or model work): Lightning fetches a URL with
+`torch.hub.load_state_dict_from_url(weights_only=False)` (lightning/fabric/utilities/cloud_io.py
+`_load`). Every checkpoint medvqa resumes from is read weights-only: `AtomicCheckpointIO` for
+Lightning's own files, `medvqa.training.strategies.DeepSpeedStrategy` for DeepSpeed's shards.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import pickle
+import re
 import shutil
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from fsspec.core import split_protocol
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -36,8 +46,105 @@ class CheckpointWriteError(OSError):
     """A checkpoint could not be written (a full disk, a quota); the previous one is intact."""
 
 
+class UnsafeCheckpointError(RuntimeError):
+    """A checkpoint holds Python objects beyond tensors and plain data; it was not unpickled."""
+
+
+# Lightning's `ckpt_path` words for a checkpoint it finds in this run's own directories: `last`
+# (ModelCheckpoint's last.ckpt; the SURE sweeps set it) and `hpc` (the hpc_ckpt_<n>.ckpt its SLURM
+# handler writes into the run directory). `best` is refused: a fit that starts has no best
+# checkpoint yet, and `registry[:name]` downloads from Lightning's model registry.
+LOCAL_CKPT_WORDS = ("last", "hpc")
+
+FETCH_FIX = (
+    "download it yourself, check where it came from, and pass the local path "
+    "(ckpt_path=/path/to/last.ckpt)"
+)
+
+
+def ckpt_path_problems(value: Any) -> list[str]:
+    """What makes `ckpt_path` unusable, as config-check lines (none: it can be resumed from).
+
+    A URL (any `scheme://`, fsspec's `data:` and chained `a::b` URLs, Lightning's `registry:`) is
+    refused: Lightning downloads an http(s) one and unpickles it with `weights_only=False`, i.e.
+    runs any code the file holds, and the other schemes fetch what nobody checked. `file://` too,
+    for one rule: a checkpoint is a plain path. A path that is not there is refused now rather
+    than after the data and the model are loaded.
+    """
+    if value is None:
+        return []
+    text = str(value)
+    if text in LOCAL_CKPT_WORDS:
+        return []
+    if text == "best":
+        return [
+            "ckpt_path='best': a fit that starts has no best checkpoint yet (Lightning looks it up "
+            "in this Trainer's ModelCheckpoint); resume with ckpt_path=last or a checkpoint's path"
+        ]
+    protocol, rest = split_protocol(text)
+    if protocol == "file":
+        return [
+            f"ckpt_path={text!r}: a file:// URL; medvqa resumes from plain local paths only, "
+            f"pass it without the scheme (ckpt_path={rest})"
+        ]
+    if protocol is not None or "::" in text or re.match(r"(?i)registry(:|$)", text):
+        return [
+            f"ckpt_path={text!r}: a URL; medvqa resumes only from a local file (Lightning would "
+            "fetch it, and unpickles an http(s) one with weights_only=False, running any code "
+            "it holds); " + FETCH_FIX
+        ]
+    if not Path(text).exists():
+        return [
+            f"ckpt_path={text!r}: no such file or directory (relative paths start at {os.getcwd()}"
+            "); pass a checkpoint's path (a DeepSpeed one is a directory), ckpt_path=last for this "
+            "run's checkpoints/last.ckpt, or ckpt_path=null to start over"
+        ]
+    return []
+
+
+def load_weights_only(
+    path: Any, map_location: Any = None, allowed: Sequence[Callable[..., Any]] = ()
+) -> Any:
+    """`torch.load` of tensors and plain data only (and the `allowed` classes), whatever the
+    caller or `TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD` says: unpickling anything else could run code."""
+    try:
+        with torch.serialization.safe_globals(list(allowed)):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise unsafe_checkpoint(path, err) from err
+
+
+def unsafe_checkpoint(path: Any, err: BaseException) -> UnsafeCheckpointError:
+    """The error for a checkpoint that `weights_only=True` refused, naming what it holds."""
+    found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(err))
+    what = found.group(1) if found else str(err).strip().splitlines()[-1]
+    return UnsafeCheckpointError(
+        f"refused to unpickle the checkpoint {path} (ckpt_path): it holds {what}, beyond the "
+        "tensors and plain data a checkpoint needs, and unpickling it could run code. Resume "
+        "only from a checkpoint this project wrote (ckpt_path=last, or its path), or start over "
+        "(ckpt_path=null); if this project wrote it, its objects need a precise allow-list entry "
+        "(medvqa/training/checkpoints.py, strategies.py)."
+    )
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """`torch.save` into a sibling temporary file, flushed to disk, then renamed into place."""
+    """`torch.save` into a sibling temporary file, flushed to disk, then renamed into place;
+    loads are weights-only (`load_checkpoint`)."""
+
+    def load_checkpoint(
+        self,
+        path: Any,
+        map_location: Callable[..., Any] | None = lambda storage, loc: storage,
+        weights_only: bool | None = None,
+    ) -> dict[str, Any]:
+        """Lightning's load with `weights_only=True` whatever it is asked: its default (None)
+        unpickles a URL with weights_only=False and leaves a local file to torch's default,
+        which `TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1` turns off. A Lightning checkpoint of medvqa
+        holds tensors, numbers, strings and containers only (tests/test_no_pickles.py)."""
+        try:
+            return super().load_checkpoint(path, map_location=map_location, weights_only=True)
+        except pickle.UnpicklingError as err:
+            raise unsafe_checkpoint(path, err) from err
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from medvqa.cluster import GPU_ACCELERATORS
@@ -19,6 +19,107 @@ log = logging.getLogger(__name__)
 
 # PyTorch reads it when its CUDA caching allocator starts (the first allocation).
 ALLOC_CONF_ENV = "PYTORCH_CUDA_ALLOC_CONF"
+
+
+def _whole(low: int, high: int | None = None) -> Callable[[str], bool]:
+    """A whole number in [low, high]."""
+    return lambda v: v.isdigit() and int(v) >= low and (high is None or int(v) <= high)
+
+
+def _fraction(low_open: bool) -> Callable[[str], bool]:
+    """A number in (0, 1) (`low_open`) or [0, 1]."""
+
+    def ok(v: str) -> bool:
+        try:
+            x = float(v)
+        except ValueError:
+            return False
+        return (0 < x < 1) if low_open else (0 <= x <= 1)
+
+    return ok
+
+
+def _power_of_two(v: str) -> bool:
+    return v.isdigit() and int(v) > 0 and int(v) & (int(v) - 1) == 0
+
+
+def _roundup_divisions(v: str) -> bool:
+    """A power of 2, or `[<size MB, a power of 2, or >>:<divisions, 0 or a power of 2>, ...]`."""
+    if not (v.startswith("[") and v.endswith("]")):
+        return _power_of_two(v)
+    pairs = [p.partition(":") for p in v[1:-1].split(",")]
+    return bool(pairs) and all(
+        colon and (size == ">" or _power_of_two(size)) and (n == "0" or _power_of_two(n))
+        for size, colon, n in pairs
+    )
+
+
+def _true_false(v: str) -> bool:
+    return v in ("True", "False")  # PyTorch's tokenizer takes these two spellings only
+
+
+# PYTORCH_CUDA_ALLOC_CONF's options as PyTorch's CUDA caching allocator parses them (torch 2.13:
+# c10/core/AllocatorConfig.cpp and c10/cuda/CUDAAllocatorConfig.cpp), option -> (accepted?, what
+# it takes). PyTorch refuses another option or value only at the first CUDA allocation, after the
+# data and the model have loaded; `cuda_allocator_problem` refuses them when a run starts.
+CUDA_ALLOC_OPTIONS: dict[str, tuple[Callable[[str], bool], str]] = {
+    "backend": (lambda v: v in ("native", "cudaMallocAsync"), "native or cudaMallocAsync"),
+    "expandable_segments": (_true_false, "True or False"),
+    "max_split_size_mb": (_whole(20), "a whole number of MB >= 20"),
+    "max_non_split_rounding_mb": (_whole(20), "a whole number of MB >= 20"),
+    "large_segment_size_mb": (_whole(11), "a whole number of MB > 10"),
+    "garbage_collection_threshold": (_fraction(low_open=True), "a fraction in (0, 1)"),
+    "roundup_power2_divisions": (
+        _roundup_divisions,
+        "a power of 2, or per size [<MB>:<divisions>,...,>:<divisions>] with powers of 2",
+    ),
+    "release_lock_on_cudamalloc": (_true_false, "True or False"),
+    "pinned_use_cuda_host_register": (_true_false, "True or False"),
+    "pinned_num_register_threads": (
+        lambda v: _power_of_two(v) and int(v) <= 128,
+        "a power of 2 <= 128",
+    ),
+    "pinned_use_background_threads": (_true_false, "True or False"),
+    "pinned_reserve_segment_size_mb": (_whole(1), "a whole number of MB >= 1"),
+    "pinned_max_round_threshold_mb": (_whole(0), "a whole number of MB"),
+    "pinned_max_cached_size_mb": (_whole(0), "a whole number of MB"),
+    "graph_capture_record_stream_reuse": (_true_false, "True or False"),
+    "per_process_memory_fraction": (_fraction(low_open=False), "a fraction in [0, 1]"),
+}
+
+
+def _options(setting: str) -> list[str]:
+    """`key:value` items of a setting, split at the commas outside `[...]`; spaces dropped, as
+    PyTorch's tokenizer drops them."""
+    items, depth, current = [], 0, ""
+    for ch in setting.replace(" ", ""):
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth == 0:
+            items.append(current)
+            current = ""
+        else:
+            current += ch
+    return [*items, current]
+
+
+def cuda_allocator_problem(setting: str | None) -> str | None:
+    """What PyTorch's CUDA caching allocator would refuse in `cuda_allocator` (None: nothing;
+    null and "" leave PyTorch's default), said when a run starts rather than at its first CUDA
+    allocation after loading. Checked whether or not an exported variable overrides it."""
+    if not setting:
+        return None
+    fix = "e.g. cuda_allocator=expandable_segments:True, or null for PyTorch's default"
+    for item in _options(str(setting)):
+        key, colon, value = item.partition(":")
+        if key not in CUDA_ALLOC_OPTIONS or not colon:
+            return (
+                f"{item!r} is not a <option>:<value> of PyTorch's CUDA caching allocator, whose "
+                f"options are {', '.join(CUDA_ALLOC_OPTIONS)} (comma-separated; {fix})"
+            )
+        ok, takes = CUDA_ALLOC_OPTIONS[key]
+        if not ok(value):
+            return f"{key}:{value}: {key} takes {takes} ({fix})"
+    return None
 
 
 def configure_cuda_allocator(setting: str | None, environ: Any = os.environ) -> None:

@@ -22,6 +22,7 @@ from lightning.pytorch.strategies import DeepSpeedStrategy as LightningDeepSpeed
 
 from medvqa.atomic import replace_dir
 from medvqa.cluster import GPU_ACCELERATORS, device_count
+from medvqa.training.checkpoints import load_weights_only
 from medvqa.training.spec import TrainerSchema
 
 # Floating dtype names DeepSpeed's config accepts for communication and gradient accumulation.
@@ -83,6 +84,46 @@ class DeepSpeedStrategy(LightningDeepSpeed):
         if self.is_global_zero:
             replace_dir(tmp, final)
         self.barrier("medvqa-checkpoint-renamed")
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> Any:
+        """Resume with every file of the checkpoint read weights-only.
+
+        DeepSpeed reads its shards with `torch.load(weights_only=False)` (deepspeed
+        runtime/checkpoint_engine/torch_checkpoint_engine.py `load`): a planted
+        `mp_rank_00_model_states.pt` would run its code. Its engine reads every file of a
+        (non-universal) checkpoint through `checkpoint_engine.load`, which this replaces with
+        `load_weights_only` allowing DeepSpeed's own plain-data classes (`deepspeed_safe_globals`).
+        """
+        engine = self.deepspeed_engine
+        if engine is None or (self.load_full_weights and self.zero_stage_3):
+            return super().load_checkpoint(checkpoint_path, weights_only=True)  # checkpoint_io
+        if engine.load_universal_checkpoint():
+            raise ValueError(
+                "trainer.strategy: DeepSpeed's universal checkpoints (checkpoint.load_universal) "
+                "are read with torch.load(weights_only=False), which could run code from the "
+                f"checkpoint {checkpoint_path} (ckpt_path); resume from the checkpoint this "
+                "strategy wrote, without load_universal."
+            )
+        allowed = deepspeed_safe_globals()
+
+        def load(path: str, map_location: Any = None) -> Any:
+            return load_weights_only(path, map_location=map_location, allowed=allowed)
+
+        engine.checkpoint_engine.load = load  # an instance attribute: every engine type's load
+        return super().load_checkpoint(checkpoint_path, weights_only=True)
+
+
+def deepspeed_safe_globals() -> list[Any]:
+    """DeepSpeed's classes in a ZeRO-2 checkpoint's optimizer shard (`*_optim_states.pt`, as
+    `torch.serialization.get_unsafe_globals_in_checkpoint` lists them), beyond what weights-only
+    loads allow. Plain data all: an int Enum (`zero_stage`), a dataclass of two ints
+    (`param_slice_mappings`), the loss scalers (numbers, flags and a dtype: bf16 saves the static
+    one, fp16 the dynamic one). Unpickling only creates them and sets their attributes."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [ZeroStageEnum, fragment_address, LossScaler, DynamicLossScaler]
 
 
 class KeepOnDevice:
