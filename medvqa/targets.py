@@ -114,28 +114,29 @@ def leaves(node: Any, key: str = "") -> Iterator[tuple[str, Any]]:
         yield key, node
 
 
-def problems_in(node: Any, key: str = "") -> list[str]:
-    """Each `_target_` below `node` that `refusal` rejects, and each interpolation (`${...}`:
-    a record holds resolved values, so one there would read this machine's environment or
-    config into the run), as `key=value: why` lines."""
+def problems_in(node: Any, key: str = "", targets: bool = True) -> list[str]:
+    """Each `_target_` below `node` that `refusal` rejects (unless not `targets`), and each
+    interpolation (`${...}`: a record holds resolved values, so one there would read this
+    machine's environment or config into the run), as `key=value: why` lines."""
     out = []
     for path, value in leaves(node, key):
-        if path.rpartition(".")[2] == TARGET_KEY and (why := refusal(value)) is not None:
+        is_target = path.rpartition(".")[2] == TARGET_KEY
+        if is_target and targets and (why := refusal(value)) is not None:
             out.append(f"{path}={value!r}: {why}")
         elif isinstance(value, str) and "${" in value:
             out.append(f"{path}={value!r}: an interpolation (a record holds resolved values)")
     return out
 
 
-def check_targets(node: Any, where: str, key: str = "") -> None:
-    """Refuse a record-derived config node with any `_target_` that `refusal` rejects, or any
-    interpolation; the error names `where` (the file), each key and value, and says nothing
-    was run."""
+def check_targets(node: Any, where: str, key: str = "", targets: bool = True) -> None:
+    """Refuse a record-derived config node with any `_target_` that `refusal` rejects (unless
+    not `targets`: a part of the record nothing builds), or any interpolation; the error names
+    `where` (the file), each key and value, and says nothing was run."""
     from omegaconf import OmegaConf
 
     if OmegaConf.is_config(node):
         node = OmegaConf.to_container(node, resolve=False)
-    problems = problems_in(node, key)
+    problems = problems_in(node, key, targets)
     if problems:
         raise UntrustedTargetError(
             f"{where}: the record names code medvqa does not run from a record; nothing from it "

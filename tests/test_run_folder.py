@@ -214,11 +214,16 @@ def test_the_targets_medvqa_writes_pass() -> None:
         assert refusal(target) is None, target
 
 
-def test_an_interpolation_in_a_record_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("group, key", [("model", "pretrained"), ("task", "name")])
+def test_an_interpolation_in_a_record_is_refused_before_it_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, group: str, key: str
+) -> None:
+    monkeypatch.setenv("MEDVQA_TEST_SECRET", "hunter2")
     config = _record(_run(tmp_path, name="made"))["config"]
-    config["model"]["pretrained"] = "${oc.env:AWS_SECRET_ACCESS_KEY}"
-    with pytest.raises(UntrustedTargetError, match="an interpolation"):
+    config[group][key] = "${oc.env:MEDVQA_TEST_SECRET}"
+    with pytest.raises(UntrustedTargetError, match="an interpolation") as err:
         adopt_run(_eval_cfg(_run(tmp_path, config)), {**DEFAULTS}, [], DEFAULTS)
+    assert f"{group}.{key}=" in str(err.value) and "hunter2" not in str(err.value)
 
 
 def test_trust_remote_code_is_never_turned_on_by_a_record(tmp_path: Path) -> None:

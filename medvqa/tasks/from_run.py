@@ -112,11 +112,16 @@ def adopt_run(
             f"{where}: {path} records no config, so the model and method its weights need are "
             "unknown; evaluate a run whose record has one."
         )
+    # Before any value is read through OmegaConf (which would resolve an interpolation): the
+    # adopted groups' targets, and interpolations anywhere.
+    check_targets(
+        {k: v for k, v in record["config"].items() if k in {a.split(".")[0] for a in ADOPTED}},
+        f"{where} ({path})",
+    )
+    check_targets(record["config"], f"{where} ({path})", targets=False)
     trained = OmegaConf.create(record["config"])
     named = named_keys(overrides)
     _check_choices(cfg, trained, choices, named, defaults or {}, where)
-    for key in ADOPTED:
-        check_targets(record["config"].get(key.split(".")[0]), f"{where} ({path})", key)
     check_trained_weights(Path(from_run), trained, record.get("provenance"))
     remote = OmegaConf.select(trained, "model.trust_remote_code", default=False)
     if remote and not OmegaConf.select(cfg, "model.trust_remote_code", default=False):
