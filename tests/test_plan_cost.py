@@ -259,3 +259,30 @@ def test_task_plan_prints_and_records_the_job_and_its_sweep(
     )
     described = record["provenance"]["cost"]
     assert described["job"]["label"] == described["sweep"]["label"] == LABEL
+
+
+def test_the_estimate_counts_the_passes_train_eval_runs(
+    composer: cost.Composer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plan reads `passes.job_passes`, the one list of a job's generation passes: a pass
+    kind added there is in the GPU-hours without touching the plan."""
+    from medvqa.evaluation import passes
+
+    job = composer([*STUDY_JOB, *LORA_R16_EAGER, "data.extra_eval_images=[blank]"])
+    before = cost.job_cost(job, planner(setup()), composer)
+    names = [p.name for p in before.phases if p.kind == "generate"]
+    assert names == [
+        "base answers (zero-shot reference)",
+        "answers after training",
+        "answers after training, blank image",
+    ]
+    real = passes.job_passes
+
+    def with_a_new_kind(*args: object, **kwargs: object) -> list[passes.EvalPass]:
+        return [*real(*args, **kwargs), passes.EvalPass("new/", "answers, a new kind", "image")]
+
+    monkeypatch.setattr(passes, "job_passes", with_a_new_kind)
+    after = cost.job_cost(job, planner(setup()), composer)
+    added = [p for p in after.phases if p.name == "answers, a new kind"]
+    assert len(added) == 1 and added[0].items == TEST
+    assert after.gpu_hours == pytest.approx(before.gpu_hours + added[0].gpu_s / 3600)

@@ -35,6 +35,7 @@ import torch
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
+from medvqa.evaluation import passes as eval_passes
 from medvqa.models.adapters import (
     apply_method,
     build_adapter_config,
@@ -576,18 +577,23 @@ def _job_cost(
         str(job.data.eval_image),
         gpus,
     )
-    passes = []  # (name, merged, shared key)
-    zero_shot = tuned and "zero_shot" in task.references  # before the fit
-    if zero_shot:
-        passes.append(("base answers (zero-shot reference)", True, base_key))
-    passes.append(
-        ("answers after training" if tuned else "base answers", merged, None if tuned else base_key)
+    # The job's passes as train_eval runs them (evaluation.passes.job_passes, the one list):
+    # the untuned base's answers first (no adapters: merged), shared under the base key.
+    label = "answers after training" if tuned else "base answers"
+    references = "base answers (zero-shot reference)" if "zero_shot" in task.references else None
+    extra = list(job.data.extra_eval_images)
+    runs = eval_passes.job_passes(
+        label, str(job.data.eval_image), tuned, references, extra, int(job.data.option_orders)
     )
-    passes += [(f"answers, {mode} image", merged, None) for mode in job.data.extra_eval_images]
-    passes += [
-        (f"answers, options reordered ({k}), all rows (closed ones only: at most)", merged, None)
-        for k in range(1, int(job.data.option_orders) + 1)
+    passes = [  # (name, merged, shared key)
+        (
+            f"{p.label}, all rows (closed ones only: at most)" if p.order else p.label,
+            p.base or merged,
+            base_key if p.shared else None,
+        )
+        for p in runs
     ]
+    zero_shot = runs[0].base  # before the fit
 
     phases: list[Phase] = []
     measured: list[Measured] = []
