@@ -7,7 +7,7 @@ TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.medvqa-installed
 PYTEST_ARGS ?= -n auto  # pytest-xdist: one worker per core
 
-.PHONY: install demo test test-slow test-slurm test-wheel wheelhouse bench bench-gpu gpu-check bench-study lint format constraints clean
+.PHONY: install demo test test-fast test-slow test-slurm test-wheel wheelhouse bench bench-gpu gpu-check bench-study lint format constraints clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,11 @@ demo: install  ## the main job: synthetic data -> shift -> LoRA fine-tune -> gen
 
 test: install  ## the default suite (slow tests excluded)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# --no-models (tests/conftest.py): a test is skipped where it would build, load or train a model
+# or start a run.py, so this tier needs no model at all; -rfE: no line per skipped test.
+test-fast: install  ## while working: every test up to its first model or whole run (make test runs all)
+	$(BIN)/python -m pytest --no-models -rfE $(PYTEST_ARGS)
 
 test-slow: install  ## only the slow end-to-end tests
 	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)

@@ -30,9 +30,68 @@ SMALL = ["dataset.n_cases=60", *SMALL_MODEL]
 DISTRIBUTED_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK")
 
 
+# `make test-fast` (`--no-models`): the tier that builds, loads or trains no model and starts
+# no whole run, for use while working. A test that gets to such a step is skipped there, with
+# this reason; `make test` runs it. Found where it happens, not from a list of tests.
+NO_MODELS = "needs a model or a whole run: in `make test`, not the --no-models tier"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--no-models",
+        action="store_true",
+        help="skip each test when it would build, load or train a model or start a run.py",
+    )
+
+
+def _skip_model_work(*args: object, **kwargs: object) -> None:
+    pytest.skip(NO_MODELS)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """With --no-models: model building, loading and fitting, and starting a Python process,
+    skip the test (or the fixture, of any scope) that asks, for the whole session."""
+    if not config.getoption("--no-models"):
+        return
+    import lightning as L
+    from transformers import PreTrainedModel
+    from transformers.models.auto.auto_factory import _BaseAutoModelClass
+
+    from medvqa.models.builders.cache import CachedModelBuilder
+
+    CachedModelBuilder.build = _skip_model_work  # type: ignore[method-assign]
+    PreTrainedModel.from_pretrained = classmethod(_skip_model_work)  # type: ignore[assignment]
+    _BaseAutoModelClass.from_pretrained = classmethod(_skip_model_work)  # type: ignore[assignment]
+    L.Trainer.fit = _skip_model_work  # type: ignore[method-assign]
+    subprocess.run = _skip_run(subprocess.run)  # type: ignore[assignment]
+
+
+def _skip_run(real: object) -> object:
+    """subprocess.run, skipping the test when it starts a Python process (run.py, a console
+    script, a script): those build or load models; other commands (git, make) run."""
+
+    def run(cmd: object, *args: object, **kwargs: object) -> object:
+        first = str(cmd[0] if isinstance(cmd, list | tuple) else cmd).split()[0]
+        if (
+            Path(first).name.startswith(("python", "medvqa-", "bash", "sh"))
+            or first == sys.executable
+        ):
+            pytest.skip(NO_MODELS)
+        return real(cmd, *args, **kwargs)  # type: ignore[operator]
+
+    return run
+
+
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("medvqa-cache")
+    """One cache for the session's workers (pytest-xdist): each tiny model and dataset is built
+    once (`medvqa.atomic.build_once` lets one worker build while the others wait), not once
+    per worker."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    path = shared / "medvqa-cache"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def compose(overrides: Sequence[str] = (), cache: Path | None = None):
