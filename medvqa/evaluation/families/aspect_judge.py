@@ -25,31 +25,22 @@ that could not be judged is NaN. Per complexity level: `evaluation.breakdown=[co
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from medvqa.data.records import ANSWER, PREDICTION, QUESTION
-from medvqa.evaluation.families.base import COUNT, MetricFamily, ScoreInfo
-from medvqa.evaluation.judge.backends import build_backend
 from medvqa.evaluation.judge.base import JudgeBackend
-from medvqa.evaluation.judge.cache import JudgeCache, cache_from_config
+from medvqa.evaluation.judge.cache import JudgeCache
 from medvqa.evaluation.judge.engine import JudgeEngine, JudgeItem, as_text
+from medvqa.evaluation.judge.family import JudgedFamily
 from medvqa.evaluation.judge.replies import Judgment
 from medvqa.evaluation.judge.rubrics import ASKED_CLASS, CLASS_RUBRIC, Rubric
-from medvqa.evaluation.judge.selfcheck import (
-    SELFCHECK_ID,
-    SelfChecked,
-    aspect_selfcheck_items,
-    floors,
-)
+from medvqa.evaluation.judge.selfcheck import aspect_selfcheck_items
 from medvqa.evaluation.statistics import mean_or_nan
-
-log = logging.getLogger(__name__)
 
 __all__ = [
     "ASKED_CLASS",
@@ -79,7 +70,7 @@ def aspects_of(value: Any) -> list[str]:
     return list(dict.fromkeys(n for n in names if n))
 
 
-class AspectJudgeMetric(SelfChecked, MetricFamily):
+class AspectJudgeMetric(JudgedFamily):
     """The per-aspect judge as a metric family (`per_sample` / `aggregate` / `counters`).
 
     Built like the judge: `AspectJudgeMetric.from_config(cfg.judge)` (conf/metric/
@@ -87,9 +78,6 @@ class AspectJudgeMetric(SelfChecked, MetricFamily):
     """
 
     name = "aspect_judge"
-    not_performance: ClassVar[dict[str, ScoreInfo]] = {"n": COUNT}
-    config_factory = "from_config"  # built from the `judge` node: cfg: ${judge}
-    can_fail = True
 
     def __init__(
         self,
@@ -107,35 +95,11 @@ class AspectJudgeMetric(SelfChecked, MetricFamily):
         self.engine = JudgeEngine(backend, cache, on_judgment)
         self.selfcheck_floors = selfcheck_floors
 
-    @classmethod
-    def from_config(cls, cfg: Mapping[str, Any]) -> AspectJudgeMetric:
-        """Backend and cache from a `judge` config group (conf/judge/default.yaml)."""
-        return cls(build_backend(cfg), cache_from_config(cfg), selfcheck_floors=floors(cfg))
-
     def selfcheck_pairs(self) -> list[tuple[JudgeItem, float]]:
         return aspect_selfcheck_items(self.rubric)
 
-    @property
-    def backend(self) -> JudgeBackend:
-        return self.engine.backend
-
-    @property
-    def cache(self) -> JudgeCache | None:
-        return self.engine.cache
-
-    def provenance(self) -> dict[str, Any]:
-        return {
-            "judge_id": self.backend.judge_id,
-            "rubrics": {self.rubric.name: self.rubric.id},
-            "selfcheck": SELFCHECK_ID if self.selfcheck_floors is not None else None,
-        }
-
-    def counters(self) -> dict[str, float]:
-        """The engine's counters under `aspect_judge/` (one count per (row, aspect)), and the
-        self-check's `aspect_judge/selfcheck_*` once it ran, with `selfcheck/aspect_failures`
-        (its items that could not be judged: the run is then incomplete)."""
-        out: dict[str, float] = {f"{self.name}/{k}": v for k, v in self.engine.counters.items()}
-        return {**out, **self.selfcheck_counters(self.name)}
+    def rubric_ids(self) -> dict[str, str]:
+        return {self.rubric.name: self.rubric.id}
 
     def item(self, question: str, answer: str, prediction: str, aspect: str) -> JudgeItem:
         """What the judge reads for one aspect of a row."""
@@ -153,7 +117,6 @@ class AspectJudgeMetric(SelfChecked, MetricFamily):
                 f"{list(preds.columns)}); it is meant for Kvasir-VQA-x1, whose rows carry "
                 "question_class"
             )
-        self.check()
         n = len(preds)
         # One engine item per (row, aspect), remembered by position.
         items: list[JudgeItem] = []
@@ -171,7 +134,7 @@ class AspectJudgeMetric(SelfChecked, MetricFamily):
             for aspect in aspects_of(classes):
                 items.append(self.item(q, a, p, aspect))
                 where.append((i, aspect))
-        judgments = self.engine.judge(items)
+        judgments = self.judge(items, "(row, aspect) pair(s)")
 
         scores: list[dict[str, float]] = [{} for _ in range(n)]
         reasons: list[dict[str, str]] = [{} for _ in range(n)]
@@ -184,18 +147,6 @@ class AspectJudgeMetric(SelfChecked, MetricFamily):
                 scores[i][aspect] = math.nan
                 reasons[i][aspect] = j.error
                 failed[i] += 1
-        n_failed = int(failed.sum())
-        if n_failed:
-            first = next(j for j in judgments if j.status == "failed")
-            log.warning(
-                "%s: %d (row, aspect) pair(s) could not be judged (recorded in %s; retried on "
-                "the next run). First error: %s",
-                self.name,
-                n_failed,
-                self.column("failed"),
-                first.error,
-            )
-        log.info("%s %s: %s", self.name, self.backend.judge_id, self.counters())
         acc = [mean_or_nan(list(row.values())) for row in scores]
         return pd.DataFrame(
             {
@@ -222,9 +173,6 @@ class AspectJudgeMetric(SelfChecked, MetricFamily):
             out[f"{acc}_{aspect}"] = mean_or_nan(per_class[aspect])
         out[self.failures_key] = float(scored[self.column("failed")].sum())
         return out
-
-    def close(self) -> None:
-        self.engine.close()
 
 
 # The `aspect_judge` family's per-aspect columns (a family writes `self.column(base)`); the

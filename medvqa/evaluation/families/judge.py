@@ -12,25 +12,20 @@ that could not be judged has `judge_failed = 1`, is counted in `judge_failures` 
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
 
 from medvqa.data.records import ANSWER, ANSWER_TYPE, PREDICTION, QUESTION
-from medvqa.evaluation.families.base import COUNT, MetricFamily, ScoreInfo
-from medvqa.evaluation.judge.backends import build_backend
 from medvqa.evaluation.judge.base import JudgeBackend
-from medvqa.evaluation.judge.cache import JudgeCache, cache_from_config
+from medvqa.evaluation.judge.cache import JudgeCache
 from medvqa.evaluation.judge.engine import JudgeEngine, JudgeItem, as_text
+from medvqa.evaluation.judge.family import JudgedFamily
 from medvqa.evaluation.judge.replies import Judgment
 from medvqa.evaluation.judge.rubrics import RUBRICS, Rubric, select_rubric
-from medvqa.evaluation.judge.selfcheck import SELFCHECK_ID, SelfChecked, floors, selfcheck_items
+from medvqa.evaluation.judge.selfcheck import selfcheck_items
 from medvqa.evaluation.statistics import mean_or_nan
-
-log = logging.getLogger(__name__)
 
 __all__ = [
     "CLOSED_KIND",
@@ -45,7 +40,7 @@ __all__ = [
 CLOSED_KIND = "closed_kind"  # a record column (read, never written)
 
 
-class JudgeMetric(SelfChecked, MetricFamily):
+class JudgeMetric(JudgedFamily):
     """The LLM judge as a metric family (`per_sample` / `aggregate` / `counters`).
 
     `on_judgment` is handed to the engine (`JudgeEngine`): called after each judgment made
@@ -53,9 +48,6 @@ class JudgeMetric(SelfChecked, MetricFamily):
     """
 
     name = "judge"
-    not_performance: ClassVar[dict[str, ScoreInfo]] = {"n": COUNT}
-    config_factory = "from_config"  # built from the `judge` node: cfg: ${judge}
-    can_fail = True
 
     def __init__(
         self,
@@ -74,37 +66,11 @@ class JudgeMetric(SelfChecked, MetricFamily):
         self.engine = JudgeEngine(backend, cache, on_judgment)
         self.selfcheck_floors = selfcheck_floors
 
-    @classmethod
-    def from_config(cls, cfg: Mapping[str, Any]) -> JudgeMetric:
-        """Backend and cache from a `judge` config group (conf/judge/default.yaml)."""
-        return cls(build_backend(cfg), cache_from_config(cfg), selfcheck_floors=floors(cfg))
-
     def selfcheck_pairs(self) -> list[tuple[JudgeItem, float]]:
         return selfcheck_items(self.rubrics)
 
-    @property
-    def backend(self) -> JudgeBackend:
-        return self.engine.backend
-
-    @property
-    def cache(self) -> JudgeCache | None:
-        return self.engine.cache
-
-    def provenance(self) -> dict[str, Any]:
-        return {
-            "judge_id": self.backend.judge_id,
-            "rubrics": {name: rubric.id for name, rubric in sorted(self.rubrics.items())},
-            "selfcheck": SELFCHECK_ID if self.selfcheck_floors is not None else None,
-        }
-
-    def counters(self) -> dict[str, float]:
-        """`judge/calls` (requests sent to the judge, retries included), `judge/retries`,
-        `judge/cache_hits`, `judge/shortcut_hits`, `judge/failures`, since construction (the
-        prefix is the family's `name`), and the self-check's `judge/selfcheck_*` once it ran,
-        with `selfcheck/judge_failures` (its items that could not be judged: the run is then
-        incomplete)."""
-        out: dict[str, float] = {f"{self.name}/{k}": v for k, v in self.engine.counters.items()}
-        return {**out, **self.selfcheck_counters(self.name)}
+    def rubric_ids(self) -> dict[str, str]:
+        return {name: rubric.id for name, rubric in self.rubrics.items()}
 
     def per_sample(self, preds: pd.DataFrame) -> pd.DataFrame:
         """`judge_score`, `judge_rubric`, `judge_failed` (0/1), `judge_reason` and
@@ -120,7 +86,6 @@ class JudgeMetric(SelfChecked, MetricFamily):
                 f"the judge needs column(s) {missing} in the predictions table "
                 f"(has {list(preds.columns)})"
             )
-        self.check()
         n = len(preds)
         kinds = preds[CLOSED_KIND].tolist() if CLOSED_KIND in preds else [None] * n
         items = [
@@ -135,7 +100,7 @@ class JudgeMetric(SelfChecked, MetricFamily):
                 strict=True,
             )
         ]
-        judgments = self.engine.judge(items)
+        judgments = self.judge(items, "row(s)")
         score = np.full(n, np.nan)
         mass = np.array([j.label_mass for j in judgments], dtype=float)
         failed = np.zeros(n)
@@ -147,19 +112,6 @@ class JudgeMetric(SelfChecked, MetricFamily):
             else:
                 failed[i] = 1.0
                 reasons[i] = j.error
-        n_failed = int(failed.sum())
-        if n_failed:
-            first = next(j for j in judgments if j.status == "failed")
-            log.warning(
-                "%s: %d of %d row(s) could not be judged (recorded as %s; retried on the next "
-                "run). First error: %s",
-                self.name,
-                n_failed,
-                n,
-                self.column("failed"),
-                first.error,
-            )
-        log.info("%s %s: %s", self.name, self.backend.judge_id, self.counters())
         return pd.DataFrame(
             {
                 self.column("score"): score,
@@ -195,9 +147,6 @@ class JudgeMetric(SelfChecked, MetricFamily):
             self.column("closed_acc"): (self.column("score"), "closed"),
             self.column("open_score"): (self.column("score"), "open"),
         }
-
-    def close(self) -> None:
-        self.engine.close()
 
 
 # The `judge` family's per-sample columns (a family writes `self.column(base)`).
