@@ -11,14 +11,12 @@ Results go to `perf/<phase>/...` metrics next to the run's scores.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
-
-import torch
-from lightning.pytorch.callbacks import Callback
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +25,7 @@ GIB = 1024**3
 # which the same seed reproduces and these timings never do.
 PERF_PREFIX = "perf/"
 # Set by VQAModule on each training batch while it is still on the host: its sample, token and
-# image-patch counts (medvqa.models.flops.add_batch), which SampleCounter sums without a GPU sync.
+# image-patch counts (medvqa.models.flops.add_batch), which `medvqa.training.module.SampleCounter` sums without a GPU sync.
 BATCH_COUNTS_KEY = "batch_counts"
 
 
@@ -75,7 +73,10 @@ def reset() -> None:
 
 
 def _cuda() -> bool:
-    return torch.cuda.is_available() and torch.cuda.is_initialized()
+    """Whether this process uses a GPU; without importing torch (a console script that never
+    did has none), so that recording a run's measurements stays cheap."""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized()
 
 
 @contextmanager
@@ -83,6 +84,7 @@ def measured(name: str, unit: str = "") -> Iterator[Phase]:
     """Time the block and take this rank's CUDA peak within it; the caller adds to the yielded
     `Phase.items` what the block processed (samples, rows)."""
     current = Phase(unit=unit)
+    torch = sys.modules.get("torch")
     if _cuda():
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -148,16 +150,3 @@ def metrics() -> dict[str, float]:
             out[f"{key}/peak_allocated_gib"] = p.peak_allocated / GIB
             out[f"{key}/peak_reserved_gib"] = p.peak_reserved / GIB
     return out
-
-
-class SampleCounter(Callback):
-    """Adds the training samples of every micro-batch, over all ranks, to the `fit` phase, and
-    this rank's batch counts (`BATCH_COUNTS_KEY`) to its `sums`."""
-
-    def __init__(self, phase: Phase) -> None:
-        self.phase = phase
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # type: ignore[no-untyped-def]
-        self.phase.mark(int(batch["input_ids"].shape[0]) * trainer.world_size)
-        for key, value in (batch.get(BATCH_COUNTS_KEY) or {}).items():
-            self.phase.sums[key] = self.phase.sums.get(key, 0.0) + float(value)

@@ -178,3 +178,21 @@ def test_no_import_goes_up_a_layer() -> None:
         if layer(target) > layer(module)
     ]
     assert not up, "imports that go up a layer:\n" + "\n".join(up)
+
+
+@pytest.mark.parametrize("script", ["score", "report", "select", "rater"])
+def test_a_console_scripts_help_imports_no_model_code(script: str) -> None:
+    """`medvqa-<script> --help` answers without importing torch or Lightning (seconds each):
+    what a run needs is imported where the run starts. (`medvqa-convert` converts weights:
+    torch is its work.)"""
+    import subprocess
+    import sys
+
+    probe = (
+        f"import sys\nfrom medvqa.cli.{script} import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in ('torch', 'lightning', 'transformers') if m in sys.modules))"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stdout[-500:]

@@ -17,15 +17,15 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from medvqa import CONF_DIR
 from medvqa.atomic import OutputDirError, staged_dir
-from medvqa.config import ConfigError, check_config, check_judge_config
-from medvqa.evaluation.generation import SPLIT
+from medvqa.data.records import SPLIT
+from medvqa.errors import ConfigError
 from medvqa.evaluation.passes import mode_prefix, order_prefix, prediction_path
 from medvqa.evaluation.readers import READERS, ScoreInputError, read
 from medvqa.evaluation.reliance import COUNTERFACTUAL_MODES
-from medvqa.evaluation.scoring import Scoring, failed_items, scores_path, write_scores
-from medvqa.evaluation.views import score_job
-from medvqa.provenance import add_metrics, environment
 from medvqa.record import RunRecord
+
+# The config (its plug-in discovery imports every dataset and metric module), scoring and the
+# views are imported in `score_file`: `medvqa-score --help` and a refused argument answer at once.
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,8 @@ def compose(overrides: Sequence[str], out_dir: Path) -> DictConfig:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.hydra_config import HydraConfig
+
+    import medvqa.config  # noqa: F401  (its schemas and resolvers, before composing)
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = hydra_compose("config", overrides=list(overrides), return_hydra_config=True)
@@ -64,6 +66,11 @@ def score_file(
     question file a LLaVA answers file was made from (its ground truth); `image_modes`: the same
     questions answered under a counterfactual image (mode -> file: image reliance and the
     deltas); `orders`: with the closed options reordered (k -> file: option-order flips)."""
+    from medvqa.config import check_config, check_judge_config
+    from medvqa.evaluation.scoring import Scoring, failed_items, scores_path, write_scores
+    from medvqa.evaluation.views import score_job
+    from medvqa.provenance import add_metrics, environment
+
     out_dir = Path(out_dir)
     cfg = compose(overrides, out_dir)
     check_judge_config(cfg)  # its settings are recorded even without the judge metric

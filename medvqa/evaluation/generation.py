@@ -41,6 +41,7 @@ from medvqa.data import records as R
 from medvqa.data.base import VQASource
 from medvqa.data.records import PREDICTION
 from medvqa.distributed import is_global_zero
+from medvqa.evaluation.prediction_files import read_predictions
 from medvqa.evaluation.prefix import (
     SHARED_KEY,
     collate_shared,
@@ -133,22 +134,6 @@ def end_token_ids(model: torch.nn.Module, tokenizer: Any) -> list[int]:
     if ids is None:
         ids = tokenizer.eos_token_id
     return [int(i) for i in (ids if isinstance(ids, list | tuple) else [ids]) if i is not None]
-
-
-def read_predictions(path: Path) -> pd.DataFrame:
-    """All prediction records in a JSONL file (a torn last line from a crash is ignored)."""
-    if not path.is_file():
-        return pd.DataFrame()
-    rows = []
-    with path.open() as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                log.warning("%s:%d is not valid JSON (interrupted write?); ignoring it", path, n)
-    return pd.DataFrame(rows)
 
 
 def _end_torn_line(path: Path) -> None:

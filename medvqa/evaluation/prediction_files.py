@@ -15,12 +15,15 @@ Excel and CSV cells are read as the text they hold (see `load_table`).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
+log = logging.getLogger(__name__)
 
 
 class ScoreInputError(ValueError):
@@ -270,3 +273,20 @@ def text_or_none(value: Any) -> str | None:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return None
     return str(value)
+
+
+def read_predictions(path: Path) -> pd.DataFrame:
+    """All prediction records in a medvqa predictions JSONL file (a torn last line from a crash
+    is ignored); no model code, so that readers and console scripts start quickly."""
+    if not path.is_file():
+        return pd.DataFrame()
+    rows = []
+    with path.open() as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                log.warning("%s:%d is not valid JSON (interrupted write?); ignoring it", path, n)
+    return pd.DataFrame(rows)

@@ -45,10 +45,9 @@ import pandas as pd
 
 from medvqa.data import records as R
 from medvqa.data.questions import closed_candidates, is_yes_no, is_yes_no_answer
-from medvqa.data.records import PREDICTION
+from medvqa.data.records import PREDICTION, SPLIT
 from medvqa.data.shifts import SPLITS
 from medvqa.evaluation.answers import key_option, same_answer
-from medvqa.evaluation.generation import SPLIT, read_predictions
 from medvqa.evaluation.peer_readers import is_llava, is_vlmevalkit, read_llava, read_vlmevalkit
 from medvqa.evaluation.prediction_files import (
     ScoreInputError,
@@ -56,6 +55,7 @@ from medvqa.evaluation.prediction_files import (
     is_table,
     json_rows,
     load_table,
+    read_predictions,
     table_columns,
 )
 from medvqa.evaluation.prediction_files import text_or_none as _text

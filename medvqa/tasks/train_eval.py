@@ -64,7 +64,7 @@ from medvqa.tracking import instantiate_group
 from medvqa.training.checkpoints import AtomicCheckpointIO, set_aside_stale
 from medvqa.training.datamodule import VQADataModule, check_partners
 from medvqa.training.hardware import check_precision, check_trainer
-from medvqa.training.module import VQAModule
+from medvqa.training.module import SampleCounter, VQAModule
 from medvqa.training.strategies import is_deepspeed, resident
 
 log = logging.getLogger(__name__)
@@ -418,7 +418,7 @@ def _fit(
         measure.measured("fit", "samples") as phase,
         compiled_decoder_layers(model, compiled, fallback=cfg.model.compile_layers == "auto"),
     ):
-        trainer.callbacks.append(measure.SampleCounter(phase))
+        trainer.callbacks.append(SampleCounter(phase))
         trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
     measure.note(
         "fit", {**fit_rates(model, roles_, phase, trainer.world_size), "compiled_layers": compiled}

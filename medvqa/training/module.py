@@ -15,7 +15,7 @@ from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.utilities import GradClipAlgorithmType
 from transformers import get_cosine_schedule_with_warmup
 
-from medvqa.measure import BATCH_COUNTS_KEY
+from medvqa.measure import BATCH_COUNTS_KEY, Phase
 from medvqa.models.adapters import role_parameters
 from medvqa.models.flops import add_batch, new_sums
 from medvqa.models.prompting import IGNORE_INDEX, labelled_tokens
@@ -402,3 +402,16 @@ class VQAModule(L.LightningModule):
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
         }
+
+
+class SampleCounter(L.Callback):
+    """Adds the training samples of every micro-batch, over all ranks, to the `fit` phase, and
+    this rank's batch counts (`BATCH_COUNTS_KEY`) to its `sums`."""
+
+    def __init__(self, phase: Phase) -> None:
+        self.phase = phase
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # type: ignore[no-untyped-def]
+        self.phase.mark(int(batch["input_ids"].shape[0]) * trainer.world_size)
+        for key, value in (batch.get(BATCH_COUNTS_KEY) or {}).items():
+            self.phase.sums[key] = self.phase.sums.get(key, 0.0) + float(value)

@@ -16,9 +16,10 @@ from medvqa.analysis.rater.page import rating_page
 from medvqa.analysis.rater.study import ITEMS, SHEET_COLUMNS, SHEET_CSV, SHEET_HTML, RatingError
 from medvqa.atomic import staged_dir
 from medvqa.data import records as R
+from medvqa.data.records import SPLIT
 from medvqa.evaluation.families import traditional as M
 from medvqa.evaluation.families.judge import JUDGE_SCORE  # 1–5 open, 0/0.5/1 closed
-from medvqa.evaluation.generation import SPLIT, read_predictions
+from medvqa.evaluation.prediction_files import read_predictions
 from medvqa.evaluation.scoring import SCORES_FILE
 
 log = logging.getLogger(__name__)
