@@ -180,7 +180,7 @@ def test_no_import_goes_up_a_layer() -> None:
     assert not up, "imports that go up a layer:\n" + "\n".join(up)
 
 
-@pytest.mark.parametrize("script", ["score", "report", "select", "rater"])
+@pytest.mark.parametrize("script", ["score", "report", "select", "rater", "catalog"])
 def test_a_console_scripts_help_imports_no_model_code(script: str) -> None:
     """`medvqa-<script> --help` answers without importing torch or Lightning (seconds each):
     what a run needs is imported where the run starts. (`medvqa-convert` converts weights:

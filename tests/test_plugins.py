@@ -142,6 +142,7 @@ def throwaway(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path
     for module in ("throwaway_dataset", "throwaway_metric"):
         sys.modules.pop(module, None)
         plugins._imported.discard(module)
+    plugins._DISCOVERED.clear()  # the next test with the same $MEDVQA_PLUGINS imports them again
 
 
 def _searchpath(conf: Path) -> str:
@@ -296,3 +297,12 @@ print(list(cfg.shift.exclude_values), cfg.shift.name)
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
         assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split()[0] == "[]"
+
+
+def test_a_plugin_is_listed_by_medvqa_list(throwaway: dict[str, Path]) -> None:
+    """`medvqa-list` reads the registries: a plug-in from outside the repository is there,
+    with what its module says it is, and no list was edited."""
+    from medvqa.cli.catalog import catalog
+
+    text = catalog(["datasets", "metric families"])
+    assert "  throwaway " in text and "  answer_length " in text

@@ -53,11 +53,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
-from nltk.stem.porter import PorterStemmer
-from nltk.tokenize import NLTKWordTokenizer, punkt_model_available, word_tokenize
-from nltk.tokenize.punkt import PunktSentenceTokenizer
-from nltk.translate.meteor_score import meteor_score
-from rouge_score import rouge_scorer
 from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
 from medvqa.data.records import ANSWER, ANSWER_TYPE, PREDICTION
@@ -155,23 +150,35 @@ class KvasirOfficial(MetricFamily):
         self.wordnet = resolve_wordnet(wordnet, cache_dir, f"metric.{self.name}.wordnet")
         self._synonyms = meteor_synonyms(self.wordnet)
         self.meteor = self.column("meteor" if self.wordnet is not None else "meteor_no_syn")
+        # NLTK (rouge_score imports it too) here, not at import: registering the family
+        # (medvqa-list, the config) stays quick
+        from nltk.stem.porter import PorterStemmer
+        from nltk.tokenize import punkt_model_available, word_tokenize
+        from nltk.translate.meteor_score import meteor_score
+        from rouge_score.rouge_scorer import RougeScorer
+
+        self._word_tokenize, self._meteor = word_tokenize, meteor_score
         self.punkt = punkt_model_available("english")
         if not self.punkt:
             log.info(
                 "NLTK's Punkt model (punkt_tab) is not installed: METEOR splits sentences with "
                 "an untrained Punkt splitter (docs/metrics.md)"
             )
-        self._rouge = rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=False)
+        self._rouge = RougeScorer(list(ROUGE_TYPES), use_stemmer=False)
         self._stemmer = PorterStemmer()
 
     @cached_property
-    def _untrained(self) -> tuple[PunktSentenceTokenizer, NLTKWordTokenizer]:
+    def _untrained(self) -> tuple[Any, Any]:
+        """NLTK's untrained Punkt sentence splitter and its word tokenizer."""
+        from nltk.tokenize import NLTKWordTokenizer
+        from nltk.tokenize.punkt import PunktSentenceTokenizer
+
         return PunktSentenceTokenizer(), NLTKWordTokenizer()
 
     def meteor_tokens(self, text: str) -> list[str]:
         """``nltk.word_tokenize`` (with an untrained sentence splitter if punkt_tab is absent)."""
         if self.punkt:
-            return word_tokenize(text)
+            return self._word_tokenize(text)
         sentences, words = self._untrained
         return [token for sent in sentences.tokenize(text) for token in words.tokenize(sent)]
 
@@ -210,7 +217,7 @@ class KvasirOfficial(MetricFamily):
             scores = self._rouge.score(ref, hyp)
             for t, column in zip(ROUGE_TYPES, self.rouge_columns, strict=True):
                 values[column][i] = scores[t].fmeasure
-            values[self.meteor][i] = meteor_score(
+            values[self.meteor][i] = self._meteor(
                 [self.meteor_tokens(ref)],
                 self.meteor_tokens(hyp),
                 stemmer=self._stemmer,

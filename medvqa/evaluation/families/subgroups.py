@@ -39,7 +39,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
-from scipy.stats import false_discovery_control
 
 from medvqa import plugins
 from medvqa.data.records import CASE_ID, QUESTION_TYPE
@@ -162,6 +161,8 @@ def bh_q_values(p: Sequence[float]) -> np.ndarray:
     """Benjamini-Hochberg adjusted p-values (q-values) of `p`, in its order, by
     `scipy.stats.false_discovery_control(p, method="bh")`; empty for no p-value."""
     p = np.asarray(p, dtype=float)
+    from scipy.stats import false_discovery_control  # here: registering the family stays quick
+
     return false_discovery_control(p, method="bh") if p.size else np.array([])
 
 

@@ -44,9 +44,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
-from nltk.stem.porter import PorterStemmer
-from nltk.translate.meteor_score import meteor_score
-from rouge_score import rouge_scorer
 from sacrebleu.metrics import BLEU, CHRF
 
 from medvqa.data.records import ANSWER, ANSWER_TYPE, PREDICTION
@@ -112,15 +109,22 @@ class TextMetric(MetricFamily):
         ]
         self.empty_refs = self.column(EMPTY_REFS)
         self._selected = list(metrics)
+        # NLTK (rouge_score imports it too) here, not at import: registering the family
+        # (medvqa-list, the config) stays quick
+        from nltk.stem.porter import PorterStemmer
+        from nltk.translate.meteor_score import meteor_score
+        from rouge_score.rouge_scorer import RougeScorer
+
         rouge = [_ROUGE_KEYS[m] for m in metrics if m in _ROUGE_KEYS]
         self._rouge = (
-            rouge_scorer.RougeScorer(rouge, use_stemmer=False, tokenizer=_WhitespaceTokenizer())
+            RougeScorer(rouge, use_stemmer=False, tokenizer=_WhitespaceTokenizer())
             if rouge
             else None
         )
         self._chrf = CHRF(word_order=2)
         self._bleu = BLEU(effective_order=True, smooth_method="exp", tokenize="none")
         self._stemmer = PorterStemmer()
+        self._meteor = meteor_score
         self._synonyms = meteor_synonyms(self.wordnet)
 
     def provenance(self) -> dict[str, Any]:
@@ -141,7 +145,7 @@ class TextMetric(MetricFamily):
             elif metric == "bleu4":
                 value = self._bleu.sentence_score(pred, [ref]).score / 100.0
             else:
-                value = meteor_score(
+                value = self._meteor(
                     [ref.split()],
                     pred.split(),
                     stemmer=self._stemmer,

@@ -35,8 +35,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
-from scipy import stats
-
 from medvqa.evaluation.judge.config import JudgeConfig
 from medvqa.evaluation.judge.engine import JudgeEngine, JudgeItem
 from medvqa.evaluation.judge.rubrics import ASKED_CLASS, Rubric
@@ -281,4 +279,6 @@ def _tau(scores: Sequence[float], expected: Sequence[float]) -> float:
     """Kendall tau-b over the items that were judged; NaN if any failed or all tie."""
     if any(math.isnan(s) for s in scores) or len(set(scores)) < 2:
         return math.nan
+    from scipy import stats  # here: importing the judge families stays quick (medvqa-list)
+
     return float(stats.kendalltau(scores, expected).statistic)

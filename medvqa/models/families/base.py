@@ -104,8 +104,9 @@ class ModelFamily(plugins.Plugin):
     name: ClassVar[str]  # the architecture config's `model_type`
     # The stand-in tokenizer of rehearsals and tiny twins.
     stand_in: ClassVar[StandIn]
-    # transformers' torchvision-free image processor and processor (class names, or classes of
-    # medvqa.models.processors), and the preprocessor fields the processor itself takes.
+    # transformers' torchvision-free image processor and processor (class names, or dotted
+    # names of medvqa.models.processors' classes), and the preprocessor fields the processor
+    # itself takes.
     image_processor: ClassVar[str | type]
     processor: ClassVar[str | type]
     processor_fields: ClassVar[tuple[str, ...]] = ()
@@ -155,11 +156,14 @@ class ModelFamily(plugins.Plugin):
 
 
 def transformers_class(name_or_class: str | type) -> type:
-    """A class a family names: transformers' class of that name, or the class itself."""
+    """A class a family names: transformers' class of that name, the class a dotted name
+    names (`medvqa.models.processors.<class>`: imported only when a rehearsal builds one, so
+    that finding the families imports no model code), or the class itself."""
     if isinstance(name_or_class, str):
-        import transformers
+        module, _, name = name_or_class.rpartition(".")
+        import importlib
 
-        return getattr(transformers, name_or_class)
+        return getattr(importlib.import_module(module or "transformers"), name)
     return name_or_class
 
 

@@ -7,8 +7,6 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-import torch
-
 from medvqa.models.families.base import ImageSize, ModelFamily, StandIn, TinyShape, content
 
 # Gemma3Processor.images_kwargs (the checkpoints' preprocessor files say null).
@@ -133,6 +131,8 @@ class Gemma3(ModelFamily):
         model = Gemma3ForConditionalGeneration(config)
         # random init zero-fills this bare Parameter: the model would ignore images
         weight = model.model.multi_modal_projector.mm_input_projection_weight
+        import torch  # here, not at import: listing families builds no model
+
         with torch.no_grad():
             weight.normal_(0.0, shape.vision_hidden**-0.5)
         return model, processor

@@ -7,7 +7,6 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from medvqa.models import processors
 from medvqa.models.families.base import (
     ImageSize,
     ModelFamily,
@@ -156,7 +155,7 @@ class SmolVLM(Idefics3):
 
     name = "smolvlm"
     image_processor = "SmolVLMImageProcessorPil"
-    processor = processors.ImageOnlySmolVLMProcessor
+    processor = "medvqa.models.processors.ImageOnlySmolVLMProcessor"
     preset = "smolvlm"  # tested with the SmolVLM preset's settings, under SmolVLM's classes
 
     @staticmethod

@@ -4,11 +4,12 @@ layout."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from medvqa.models.families.base import ImageSize, ModelFamily, StandIn, TinyShape
+
+if TYPE_CHECKING:  # torch is imported where a model is built: listing families needs none
+    import torch
 
 IMAGE_TOKEN = "<image>"
 # Kept deliberately plain: every token here costs sequence length on a CPU.

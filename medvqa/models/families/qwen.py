@@ -7,7 +7,6 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from medvqa.models import processors
 from medvqa.models.families.base import (
     ImageSize,
     ModelFamily,
@@ -99,7 +98,7 @@ class Qwen2VL(ModelFamily):
         },
     )
     image_processor = "Qwen2VLImageProcessorPil"
-    processor = processors.ImageOnlyQwen2VLProcessor
+    processor = "medvqa.models.processors.ImageOnlyQwen2VLProcessor"
     counts_flops = True  # the batch's image_grid_thw gives each image's patches
     preset = "qwen2_vl"
     # M-RoPE's sections must add up to half the head size: keep 128-wide heads.
@@ -192,7 +191,7 @@ class Qwen2VL(ModelFamily):
 
 class Qwen2_5VL(Qwen2VL):
     name = "qwen2_5_vl"
-    processor = processors.ImageOnlyQwen2_5_VLProcessor
+    processor = "medvqa.models.processors.ImageOnlyQwen2_5_VLProcessor"
     preset = "qwen2_5_vl"
 
     @classmethod

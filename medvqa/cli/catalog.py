@@ -1,0 +1,117 @@
+"""`medvqa-list`: what this installation has, one line each, read from the registries and the
+shipped configs themselves, so a plug-in (`MEDVQA_PLUGINS`, an entry point) or a new YAML file
+appears without being listed anywhere: datasets, metric families, model families and views
+(classes, found as a run finds them), and the config groups a run composes (shifts, methods,
+models, experiments, sweeps, studies, baselines)."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+from medvqa import CONF_DIR, plugins
+
+WIDTH = 100
+
+
+def _first_sentence(text: str) -> str:
+    """The first sentence of `text`, on one line, cut to fit a terminal line."""
+    line = " ".join(text.split()).split(". ", 1)[0]
+    return line if len(line) <= WIDTH - 20 else line[: WIDTH - 23].rstrip() + "..."
+
+
+def _classes(kind: str) -> Iterator[tuple[str, str]]:
+    """(name, what it is) of each registered plug-in of `kind`: the first sentence of its
+    module's docstring (a plug-in is a module), else of the class's own."""
+    for name, cls in sorted(plugins.registered(kind).items()):
+        module = sys.modules.get(cls.__module__)
+        own = cls.__doc__ and inspect.cleandoc(cls.__doc__)
+        yield name, _first_sentence(inspect.getdoc(module) or own or cls.__qualname__)
+
+
+def _views() -> Iterator[tuple[str, str]]:
+    from medvqa.evaluation.views import VIEWS
+
+    for view in VIEWS:
+        doc = inspect.getdoc(type(view))
+        inherited = doc == inspect.getdoc(type(view).__mro__[1])
+        what = f"reads {', '.join(view.columns)} ({view.family})" if view.columns else ""
+        yield view.name, what if inherited or not doc else _first_sentence(doc)
+
+
+def _yaml_comment(path: Path) -> str:
+    """The first comment paragraph at the top of a config file (what it is), else its keys."""
+    lines = []
+    for line in path.read_text().splitlines():
+        text = line.strip()
+        if text.startswith("# @package"):
+            continue
+        if not text.startswith("#"):
+            break
+        lines.append(text.lstrip("#").strip())
+    if lines:
+        return _first_sentence(" ".join(lines))
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.load(path)
+    return ", ".join(f"{k}={node[k]}" for k in node if k != "defaults")  # type: ignore[union-attr]
+
+
+def _group(name: str) -> Callable[[], Iterator[tuple[str, str]]]:
+    def options() -> Iterator[tuple[str, str]]:
+        for path in sorted((CONF_DIR / name).glob("*.yaml")):
+            if not path.stem.endswith("_schema"):
+                yield path.stem, _yaml_comment(path)
+
+    return options
+
+
+# What is listed, in order: kind -> (how a run picks one, where the entries come from).
+KINDS: dict[str, tuple[str, Callable[[], Iterator[tuple[str, str]]]]] = {
+    "datasets": ("dataset=<name>", lambda: _classes("dataset")),
+    "shifts": ("shift=<name>", _group("shift")),
+    "methods": ("peft=<name>", _group("peft")),
+    "models": ("model=<name>", _group("model")),
+    "model families": ("a checkpoint's model_type", lambda: _classes("family")),
+    "metric families": ("metric=[<name>,...]", lambda: _classes("metric")),
+    "views": ("computed when a job has their inputs", _views),
+    "experiments": ("+experiment=<name>", _group("experiment")),
+    "sweeps": ("-m sweep=<name>", _group("sweep")),
+    "studies": ("study=<name>", _group("study")),
+    "baselines": ("baseline=<name>", _group("baseline")),
+}
+
+
+def catalog(kinds: Sequence[str] = ()) -> str:
+    """The listing of `kinds` (all when empty) as text."""
+    out = []
+    for kind in kinds or KINDS:
+        how, entries = KINDS[kind]
+        rows = list(entries())
+        out.append(f"{kind} ({how}): {len(rows)}")
+        width = max((len(name) for name, _ in rows), default=0)
+        out += [f"  {name:<{width}}  {what}".rstrip() for name, what in rows]
+        out.append("")
+    return "\n".join(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `medvqa-list`."""
+    parser = argparse.ArgumentParser(
+        prog="medvqa-list",
+        description="List what this installation has: datasets, shifts, methods, models, model "
+        "and metric families, views, experiments, sweeps, studies and baselines (plug-ins "
+        "included).",
+    )
+    parser.add_argument("kinds", nargs="*", choices=[[], *KINDS], metavar="KIND",
+                        help=f"what to list (default: everything): {', '.join(KINDS)}")  # fmt: skip
+    args = parser.parse_args(argv)
+    sys.stdout.write(catalog(args.kinds))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
