@@ -1,5 +1,5 @@
-"""Plug-ins register themselves: a dataset, metric family or model family is a class, found,
-never listed.
+"""Plug-ins register themselves: a dataset, metric family, model family or view beyond
+accuracy is a class, found, never listed.
 
 A dataset source (subclass of `medvqa.data.base.VQASource`), a metric family (subclass of
 `medvqa.evaluation.families.base.MetricFamily`) or a model family (subclass of
@@ -42,6 +42,7 @@ PACKAGES: dict[str, str] = {
     "dataset": "medvqa.data.sources",
     "metric": "medvqa.evaluation.families",
     "family": "medvqa.models.families",  # model families, keyed by model_type; no config group
+    "view": "medvqa.evaluation.views",  # views beyond accuracy; no config group
 }
 # The kinds that are config groups too: each plug-in's schema is stored under its name there.
 GROUPS = ("dataset", "metric")

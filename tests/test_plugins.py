@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from hydra.errors import ConfigCompositionException
@@ -306,3 +308,74 @@ def test_a_plugin_is_listed_by_medvqa_list(throwaway: dict[str, Path]) -> None:
 
     text = catalog(["datasets", "metric families"])
     assert "  throwaway " in text and "  answer_length " in text
+
+
+VIEW_PLUGIN = '''"""Answer length: how many words the answers have, per split (a view from outside)."""
+
+from medvqa.evaluation.views import Presentation, View
+
+
+class AnswerWords(View):
+    name = "answer words"
+    title = "Answer length"
+    presentation = Presentation(
+        r"^(?P<split>SPLIT)/answer_(?P<what>)(?P<stat>words_mean)$",
+        {"words_mean": "mean words"},
+        "Words per answer.",
+    )
+
+    def applies(self, rows):
+        return True
+
+    def apply(self, rows):
+        words = rows.main["prediction"].astype(str).str.split().str.len()
+        main = rows.main.assign(answer_words=words)
+        split = main["split"]
+        return main, {f"{s}/answer_words_mean": float(w.mean()) for s, w in words.groupby(split)}
+'''
+
+
+@pytest.fixture
+def outside_view(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    (tmp_path / "answer_words_view.py").write_text(VIEW_PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv(plugins.ENV_VAR, "answer_words_view")
+    yield
+    plugins._REGISTRY["view"].pop("answer words", None)
+    sys.modules.pop("answer_words_view", None)
+    plugins._imported.discard("answer_words_view")
+    plugins._DISCOVERED.clear()
+
+
+def test_a_view_from_outside_is_run_by_medvqa_score_and_shown_by_the_report(
+    outside_view: None, tmp_path: Path
+) -> None:
+    """A view is a plug-in like a dataset: a module named in MEDVQA_PLUGINS adds one, which
+    `medvqa-score` runs (its figures and per-sample column) and `medvqa-report` shows (its
+    section), with no list edited."""
+    from medvqa.cli.catalog import catalog
+    from medvqa.cli.report import main as report_main
+    from medvqa.cli.score import main as score_main
+    from tests.test_report import headline, write_record
+
+    preds = tmp_path / "preds.csv"
+    preds.write_text(
+        "id,split,question,answer,prediction,answer_type\n"
+        "q1,test_iid,What organ?,liver,the liver,open\n"
+        "q2,test_iid,Is it normal?,yes,yes,closed\n"
+        "q3,test_ood,What organ?,lung,a left lung,open\n"
+        "q4,test_ood,Is it normal?,no,yes,closed\n"
+    )
+    scored, report = tmp_path / "scored", tmp_path / "report"
+    assert score_main([str(preds), "--out", str(scored), "metric=[traditional]"]) == 0
+    metrics = json.loads((scored / "results.json").read_text())["metrics"]
+    assert metrics["test_iid/answer_words_mean"] == 1.5
+    assert metrics["test_ood/answer_words_mean"] == 2.0
+    assert "answer_words" in pd.read_parquet(scored / "scores.parquet").columns
+    # the report places runs by their dataset, shift and method: a run's record with these
+    runs = tmp_path / "runs"
+    write_record(runs, metrics={**headline(np.random.default_rng(0)), **metrics})
+    assert report_main([str(runs), "--out", str(report)]) == 0
+    page = (report / "report.html").read_text()
+    assert "Answer length" in page and "mean words" in page and "Words per answer." in page
+    assert "  answer words " in catalog(["views"])

@@ -22,10 +22,11 @@ from matplotlib.figure import Figure
 
 from medvqa.analysis.aggregate import method_sort_key
 from medvqa.analysis.paired import scored_table
-from medvqa.analysis.tables import SPLIT_LABELS, select_rows, slug
+from medvqa.analysis.tables import select_rows, slug
 from medvqa.data import records as R
 from medvqa.evaluation.families.calibration import CalibrationMetric, risk_coverage
 from medvqa.evaluation.reliance import QUADRANTS
+from medvqa.evaluation.views import SPLIT_LABELS
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,6 @@ from medvqa.analysis.aggregate import SKIPPED, rehearsals
 from medvqa.analysis.paired import paired_differences
 from medvqa.analysis.tables import (
     FOOTNOTE,
-    VIEWS,
     issues_table,
     long_table,
     perf_table,
@@ -45,6 +44,7 @@ from medvqa.analysis.tables import (
     write_tables,
 )
 from medvqa.atomic import staged_dir
+from medvqa.evaluation.views import presented
 from medvqa.record import REHEARSAL_NOTE
 
 log = logging.getLogger(__name__)
@@ -142,7 +142,7 @@ def build(runs: pd.DataFrame, out_dir: Path | str) -> Report:
         for name, table in tables.items():
             stem = out_dir / "tables" / f"{slug(view)}_{slug(name)}"
             table.to_csv(stem.with_suffix(".csv"), index=False)
-            caption = f"{note + '. ' if note else ''}{name}. {VIEWS[view].note}"
+            caption = f"{note + '. ' if note else ''}{name}. {presented()[view].note}"
             stem.with_suffix(".tex").write_text(to_latex(table, caption))
             files[stem.name] = stem.with_suffix(".csv")
     report.ranks.to_csv(out_dir / "ranks.csv", index=False)
@@ -282,7 +282,7 @@ def write_html(report: Report) -> Path:
     parts.append(f"<p class='note'>{html.escape(FOOTNOTE)}</p>")
     for view, tables in report.views.items():
         parts.append(f"<h2>{html.escape(view)}</h2>")
-        parts.append(f"<p class='note'>{html.escape(VIEWS[view].note)}</p>")
+        parts.append(f"<p class='note'>{html.escape(presented()[view].note)}</p>")
         for name, table in tables.items():
             parts += [f"<h3>{html.escape(name)}</h3>", _frame_html(table)]
     parts.append("<h2>Runs that did not finish</h2>")

@@ -10,7 +10,6 @@ score) is "n/a".
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import re
@@ -22,6 +21,7 @@ import pandas as pd
 
 from medvqa.analysis.aggregate import BASELINES, PROVENANCE_COLUMNS, method_sort_key
 from medvqa.analysis.summary import COLUMNS, markdown_table, markdown_text
+from medvqa.evaluation.views import presented
 
 log = logging.getLogger(__name__)
 
@@ -230,81 +230,11 @@ def wide_tables(long: pd.DataFrame, columns: Sequence[str] = COLUMNS) -> dict[st
     return tables
 
 
-# How a split (or a pair of splits, `test_iid~test_ood`) reads in a column or a figure.
-SPLIT_LABELS = {"test_iid": "i.i.d.", "test_ood": "OoD", "test_iid~test_ood": "i.i.d.~OoD"}
-_SPLITS = "|".join(re.escape(s) for s in sorted(SPLIT_LABELS, key=len, reverse=True))
-
-
-@dataclasses.dataclass(frozen=True)
-class View:
-    """One beyond-accuracy view of the report: which recorded scores it shows (a pattern with
-    groups split, what, stat), how its columns read, and what the reader needs to know."""
-
-    pattern: str
-    stats: dict[str, str]  # stat group -> its label, in column order
-    note: str
-
-    def columns(self, frame: pd.DataFrame) -> dict[str, str]:
-        """Recorded score -> column label, in column order (what, stat, split)."""
-        found: dict[tuple[str, int, int], tuple[str, str]] = {}
-        splits = list(SPLIT_LABELS)
-        for column in frame.columns:
-            match = re.match(self.pattern.replace("SPLIT", _SPLITS), str(column))
-            if match:
-                split, what, stat = match.group("split", "what", "stat")
-                label = " ".join(p for p in (self.stats[stat], what, SPLIT_LABELS[split]) if p)
-                found[(what, list(self.stats).index(stat), splits.index(split))] = (column, label)
-        return dict(found[k] for k in sorted(found))
-
-
-VIEWS: dict[str, View] = {
-    "Image reliance": View(
-        r"^(?P<split>SPLIT)/reliance_(?P<what>[a-z]+)_closed_(?P<stat>survive|correct_independent)$",
-        {"survive": "survive", "correct_independent": "right w/o image"},
-        "Closed questions (medvqa.evaluation.reliance). survive <mode>: of the answers right "
-        "with the real image, the share still right when the image is <mode> (blank: black; "
-        "shuffled: another case's; mismatched: another modality's). right w/o image: the share "
-        "of all answers that are right and do not change under <mode> (the 'correct but "
-        "image-independent' quadrant). Lower survival means more reliance on the image.",
-    ),
-    "Paraphrase consistency": View(
-        r"^(?P<split>SPLIT)/consistency_paraphrase_(?P<what>closed|open)_"
-        r"(?P<stat>flip_rate|both_correct)$",
-        {"flip_rate": "flips", "both_correct": "both right"},
-        "Pairs of questions that ask the same in other words (a paraphrase group). flips: the "
-        "share of pairs whose answers differ in meaning (closed: the chosen candidate); both "
-        "right: the share right both times. i.i.d.~OoD: pairs with one question in each split.",
-    ),
-    "Option-order invariance": View(
-        r"^(?P<split>SPLIT)/consistency_order_(?P<what>closed)_(?P<stat>flip_rate)$",
-        {"flip_rate": "flips"},
-        "Closed questions asked again with their options in other seeded orders "
-        "(data.option_orders): the mean share of reorderings that change the chosen answer "
-        "(its meaning, not its position).",
-    ),
-    "Calibration": View(
-        r"^(?P<split>SPLIT)/calibration_closed_(?P<what>)(?P<stat>ece|brier|aurc|acc_at_50)$",
-        {"ece": "ECE", "brier": "Brier", "aurc": "AURC", "acc_at_50": "acc@50%"},
-        "Closed questions; confidence: the probability of the generated answer. ECE over "
-        "equal-mass bins, Brier score and area under the risk-coverage curve (lower is better); "
-        "acc@50%: accuracy of the half the model is surest of.",
-    ),
-    "Worst subgroups": View(
-        r"^(?P<split>SPLIT)/subgroups_(?P<what>[^=/]+)_(?P<stat>worst_gap)$",
-        {"worst_gap": "worst gap"},
-        "Per metadata field, the most negative gap between a group's closed accuracy and the "
-        "rest of the split (metric=subgroups; p- and q-values per group are in results.json). "
-        "Compare a method's row with the zero-shot base's: a more negative gap means "
-        "fine-tuning widened it.",
-    ),
-}
-
-
 def view_tables(frame: pd.DataFrame) -> dict[str, dict[str, pd.DataFrame]]:
     """Per beyond-accuracy view that some run recorded: per table, methods × the view's
     columns (cells as in the main tables: mean ± std over seeds, or one seed's CI)."""
     out: dict[str, dict[str, pd.DataFrame]] = {}
-    for name, view in VIEWS.items():
+    for name, view in presented().items():
         labels = view.columns(frame)
         if not labels:
             continue

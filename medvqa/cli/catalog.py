@@ -32,16 +32,6 @@ def _classes(kind: str) -> Iterator[tuple[str, str]]:
         yield name, _first_sentence(inspect.getdoc(module) or own or cls.__qualname__)
 
 
-def _views() -> Iterator[tuple[str, str]]:
-    from medvqa.evaluation.views import VIEWS
-
-    for view in VIEWS:
-        doc = inspect.getdoc(type(view))
-        inherited = doc == inspect.getdoc(type(view).__mro__[1])
-        what = f"reads {', '.join(view.columns)} ({view.family})" if view.columns else ""
-        yield view.name, what if inherited or not doc else _first_sentence(doc)
-
-
 def _yaml_comment(path: Path) -> str:
     """The first comment paragraph at the top of a config file (what it is), else its keys."""
     lines = []
@@ -77,7 +67,7 @@ KINDS: dict[str, tuple[str, Callable[[], Iterator[tuple[str, str]]]]] = {
     "models": ("model=<name>", _group("model")),
     "model families": ("a checkpoint's model_type", lambda: _classes("family")),
     "metric families": ("metric=[<name>,...]", lambda: _classes("metric")),
-    "views": ("computed when a job has their inputs", _views),
+    "views": ("run where a job has their inputs", lambda: _classes("view")),
     "experiments": ("+experiment=<name>", _group("experiment")),
     "sweeps": ("-m sweep=<name>", _group("sweep")),
     "studies": ("study=<name>", _group("study")),

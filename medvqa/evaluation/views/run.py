@@ -1,6 +1,7 @@
-"""The views beyond accuracy: figures over all of a job's scored answers together, where a
-metric family scores one predictions file at a time (docs/metrics.md#image-reliance and the
-sections after it). Each view is a plug-in that declares what it reads:
+"""Running the views beyond accuracy: figures over all of a job's scored answers together,
+where a metric family scores one predictions file at a time (docs/metrics.md#image-reliance and
+the sections after it). The views are plug-ins (`medvqa.evaluation.views.base.View`, one module
+each in this package, or a module named in `MEDVQA_PLUGINS`), each declaring what it reads:
 
 - image reliance, against the counterfactual image modes' answers (`reliance.py`);
 - paraphrase consistency, over rows that share a `paraphrase_group` (`consistency.py`);
@@ -20,107 +21,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import pandas as pd
 
-from medvqa.data import records as R
-from medvqa.evaluation import consistency, reliance
-from medvqa.evaluation.families.traditional import BINARY_CORRECT
 from medvqa.evaluation.scoring import Scoring, bootstrap_options, prefixed
+from medvqa.evaluation.views.base import JobRows, views
 
 log = logging.getLogger(__name__)
-
-# The traditional family's per-sample columns the views read, by the answer type that needs
-# them: whether an answer is right, and which candidate a closed answer chose.
-NEEDED_FOR = {**{c: t for t, c in BINARY_CORRECT.items()}, consistency.CHOICE: "closed"}
-CORRECT = tuple(BINARY_CORRECT.values())
-
-
-@dataclass
-class JobRows:
-    """What the views read: the main answers' scored table (`main`, which the views' per-sample
-    columns join), every other pass's scored table by its metric prefix (`<mode>/`,
-    `order<k>/`), the breakdown fields and the bootstrap's options (None: no intervals)."""
-
-    main: pd.DataFrame
-    others: Mapping[str, pd.DataFrame] = field(default_factory=dict)
-    image_modes: Mapping[str, str] = field(default_factory=dict)  # prefix -> its image mode
-    orders: Sequence[str] = ()  # the reorderings' prefixes among `others`
-    breakdown: Sequence[str] = ()
-    bootstrap: Mapping[str, Any] | None = None
-
-
-class View:
-    """One view: `applies` says whether the job has its inputs; `columns` are the per-sample
-    columns of `main` it reads (made by the `family` named); `apply` returns `main` with its
-    own per-sample columns and its figures."""
-
-    name: ClassVar[str]
-    columns: ClassVar[tuple[str, ...]] = ()
-    family: ClassVar[str] = "traditional"
-
-    def applies(self, rows: JobRows) -> bool:
-        raise NotImplementedError
-
-    def apply(self, rows: JobRows) -> tuple[pd.DataFrame, dict[str, float]]:
-        raise NotImplementedError
-
-    def needed(self, rows: JobRows) -> list[str]:
-        """The columns it reads that the answer types of `main`'s rows need."""
-        types = set(rows.main[R.ANSWER_TYPE]) if R.ANSWER_TYPE in rows.main else set()
-        return [c for c in self.columns if NEEDED_FOR[c] in types]
-
-
-class ImageReliance(View):
-    name = "image reliance"
-    columns = CORRECT
-
-    def applies(self, rows: JobRows) -> bool:
-        return bool(rows.image_modes)
-
-    def apply(self, rows: JobRows) -> tuple[pd.DataFrame, dict[str, float]]:
-        main, modes = reliance.add_reliance(
-            rows.main, {mode: rows.others[prefix] for prefix, mode in rows.image_modes.items()}
-        )
-        return main, reliance.reliance_metrics(main, modes, rows.breakdown, rows.bootstrap)
-
-
-class ParaphraseConsistency(View):
-    name = "paraphrase consistency"
-    columns = CORRECT
-
-    def applies(self, rows: JobRows) -> bool:
-        group = rows.main.get(R.PARAPHRASE_GROUP)
-        return group is not None and bool(group.notna().any())
-
-    def apply(self, rows: JobRows) -> tuple[pd.DataFrame, dict[str, float]]:
-        main = consistency.add_agreement(rows.main)
-        splits = list(dict.fromkeys(main[R.SPLIT])) if R.SPLIT in main.columns else []
-        return main, consistency.consistency_metrics(main, splits, rows.bootstrap)
-
-
-class OrderFlips(View):
-    name = "option-order flips"
-    columns = (consistency.CHOICE,)
-
-    def applies(self, rows: JobRows) -> bool:
-        return bool(rows.orders)
-
-    def apply(self, rows: JobRows) -> tuple[pd.DataFrame, dict[str, float]]:
-        main, _ = consistency.order_flips(rows.main, {p: rows.others[p] for p in rows.orders})
-        return main, consistency.order_metrics(main, rows.bootstrap)
-
-
-VIEWS: tuple[View, ...] = (ImageReliance(), ParaphraseConsistency(), OrderFlips())
 
 
 def run_views(rows: JobRows, families: Sequence[Any] = ()) -> tuple[pd.DataFrame, dict[str, float]]:
     """Every view whose inputs the job has, then each metric family's hook over the job's rows
     (`MetricFamily.over_rows`); returns `main` with their per-sample columns and their figures."""
     out: dict[str, float] = {}
-    for view in VIEWS:
+    for view in views():
         if not view.applies(rows):
             continue
         needed = view.needed(rows)
