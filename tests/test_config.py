@@ -171,6 +171,8 @@ def _selection(path: Path) -> list[str] | None:
         return []
     if group.startswith("hydra/"):
         return None  # launcher plug-ins: hydra-submitit's and Hydra's own classes
+    if group.startswith("sweep/"):
+        return None  # a grid sweeps include under hydra.sweeper.params: no class reads it
     if group == "experiment":
         return [f"+experiment={option}"]
     if group == "metric":

@@ -18,6 +18,7 @@ import torch
 from omegaconf import OmegaConf, open_dict
 
 from medvqa.data import records as R
+from medvqa.data.shifts import SPLITS_FILE
 from medvqa.models.saving import (
     META_FILE,
     TRAINED_DIR,
@@ -28,7 +29,7 @@ from medvqa.models.saving import (
 )
 from medvqa.record import RESULTS_FILE, RunRecord
 from medvqa.targets import UntrustedTargetError, check_targets, refusal
-from medvqa.tasks.common import SPLITS_FILE, split_rows
+from medvqa.tasks.common import split_rows
 from medvqa.tasks.from_run import RunFolderError, adopt_run, check_trained_weights, check_unseen
 from tests.conftest import ROOT, compose
 

@@ -240,7 +240,7 @@ def breakdown_cells(frame: pd.DataFrame) -> pd.DataFrame:
         scores = {run["primary_closed"]: "closed", run["primary_open"]: "open"}
         for key in run.index:
             m = _BREAKDOWN.match(str(key))
-            if not m or m.group(1) != "test_ood" or m.group(4) not in scores:
+            if not m or m.group(1) != R.TEST_OOD or m.group(4) not in scores:
                 continue
             ood = float(run[key]) if pd.notna(run[key]) else math.nan
             iid_key = f"test_iid/{m.group(2)}={m.group(3)}/{m.group(4)}"
@@ -333,7 +333,7 @@ def reliance_quadrants(frame: pd.DataFrame, out_dir: Path) -> dict[str, Path]:
             bars = []
             for method in _ordered(part):
                 mine = part[part["method"] == method]
-                for split in ("test_iid", "test_ood"):
+                for split in (R.TEST_IID, R.TEST_OOD):
                     cols = [f"{split}/reliance_{mode}_closed_{q}" for q in QUADRANTS]
                     if all(c in mine for c in cols):
                         shares = mine[cols].apply(pd.to_numeric, errors="coerce").mean()
@@ -371,7 +371,7 @@ def subgroup_forest(frame: pd.DataFrame, out_dir: Path) -> dict[str, Path]:
         rows = rows[rows["kind"].isin(("run", "reference"))]
     if not found or rows.empty:
         return figures
-    for split in ("test_iid", "test_ood"):
+    for split in (R.TEST_IID, R.TEST_OOD):
         groups = [(c, f"{f}={v}") for c, s, f, v in found if s == split]
         if not groups:
             continue
@@ -437,7 +437,7 @@ def calibration_curves(frame: pd.DataFrame, out_dir: Path, bins: int = 10) -> di
         colours = dict(zip(curves, palette(len(curves)), strict=True))
         for name, parts in curves.items():
             rows = pd.concat(parts, ignore_index=True)
-            for split, style in (("test_iid", "-"), ("test_ood", "--")):
+            for split, style in ((R.TEST_IID, "-"), (R.TEST_OOD, "--")):
                 mine = rows[rows[R.SPLIT] == split]
                 c, y = mine[conf].to_numpy(float), mine[right].to_numpy(float)
                 if not len(c) or np.isnan(c).any():

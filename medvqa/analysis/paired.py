@@ -63,7 +63,7 @@ COLUMNS = [
     "ci_lo",
     "ci_hi",
 ]
-SPLITS = ("test_iid", "test_ood")
+SPLITS = (R.TEST_IID, R.TEST_OOD)
 PAIR_KINDS = ("method − method", "condition − default", "method − baseline")
 
 

@@ -34,12 +34,13 @@ from omegaconf import OmegaConf
 
 from medvqa import CONF_DIR
 from medvqa.analysis.aggregate import as_number, config_get, find_records, run_identity
+from medvqa.data import records as R
 from medvqa.evaluation.scoring import unreliable
 from medvqa.record import read_record
 
 log = logging.getLogger(__name__)
 
-SPLIT = "val"
+SPLIT = R.VAL
 # The paper's criterion, and its tie-breaker (docs/judge.md: closed 0-1, open 1-5).
 JUDGE = ("judge_closed_acc", "judge_open_score")
 # Where a grid's settings may differ: the method, the trainer and the data loader. Runs that

@@ -11,11 +11,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from medvqa.data import records as R
+
 COLUMNS = ("closed i.i.d.", "closed OoD", "closed RR", "open i.i.d.", "open OoD", "open RR")
 _SPLITS = {"i.i.d.": "test_iid/", "OoD": "test_ood/"}
 # A run scored on the validation split only (a hyperparameter grid, task.eval_splits=[val]).
 VAL_COLUMNS = ("closed val", "open val")
-_VAL_SPLITS = {"val": "val/"}
+_VAL_SPLITS = {R.VAL: f"{R.VAL}/"}
 # Labels and metadata are data: in Markdown they must not become markup (HTML that a viewer
 # renders or runs) or break the table (a `|` adds a cell, a newline ends the row).
 _MARKDOWN_ESCAPES = str.maketrans(
@@ -59,7 +61,7 @@ def summary_table(
     from medvqa.evaluation.scoring import failed_items, unreliable
 
     val_only = not any(k.startswith(tuple(_SPLITS.values())) for k in metrics) and any(
-        k.startswith(_VAL_SPLITS["val"]) for k in metrics
+        k.startswith(_VAL_SPLITS[R.VAL]) for k in metrics
     )
     splits, columns = (_VAL_SPLITS, VAL_COLUMNS) if val_only else (_SPLITS, COLUMNS)
     records = []

@@ -31,10 +31,10 @@ def _overlap(reference: pd.DataFrame, split: pd.DataFrame, column: str) -> dict[
 # (split, reference) pairs the audit compares: every evaluation split against training, and
 # the OoD test against the i.i.d. test (a question-type shift shares all its images there).
 PAIRS: tuple[tuple[str, str], ...] = (
-    ("val", "train"),
-    ("test_iid", "train"),
-    ("test_ood", "train"),
-    ("test_ood", "test_iid"),
+    (R.VAL, R.TRAIN),
+    (R.TEST_IID, R.TRAIN),
+    (R.TEST_OOD, R.TRAIN),
+    (R.TEST_OOD, R.TEST_IID),
 )
 
 

@@ -22,6 +22,9 @@ CANDIDATES = "candidates"  # list[str] for closed questions, None for open ones
 CASE_ID = "case_id"
 IMAGE_ID = "image_id"
 SOURCE_SPLIT = "source_split"  # the dataset's own split: train | validate | test
+# The splits a shift makes (medvqa.data.shifts.make_splits): i.i.d. train, validation and test,
+# and the OoD test. Named here once; `shifts.SPLITS` lists them in order.
+TRAIN, VAL, TEST_IID, TEST_OOD = "train", "val", "test_iid", "test_ood"
 SPLIT = "split"  # of a prediction: the evaluation split it belongs to (test_iid, test_ood, ...)
 # Rows that ask the same thing in other words share it (VQA-RAD's qid_linked_id; the synthetic
 # data's paraphrases): paraphrase consistency, and splits that keep a group together.

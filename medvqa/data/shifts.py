@@ -28,7 +28,10 @@ from medvqa.data import records as R
 from medvqa.data.transforms import CORRUPTION_LEVELS, TRANSFORMS
 from medvqa.errors import DataError
 
-SPLITS: tuple[str, ...] = ("train", "val", "test_iid", "test_ood")
+SPLITS: tuple[str, ...] = (R.TRAIN, R.VAL, R.TEST_IID, R.TEST_OOD)
+# The splits' report in a run directory (`medvqa.tasks.common.prepare_splits` writes it: sizes,
+# cleaning, leakage audit, each split's row ids).
+SPLITS_FILE = "splits.json"
 # Set by transform shifts: how a row's image is altered when loaded (None: as stored).
 IMAGE_TRANSFORM = "image_transform"
 

@@ -283,18 +283,19 @@ class GenerationData(L.LightningDataModule):
         split: str,
         model_id: str,
         batch_size: int,
-        image_mode: str = "image",
+        image_mode: str = DataSchema.eval_image,
         num_workers: int | None = DataSchema.num_workers,
         prompt: PromptTemplate = PLAIN,
         mismatch_field: str = DataSchema.mismatch_field,
         pool: pd.DataFrame | None = None,
-        share_prefix: bool = False,
+        share_image_prefix: bool = ModelSchema.share_image_prefix,
         shared_length: int | None = None,
     ) -> None:
         super().__init__()
         self.frame = frame
-        # Shared image prefixes, on rows of at most `shared_length` tokens (a sliding window).
-        self.share_prefix = share_prefix
+        # Shared image prefixes, on rows of at most `shared_length` tokens (a sliding window);
+        # `share_image_prefix` as decided for the model (`shares_prefixes`).
+        self.share_image_prefix = share_image_prefix
         self.shared_length = shared_length
         self.mismatch_field = mismatch_field
         # The rows the partner-image modes draw from: this whole split (not a rank's shard) or
@@ -333,14 +334,14 @@ class GenerationData(L.LightningDataModule):
         # This rank's shard, cut here rather than by Lightning's sampler, which refuses a rank
         # without rows (prediction_trainer turns it off).
         rank, ranks = self.trainer.global_rank, self.trainer.world_size
-        if self.share_prefix:  # a contiguous run of the rows, in the order of their images
+        if self.share_image_prefix:  # a contiguous run of the rows, in the order of their images
             pending = self.frame.loc[self.frame[R.ID].isin(set(todo))]
             pending = pending.iloc[self._dataset(pending).by_image()]
             rows = pending.iloc[rank * len(pending) // ranks : (rank + 1) * len(pending) // ranks]
         else:
             rows = self.frame.loc[self.frame[R.ID].isin(set(todo[rank::ranks]))]
         collate_fn = collate
-        if self.share_prefix:
+        if self.share_image_prefix:
             collate_fn = partial(
                 collate_shared,
                 image_token=image_token_id(self.processor),
@@ -447,7 +448,7 @@ def generate_predictions(
     *,
     batch_size: int = DataSchema.eval_batch_size,
     max_new_tokens: int = ModelSchema.max_new_tokens,
-    image_mode: str = "image",
+    image_mode: str = DataSchema.eval_image,
     trainer_cfg: Any = None,
     num_workers: int | None = DataSchema.num_workers,
     model_id: str | None = None,

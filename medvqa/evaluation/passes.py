@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from medvqa.training.spec import DataSchema
+
 PREDICTIONS = "predictions"
 ZERO_SHOT = "zero_shot/"
 CHANCE = "chance/"
@@ -60,7 +62,7 @@ def job_passes(
     tuned: bool,
     zero_shot_label: str | None = None,
     extra_images: Sequence[str] = (),
-    option_orders: int = 0,
+    option_orders: int = DataSchema.option_orders,
 ) -> list[EvalPass]:
     """The passes of a job, in the order they run: the untuned base's answers first (a `tuned`
     job with a `zero_shot_label`: the reference row, before the method applies), then the main

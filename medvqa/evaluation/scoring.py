@@ -38,7 +38,7 @@ from medvqa.evaluation.statistics import Bootstrap
 
 log = logging.getLogger(__name__)
 
-IID, OOD = "test_iid", "test_ood"
+IID, OOD = R.TEST_IID, R.TEST_OOD
 # The row counts the pipeline adds to every aggregate (`counts`), and what they are.
 COUNTS = ("n", "n_open", "n_closed")
 
@@ -261,8 +261,8 @@ def headline_intervals(
     scores_by_split: Mapping[str, Mapping[str, float]],
     metrics: Sequence[MetricFamily],
     evaluation_cfg: Any,
-    iid: str = "test_iid",
-    ood: str = "test_ood",
+    iid: str = IID,
+    ood: str = OOD,
 ) -> dict[str, float]:
     """Case-clustered bootstrap CIs of the headline scores, of RR and of OoD − i.i.d.
 

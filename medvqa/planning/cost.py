@@ -35,6 +35,8 @@ import torch
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
+from medvqa.data import records as R
+from medvqa.data.shifts import SPLITS, SPLITS_FILE
 from medvqa.evaluation import passes as eval_passes
 from medvqa.models.adapters import (
     apply_method,
@@ -44,7 +46,13 @@ from medvqa.models.adapters import (
 )
 from medvqa.models.architectures import image_tokens, load_architecture, meta_model
 from medvqa.models.flops import attention_shape, counts_flops, matmul_params, model_flops
-from medvqa.models.loading import architecture, resolve_pretrained, roles, torch_dtype
+from medvqa.models.loading import (
+    architecture,
+    model_option,
+    resolve_pretrained,
+    roles,
+    torch_dtype,
+)
 from medvqa.planning.memory import LABELLED_TOKENS, TEXT_TOKENS, Setup, checkpointing_label
 from medvqa.planning.memory import step_time as time_model
 from medvqa.planning.setup import injectable
@@ -75,7 +83,6 @@ def memoized(compose: Composer) -> Composer:
 MAX_FLOP_SCALE = 2.0
 # The task whose jobs use a GPU (task=train_eval and task=eval run it).
 TRAIN_EVAL = "medvqa.tasks.train_eval.train_eval"
-SPLITS_FILE = "splits.json"
 
 
 @dataclass(frozen=True)
@@ -276,7 +283,7 @@ def known_sizes(cfg: DictConfig, splits: str | Path | None = None) -> Sizes | st
         if found is not None:
             path, report = found
             n = {name: int(v["n"]) for name, v in report["splits"].items()}
-            return Sizes(n["train"], n["val"], n["test_iid"], n["test_ood"], str(path))
+            return Sizes(*(n[s] for s in SPLITS), str(path))
     if shift in SHIFT_SIZES and SHIFT_SIZES[shift][0] == dataset:
         _, train, iid, ood = SHIFT_SIZES[shift]
         source_train, validate, _ = SOURCE_SIZES[dataset]
@@ -380,7 +387,7 @@ def _kernels(cfg: DictConfig) -> str:
     """The kernels the fit runs: compiled decoder layers, Liger's, or eager ones."""
     if compiles_layers(cfg.model, cfg.trainer.accelerator):
         return "compiled"
-    return "liger" if bool(cfg.model.get("liger_kernels", False)) else "eager"
+    return "liger" if bool(model_option(cfg.model, "liger_kernels")) else "eager"
 
 
 def _row_family(row: TrainRow | GenerateRow) -> str:
@@ -604,14 +611,14 @@ def _job_cost(
         if isinstance(rate, str):
             return JobCost(gpus=gpus, missing=rate)
         per_s, basis, table = rate
-        train = capped(sizes.train, limit.get("train"))
+        train = capped(sizes.train, limit.get(R.TRAIN))
         samples, epochs = train_samples(job, train, setup)
         name = f"training, {samples / train:g} x {train} rows" if train else "training"
         phases.append(Phase("train", name, samples, per_s, basis))
         measured.append(table)
         every = job.trainer.get("check_val_every_n_epoch")
         validations = epochs // int(every) if every else 0
-        rows = val_rows(job, capped(sizes.val, limit.get("val")), setup)
+        rows = val_rows(job, capped(sizes.val, limit.get(R.VAL)), setup)
         flops = sample_flops(job.model, job.peft, _images(job, "train"), text_tokens)
         if validations and rows and flops is not None:
             at_eval = dataclasses.replace(setup, micro_batch=setup.eval_batch, checkpoint_every=0)

@@ -18,7 +18,7 @@ from medvqa.data import records as R
 from medvqa.data.annotated import DEFAULT_ON_BAD_ROW, check_images
 from medvqa.data.audit import audit_leakage, leakage_warnings
 from medvqa.data.base import VQASource
-from medvqa.data.shifts import SPLITS, Shift, Splits, limit_splits, make_splits
+from medvqa.data.shifts import SPLITS_FILE, Shift, Splits, limit_splits, make_splits
 from medvqa.distributed import is_global_zero
 from medvqa.errors import DataError
 from medvqa.evaluation.scoring import finite
@@ -27,12 +27,11 @@ from medvqa.record import REHEARSAL_NOTE, is_rehearsal
 from medvqa.tracking import log_metrics, log_table
 
 log = logging.getLogger(__name__)
-SPLITS_FILE = "splits.json"
 # splits.json: each split's row ids as used (after data.limit and the image check), and the
 # case keys of the training rows: what `task=eval` checks an evaluation's rows against
 # (medvqa.tasks.from_run.check_unseen).
 ROWS, TRAIN_CASES = "rows", "train_cases"
-TRAIN = SPLITS[0]
+TRAIN = R.TRAIN
 
 
 def report_run(

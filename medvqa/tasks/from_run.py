@@ -28,9 +28,10 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from medvqa.data import records as R
+from medvqa.data.shifts import SPLITS_FILE
 from medvqa.record import RESULTS_FILE, read_record
 from medvqa.targets import check_targets
-from medvqa.tasks.common import ROWS, SPLITS_FILE, TRAIN, TRAIN_CASES
+from medvqa.tasks.common import ROWS, TRAIN, TRAIN_CASES
 
 log = logging.getLogger(__name__)
 

@@ -11,6 +11,8 @@ from typing import Any
 
 from omegaconf import MISSING
 
+from medvqa.data.shifts import SPLITS
+
 
 @dataclass
 class TrainerSchema:
@@ -91,6 +93,4 @@ class DataSchema:
     # answer's meaning (the chosen candidate), not its position, is compared with the main one
     # (option-order flips, docs/metrics.md#option-order-invariance).
     option_orders: int = 0
-    limit: dict[str, int | None] = dataclasses.field(
-        default_factory=lambda: {"train": None, "val": None, "test_iid": None, "test_ood": None}
-    )
+    limit: dict[str, int | None] = dataclasses.field(default_factory=lambda: dict.fromkeys(SPLITS))

@@ -245,7 +245,7 @@ def fit_temperature(preds: pd.DataFrame, correct: np.ndarray, kind: str) -> floa
 
 
 def temperature_metrics(
-    scored: pd.DataFrame, family: CalibrationMetric, fit_split: str = "val"
+    scored: pd.DataFrame, family: CalibrationMetric, fit_split: str = R.VAL
 ) -> tuple[pd.DataFrame, dict[str, float]]:
     """Temperature scaling: per answer type, the temperature fitted on `fit_split`'s answers
     (the i.i.d. validation split, `task.eval_splits` must include it) applied to every split,

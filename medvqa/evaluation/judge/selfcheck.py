@@ -160,9 +160,9 @@ def aspect_selfcheck_items(rubric: Rubric) -> list[tuple[JudgeItem, float]]:
 
 def floors(cfg: Mapping[str, Any]) -> tuple[float, float] | None:
     """(minimum closed accuracy, minimum open tau) from a `judge` config; None: no check."""
-    if not cfg.get("selfcheck", True):
-        return None
     defaults = {f.name: f.default for f in fields(JudgeConfig)}
+    if not cfg.get("selfcheck", defaults["selfcheck"]):
+        return None
     return (
         float(cfg.get("selfcheck_min_closed_acc", defaults["selfcheck_min_closed_acc"])),
         float(cfg.get("selfcheck_min_open_tau", defaults["selfcheck_min_open_tau"])),

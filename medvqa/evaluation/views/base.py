@@ -23,7 +23,11 @@ NEEDED_FOR = {**{c: t for t, c in BINARY_CORRECT.items()}, consistency.CHOICE: "
 CORRECT = tuple(BINARY_CORRECT.values())
 
 # How a split (or a pair of splits, `test_iid~test_ood`) reads in a column or a figure.
-SPLIT_LABELS = {"test_iid": "i.i.d.", "test_ood": "OoD", "test_iid~test_ood": "i.i.d.~OoD"}
+SPLIT_LABELS = {
+    R.TEST_IID: "i.i.d.",
+    R.TEST_OOD: "OoD",
+    f"{R.TEST_IID}~{R.TEST_OOD}": "i.i.d.~OoD",
+}
 _SPLITS = "|".join(re.escape(s) for s in sorted(SPLIT_LABELS, key=len, reverse=True))
 
 
