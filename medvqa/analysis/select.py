@@ -182,13 +182,19 @@ def _criterion(records: Sequence[tuple[str, dict]], name: str) -> tuple[tuple[st
     keys = set().union(*(r.get("metrics") or {} for _, r in records))
     if f"{SPLIT}/{JUDGE[0]}" in keys:
         return (f"{SPLIT}/{JUDGE[0]}", f"{SPLIT}/{JUDGE[1]}"), "the LLM judge"
-    headlines = {
-        (
-            r["config"].get("evaluation", {}).get("primary_closed", "closed_acc"),
-            r["config"].get("evaluation", {}).get("primary_open", "open_f1"),
+    # A record written without an evaluation node was scored with the schema's headlines
+    # (imported here: medvqa-select's --help loads no config schemas).
+    from medvqa.config import EvaluationSchema
+
+    headlines: set[tuple[str, str]] = set()
+    for _, r in records:
+        evaluation = r["config"].get("evaluation", {})
+        headlines.add(
+            (
+                evaluation.get("primary_closed", EvaluationSchema.primary_closed),
+                evaluation.get("primary_open", EvaluationSchema.primary_open),
+            )
         )
-        for _, r in records
-    }
     if len(headlines) > 1:
         raise ValueError(
             f"{name}: the runs' evaluation.primary_closed/primary_open differ {sorted(headlines)}; "

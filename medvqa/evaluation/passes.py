@@ -60,14 +60,14 @@ def job_passes(
     label: str,
     eval_image: str,
     tuned: bool,
-    zero_shot_label: str | None = None,
-    extra_images: Sequence[str] = (),
+    zero_shot_label: str | None,
+    extra_images: Sequence[str],
     option_orders: int = DataSchema.option_orders,
 ) -> list[EvalPass]:
     """The passes of a job, in the order they run: the untuned base's answers first (a `tuned`
-    job with a `zero_shot_label`: the reference row, before the method applies), then the main
-    answers, each of `extra_images` (data.extra_eval_images) and each of `option_orders`
-    reorderings."""
+    job with a `zero_shot_label`, None: no such reference row, before the method applies), then
+    the main answers, each of `extra_images` (data.extra_eval_images) and each of
+    `option_orders` reorderings."""
     passes = []
     if zero_shot_label is not None and tuned:
         passes.append(EvalPass(ZERO_SHOT, zero_shot_label, eval_image, base=True, shared=True))

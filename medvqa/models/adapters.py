@@ -19,6 +19,7 @@ from peft import PeftConfig, get_peft_model
 
 from medvqa.cluster import GPU_ACCELERATORS
 from medvqa.models.prompting import VIRTUAL_TOKEN
+from medvqa.models.spec import ModelSchema
 
 log = logging.getLogger(__name__)
 
@@ -274,9 +275,10 @@ def compiles_layers(model_cfg: Any, accelerator: str) -> bool:
     """Whether the fit compiles the decoder layers: `model.compile_layers`, where `auto` means
     on CUDA GPUs unless Liger's kernels are on (torch.compile cannot trace them). Measured on
     an H100 (docs/gpus.md): LoRA on LLaVA-Med 7B 13.8 -> 23.5 samples/s, 56.8 -> 49.8 GiB."""
-    value = model_cfg.get("compile_layers", False)
+    value = model_cfg.get("compile_layers", ModelSchema.compile_layers)
     if value == "auto":
-        return str(accelerator) in GPU_ACCELERATORS and not model_cfg.get("liger_kernels", False)
+        liger = model_cfg.get("liger_kernels", ModelSchema.liger_kernels)
+        return str(accelerator) in GPU_ACCELERATORS and not liger
     return bool(value)
 
 

@@ -56,6 +56,7 @@ from medvqa.models.loading import (
 from medvqa.planning.memory import LABELLED_TOKENS, TEXT_TOKENS, Setup, checkpointing_label
 from medvqa.planning.memory import step_time as time_model
 from medvqa.planning.setup import injectable
+from medvqa.training.spec import TrainerSchema
 
 # Composes one job's config from its overrides (Hydra's compose API, as run.py composes it).
 Composer = Callable[[Sequence[str]], DictConfig]
@@ -507,15 +508,15 @@ def generation_rate(
 def train_samples(cfg: DictConfig, rows: int, setup: Setup) -> tuple[float, int]:
     """(samples trained, whole epochs): epochs x rows per epoch (`limit_train_batches`), at most
     `max_steps` optimiser steps of the global batch (Lightning: neither is 1000 epochs)."""
-    t = cfg.trainer
+    trainer = cfg.trainer
     per_epoch = float(rows)
-    limit = t.get("limit_train_batches")
+    limit = trainer.get("limit_train_batches")
     if isinstance(limit, float):
         per_epoch = math.floor(rows * limit)
     elif limit is not None:
         per_epoch = min(rows, int(limit) * setup.micro_batch * setup.world_size)
-    steps = int(t.get("max_steps", -1))
-    epochs = t.get("max_epochs")
+    steps = int(trainer.get("max_steps", TrainerSchema.max_steps))
+    epochs = trainer.get("max_epochs")
     epochs = (1000 if steps == -1 else math.inf) if epochs is None else int(epochs)
     total = epochs * per_epoch
     if steps > 0:

@@ -29,9 +29,11 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from medvqa.data import records as R
 from medvqa.data.shifts import SPLITS_FILE
+from medvqa.models.spec import ModelSchema
 from medvqa.record import RESULTS_FILE, read_record
 from medvqa.targets import check_targets
 from medvqa.tasks.common import ROWS, TRAIN, TRAIN_CASES
+from medvqa.training.spec import PeftSchema
 
 log = logging.getLogger(__name__)
 
@@ -124,8 +126,9 @@ def adopt_run(
     named = named_keys(overrides)
     _check_choices(cfg, trained, choices, named, defaults or {}, where)
     check_trained_weights(Path(from_run), trained, record.get("provenance"))
-    remote = OmegaConf.select(trained, "model.trust_remote_code", default=False)
-    if remote and not OmegaConf.select(cfg, "model.trust_remote_code", default=False):
+    trust = ModelSchema.trust_remote_code
+    remote = OmegaConf.select(trained, "model.trust_remote_code", default=trust)
+    if remote and not OmegaConf.select(cfg, "model.trust_remote_code", default=trust):
         raise RunFolderError(
             f"{where}: the run's model.trust_remote_code=true would run the code of its "
             f"checkpoint ({OmegaConf.select(trained, 'model.pretrained')}). A run folder never "
@@ -226,7 +229,7 @@ def check_trained_weights(
             f"{where}: that is a task={task} run; it trained no weights{evaluated}. Give the "
             "directory of a task=train_eval run."
         )
-    if not OmegaConf.select(trained, "peft.fit", default=True):
+    if not OmegaConf.select(trained, "peft.fit", default=PeftSchema.fit):
         return
     weights, manifest = run_dir / TRAINED_DIR / WEIGHTS_FILE, run_dir / TRAINED_DIR / META_FILE
     if not weights.is_file() or not manifest.is_file():

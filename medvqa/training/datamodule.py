@@ -152,7 +152,7 @@ class VQADataset(Dataset):
         source: VQASource,
         processor: Any,
         with_answer: bool,
-        image_mode: str = "image",
+        image_mode: str = DataSchema.train_image,
         prompt: PromptTemplate = PLAIN,
         pool: pd.DataFrame | None = None,
         mismatch_field: str = DataSchema.mismatch_field,
@@ -441,7 +441,7 @@ class VQADataModule(L.LightningDataModule):
         eval_batch_size: int = DataSchema.eval_batch_size,
         num_workers: int | None = DataSchema.num_workers,
         seed: int = 0,
-        image_mode: str = "image",
+        image_mode: str = DataSchema.train_image,
         prompt: PromptTemplate = PLAIN,
         mismatch_field: str = DataSchema.mismatch_field,
     ) -> None:

@@ -158,7 +158,7 @@ def _exit_on_key(config: DictConfig) -> None:
 def check_composed(config: DictConfig) -> None:
     """`check_api_key_env` on a composed config's `judge.api_key_env`, and on each value its
     command-line overrides give that key (a multirun's config does not hold swept values)."""
-    check_api_key_env(OmegaConf.select(config, "judge.api_key_env", default=None))
+    check_api_key_env(OmegaConf.select(config, "judge.api_key_env"))  # None: no judge node
     overrides = OmegaConf.select(config, "hydra.overrides.task", default=None) or []
     for override in overrides:
         key, _, value = str(override).partition("=")
