@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, MutableMapping
 from importlib import metadata
 from typing import Any
 
-from medvqa import REPO_ROOT
+from medvqa import REPO_ROOT, numerics
 from medvqa.hashing import content_hash
 from medvqa.training.hardware import ALLOC_CONF_ENV
 
@@ -84,6 +84,7 @@ def environment() -> dict[str, Any]:
         "versions": versions(),
         "device": device(),
         "cuda_alloc_conf": os.environ.get(ALLOC_CONF_ENV),
+        "numerics": numerics.state(),
     }
 
 

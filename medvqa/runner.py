@@ -31,6 +31,7 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from medvqa import numerics
 from medvqa.atomic import LockHeld, describe_owner, hold_lock
 from medvqa.config import check_config, check_judge_config
 from medvqa.distributed import Job, global_rank, is_global_zero, job_ranks
@@ -75,6 +76,7 @@ def run(cfg: DictConfig) -> dict[str, float] | None:
             _record_refusal(cfg, Path(hydra_cfg.runtime.output_dir), hydra_cfg, err)
         raise
     configure_cuda_allocator(cfg.cuda_allocator)  # before anything allocates on a GPU
+    numerics.apply()  # MEDVQA_NUMERICS=portable: one thread, no oneDNN (before any kernel)
     out_dir = Path(hydra_cfg.runtime.output_dir)
     if OmegaConf.select(cfg, "eval.from_run"):  # task=eval: the run's model, checked
         defaults = default_choices(hydra_cfg.job.config_name)

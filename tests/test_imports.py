@@ -30,6 +30,7 @@ LAYERS: dict[str, int] = {
     "interrupts": 0,
     "measure": 0,  # a run's own timings and GPU peaks
     "plugins": 0,
+    "numerics": 0,  # portable CPU numerics (torch imported where applied)
     "data": 1,
     "models": 2,
     "training": 3,

@@ -6,23 +6,21 @@ weights under the same parameters. The fingerprint, the checksum of a short prob
 pre-training, is part of the key, and this test recomputes it: such a change fails here until
 the new value is recorded, which rebuilds every cached tiny model.
 
-Why the probe runs with pinned numerics: the same code trains other weights on other CPU
-kernels, and a few steps already show it. Measured on a 2-core AMD EPYC (AVX2), the probe's
-6 steps gave another checksum with 2 threads instead of 1, with ATEN_CPU_CAPABILITY=default
-instead of avx2, with MKL_CBWR=COMPATIBLE and with oneDNN off (each alone; run to run every
-setting was exact). An exact checksum of the default kernels would then fail on a CI machine
-with other cores or instruction sets (AVX-512) although nothing changed. So the probe runs on
-one thread with code paths meant not to depend on the CPU: torch's default kernels, MKL's
-conditional numerical reproducibility, numpy's baseline SIMD, glibc's libm without its FMA
-variants, no oneDNN, no GPU (checked on one CPU model only: a second one was not at hand).
-Pinned, the probe gave one checksum run to run and with glibc's FMA variants on or off, the
-same at 6227bef (BUILDER_VERSION 2) as now, another with the loss before it (version 1), and
-another with the step's loss normaliser one part in 4 million off (the slow test below).
+Why the probe runs under portable numerics (medvqa/numerics.py, as `make demo` does): the same
+code trains other weights on other CPU kernels, and a few steps already show it. Measured on a
+2-core AMD EPYC (AVX2), the probe's 6 steps gave another checksum with 2 threads instead of 1,
+with ATEN_CPU_CAPABILITY=default instead of avx2, with MKL_CBWR=COMPATIBLE and with oneDNN off
+(each alone; run to run every setting was exact), and the CPU's default kernels give another on
+an AVX-512 EPYC. Portable, the probe gave the recorded checksum on both the AVX2 and the
+AVX-512 EPYC (2026-11-29), run to run and with glibc's FMA variants on or off, the same at
+6227bef (BUILDER_VERSION 2) as now, another with the loss before it (version 1), and another
+with the step's loss normaliser one part in 4 million off (the slow test below). So the test
+runs on any x86-64 CPU: one that gives another checksum shows a code path the portable
+numerics miss.
 
 The checksum also depends on torch, transformers, tokenizers and the rest of the stack, so the
 test runs where those are constraints.txt's versions (make test and CI install them) and skips
-elsewhere; it is recorded for x86-64 (ARM has other kernels even when pinned), and checked only
-on the CPU kind it was recorded on until the pinning is shown to hold on others.
+elsewhere; it is recorded for x86-64 (ARM has other kernels even when portable).
 """
 
 from __future__ import annotations
@@ -37,6 +35,7 @@ from pathlib import Path
 
 import pytest
 
+from medvqa import numerics
 from tests.conftest import CONF, DISTRIBUTED_ENV, ROOT
 
 # The probe: conf/model/tiny.yaml's builder (sizes, seed, rate, data generator) with 8 cases
@@ -51,16 +50,8 @@ PROBE = {
         "progress_bar": False,
     }
 }
-# CPU-independent numerics (see the module docstring); set before torch, MKL and numpy load.
-PINNED_ENV = {
-    "CUDA_VISIBLE_DEVICES": "",
-    "OMP_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
-    "ATEN_CPU_CAPABILITY": "default",
-    "MKL_CBWR": "COMPATIBLE",
-    "NPY_DISABLE_CPU_FEATURES": "X86_V3 X86_V4 AVX512_ICL AVX512_SPR AVX512F AVX512_SKX",
-    "GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX2,-FMA,-FMA4",
-}
+# `make demo`'s numerics, and no GPU.
+PORTABLE = {numerics.SWITCH: numerics.PORTABLE, **numerics.PORTABLE_ENV, "CUDA_VISIBLE_DEVICES": ""}
 # The stack whose versions the recorded checksum belongs to (constraints.txt pins them).
 STACK = ("torch", "transformers", "tokenizers", "numpy", "pillow", "lightning", "safetensors")
 # Set in the probe's environment by the sensitivity test: the step's loss normaliser one part
@@ -70,14 +61,12 @@ PERTURB_ENV = "MEDVQA_PROBE_PERTURB"
 
 def probe_checksum(cache: Path) -> str:
     """Build the probe's tiny model into `cache` (in this process) and return its checksum."""
-    import torch
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
     from medvqa.zoo.tiny import weights_checksum
 
-    torch.set_num_threads(1)
-    torch.backends.mkldnn.enabled = False
+    numerics.apply()  # one thread, no oneDNN (the environment holds the rest)
     if os.environ.get(PERTURB_ENV):
         from medvqa.training.module import VQAModule
 
@@ -86,20 +75,12 @@ def probe_checksum(cache: Path) -> str:
     # The YAML's builder node itself (composing the whole config costs seconds of imports).
     builder = OmegaConf.load(CONF / "model" / "tiny.yaml").builder
     builder = OmegaConf.merge(builder, PROBE, {"cache_dir": str(cache)})
-    return weights_checksum(instantiate(builder).build())
+    return weights_checksum(instantiate(builder).build(use_shipped=False))
 
 
 def _skip_unless_recorded_stack() -> None:
     if platform.machine().lower() not in ("x86_64", "amd64"):
         pytest.skip(f"the fingerprint is recorded for x86-64, not {platform.machine()}")
-    from tests.test_demo_table import DEMO_CPU, this_cpu
-
-    model = str(this_cpu()["model"])
-    if DEMO_CPU["model"] not in model:  # the pinning is verified on this CPU kind only
-        pytest.skip(
-            f"the fingerprint is recorded on an {DEMO_CPU['model']}, this CPU is {model}: the "
-            "pinned numerics are not yet verified to give the same bits on other CPU models"
-        )
     pins = dict(
         re.findall(r"^([A-Za-z0-9_.-]+)==([^\s;]+)", (ROOT / "constraints.txt").read_text(), re.M)
     )
@@ -121,7 +102,7 @@ def _run_probe(tmp_path: Path, **extra: str) -> str:
     proc = subprocess.run(
         [sys.executable, "-m", "tests.test_tiny_fingerprint", str(tmp_path / "cache")],
         cwd=ROOT,
-        env={**inherited, **PINNED_ENV, **extra},
+        env={**inherited, **PORTABLE, **extra},
         capture_output=True,
         text=True,
         timeout=600,
@@ -140,9 +121,9 @@ def test_pretraining_gives_the_recorded_fingerprint(tmp_path: Path) -> None:
         f"medvqa/zoo/tiny.py records {PRETRAIN_FINGERPRINT}. If the change is meant, bump "
         "BUILDER_VERSION (its comment says why) and record the new fingerprint: it is part "
         "of the tiny model's cache key, so every cached tiny model is rebuilt, and the README's "
-        "demo table (tests/test_demo_table.py) needs re-measuring. If only this machine "
-        "differs, the numerics pinning in tests/test_tiny_fingerprint.py misses a CPU-specific "
-        "code path."
+        "demo table (tests/test_demo_table.py) and the shipped build (python -m "
+        "medvqa.models.builders.shipped) need re-making. If only this machine differs, the "
+        "portable numerics (medvqa/numerics.py) miss a CPU-specific code path."
     )
 
 

@@ -2,12 +2,18 @@
 a checkout, medvqa/conf in an installed wheel) with the command line's overrides and run the
 job. One `@hydra.main` for both, so an installed wheel trains as the checkout does."""
 
-import hydra
-from omegaconf import DictConfig
+from medvqa import numerics
 
-import medvqa.config  # noqa: F401  (registers the typed schemas with Hydra)
-from medvqa import CONF_DIR
-from medvqa.runner import run
+# MEDVQA_NUMERICS=portable: start again with the CPU-independent kernels, before numpy and
+# torch load (they read them once, then).
+numerics.reexec_if_requested()
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+import medvqa.config  # noqa: F401, E402  (registers the typed schemas with Hydra)
+from medvqa import CONF_DIR  # noqa: E402
+from medvqa.runner import run  # noqa: E402
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")

@@ -6,7 +6,7 @@ import json
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from medvqa.atomic import CacheWriteError, build_once
 from medvqa.errors import DataError
 from medvqa.hashing import content_hash
+from medvqa.models.builders import shipped
 
 log = logging.getLogger(__name__)
 
@@ -87,10 +88,13 @@ class CachedModelBuilder(ABC):
         blob = {"params": hashable(self.params), "data": data, **self.key_extra()}
         return content_hash(blob)
 
-    def build(self) -> Path:
-        """Return the model directory, building it if absent."""
+    def build(self, use_shipped: bool = True) -> Path:
+        """Return the model directory, building it if absent: copied from the package where a
+        build with this key ships (`medvqa.models.builders.shipped`), else made here."""
         target = self.cache_dir / "models" / f"{self.name}-{self.key}"
-        return build_cached(target, self._build_into, {**self.params, **self.key_extra()})
+        found = shipped.find(target.name) if use_shipped else None
+        build_into = self._build_into if found is None else partial(shipped.copy_into, found)
+        return build_cached(target, build_into, {**self.params, **self.key_extra()})
 
     @cached_property
     def _pretrain_source(self) -> Any:
