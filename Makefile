@@ -34,8 +34,9 @@ test: install  ## the default suite (slow tests excluded)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # --no-models (tests/conftest.py): a test is skipped where it would build, load or train a model
-# or start a run.py, so this tier needs no model at all; -rfE: no line per skipped test.
-test-fast: install  ## while working: every test up to its first model or whole run (make test runs all)
+# or start a run.py, so this tier needs no model at all; it runs each parametrized test's first
+# case and no `heavy` test (make test runs them); -rfE: no line per skipped test.
+test-fast: install  ## while working: each behaviour once, up to its first model or whole run (make test runs all)
 	$(BIN)/python -m pytest --no-models -rfE $(PYTEST_ARGS)
 
 test-slow: install  ## only the slow end-to-end tests

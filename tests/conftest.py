@@ -57,13 +57,39 @@ def pytest_configure(config: pytest.Config) -> None:
     from transformers import PreTrainedModel
     from transformers.models.auto.auto_factory import _BaseAutoModelClass
 
+    from medvqa.models.builders import gguf, smollm2_causal
     from medvqa.models.builders.cache import CachedModelBuilder
+    from medvqa.zoo import smollm2
 
     CachedModelBuilder.build = _skip_model_work  # type: ignore[method-assign]
+    # SmolLM2 from its GGUF file: the tokenizer alone takes seconds before the model loads.
+    for module in (gguf, smollm2, smollm2_causal):
+        module.load_smollm2 = _skip_model_work  # type: ignore[assignment]
     PreTrainedModel.from_pretrained = classmethod(_skip_model_work)  # type: ignore[assignment]
     _BaseAutoModelClass.from_pretrained = classmethod(_skip_model_work)  # type: ignore[assignment]
     L.Trainer.fit = _skip_model_work  # type: ignore[method-assign]
     subprocess.run = _skip_run(subprocess.run)  # type: ignore[assignment]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With --no-models, also leave to `make test` the tests marked `heavy` and every case of a
+    parametrized test but its first: the tier checks each behaviour once, in minutes; the
+    other cases (each experiment with each method, each hostile target, each preset) are the
+    same code on other values."""
+    if not config.getoption("--no-models"):
+        return
+    kept, left = [], []
+    seen: set[str] = set()
+    for item in items:
+        base = item.nodeid.split("[", 1)[0]
+        if item.get_closest_marker("heavy") or (hasattr(item, "callspec") and base in seen):
+            left.append(item)
+        else:
+            kept.append(item)
+            seen.add(base)
+    if left:
+        config.hook.pytest_deselected(items=left)
+        items[:] = kept
 
 
 def _skip_run(real: object) -> object:

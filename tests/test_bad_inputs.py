@@ -207,6 +207,7 @@ def test_report_over_only_bad_records_is_still_written(tmp_path: Path) -> None:
     assert len(pd.read_csv(tmp_path / "out" / "issues.csv")) == 2
 
 
+@pytest.mark.slow
 def test_a_callback_or_prompt_that_cannot_be_built_fails_before_any_data_or_model_work(
     tmp_path: Path, cache_dir: Path, tiny_model_dir: Path
 ) -> None:

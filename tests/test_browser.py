@@ -90,6 +90,7 @@ def wait_for_file(path: Path, timeout: float = 20.0) -> Path:
     raise AssertionError(f"no download {path.name} after {timeout:.0f} s; the folder holds {there}")
 
 
+@pytest.mark.heavy
 def test_the_rater_page_counts_the_picks_and_downloads_them_as_a_ratings_file(
     browser: Any, downloads: Path, tmp_path: Path
 ) -> None:

@@ -73,6 +73,7 @@ def _grid_points(sweep: str) -> list[list[str]]:
 
 
 @pytest.mark.parametrize("sweep", SWEEPS)
+@pytest.mark.heavy
 def test_every_sweep_job_passes(sweep: str) -> None:
     for overrides in _grid_points(sweep):
         check_config(compose(overrides, COMPOSE_CACHE))

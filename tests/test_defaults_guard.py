@@ -444,10 +444,12 @@ def _package_sources(root: Path = PACKAGE) -> tuple[dict[str, str], Known]:
     return sources, known
 
 
-def scan_package(root: Path = PACKAGE) -> list[Finding]:
-    """`scan` over every module under `root`, with what the whole package tells."""
+@functools.cache
+def scan_package(root: Path = PACKAGE) -> tuple[Finding, ...]:
+    """`scan` over every module under `root`, with what the whole package tells (once per
+    worker: two tests read it)."""
     sources, known = _package_sources(root)
-    return [f for module, source in sources.items() for f in scan(source, module, known)]
+    return tuple(f for module, source in sources.items() for f in scan(source, module, known))
 
 
 def restated_defaults(source: str, module: str = "planted") -> list[str]:

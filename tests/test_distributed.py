@@ -114,6 +114,7 @@ def test_two_methods_generate_the_zero_shot_answers_once(
     assert a.equals(b) and len(a) == 24
 
 
+@pytest.mark.slow
 def test_ddp_multirun_runs_each_job_once_with_sharded_generation(
     cache_dir: Path, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -158,6 +159,7 @@ def test_ddp_multirun_runs_each_job_once_with_sharded_generation(
         assert two[key] == pytest.approx(one[key], abs=0.35), key
 
 
+@pytest.mark.slow
 def test_task_eval_reproduces_a_finished_run(
     cache_dir: Path, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -228,6 +230,7 @@ def test_task_eval_needs_a_finished_run(cache_dir: Path, tmp_path: Path) -> None
     assert proc.returncode != 0 and "only a run that finished training" in proc.stderr
 
 
+@pytest.mark.slow
 def test_blind_script_evaluates_lora_runs_with_black_images(
     cache_dir: Path, tiny_model_dir: Path, tmp_path: Path
 ) -> None:

@@ -283,6 +283,7 @@ def test_a_headline_no_family_computes_is_named(
     assert "primary_closed=judge_closed_acc" in warning and "headline=tokens" in warning
 
 
+@pytest.mark.heavy
 def test_the_answer_frequency_prior_may_count_validation_too(
     tmp_path: Path, cache_dir: Path
 ) -> None:

@@ -183,6 +183,7 @@ def build(name: str, overrides: list[str], server: JudgeServer, cache: Path):
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
+@pytest.mark.heavy
 def test_copied_family_scores_beside_its_original(
     name: str,
     server: JudgeServer,
@@ -263,6 +264,7 @@ def test_copied_family_scores_beside_its_original(
             assert provenance["metrics"][new_name][key] == value
 
 
+@pytest.mark.heavy
 def test_builtin_names_are_unchanged(server: JudgeServer, cache_dir: Path) -> None:
     """The built-in families keep the names their scores were always recorded under
     (SURE-VQA's `closed_acc`/`open_bleu1`, `judge_closed_acc`, `cs_primary_macro_f1`...)."""

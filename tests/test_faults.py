@@ -74,6 +74,7 @@ def test_a_sigterm_stops_a_local_sweep_after_recording_the_running_job(
     assert 1 not in records  # the next job never started
 
 
+@pytest.mark.slow
 def test_a_second_launch_into_a_busy_run_dir_refuses_and_names_the_first(
     tmp_path: Path, cache_dir: Path
 ) -> None:
@@ -112,6 +113,7 @@ def _build(target: str, log: str) -> bool:
     return build_once(Path(target), write, marker="done")
 
 
+@pytest.mark.heavy
 def test_concurrent_builds_of_one_cache_entry_build_it_once(tmp_path: Path) -> None:
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(2) as pool:
@@ -177,6 +179,7 @@ def _on_a_full_disk(io: str, tmp_path: Path) -> dict[str, Any]:
     return json.loads(proc.stdout.splitlines()[-1])
 
 
+@pytest.mark.heavy
 def test_lightning_tears_a_checkpoint_on_a_full_disk(tmp_path: Path) -> None:
     """What the fix is for: Lightning's commit copies from $TMPDIR into the full disk, over the
     previous checkpoint."""
@@ -185,6 +188,7 @@ def test_lightning_tears_a_checkpoint_on_a_full_disk(tmp_path: Path) -> None:
     assert str(out["step"]).startswith("unreadable") and out["size"] != out["first_size"]
 
 
+@pytest.mark.heavy
 def test_a_full_disk_leaves_the_previous_checkpoint_whole(tmp_path: Path) -> None:
     out = _on_a_full_disk("medvqa", tmp_path)
     assert out["error"] == "CheckpointWriteError", out
@@ -219,6 +223,7 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@pytest.mark.slow
 def test_same_seed_same_weights_cold_or_warm_and_a_forced_rerun_leaves_nothing_stale(
     tmp_path: Path, cache_dir: Path, tiny_model_dir: Path
 ) -> None:

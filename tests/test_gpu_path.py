@@ -132,6 +132,7 @@ def test_generation_under_a_deepspeed_trainer_runs_twice_outside_deepspeed(
     assert strategies and not any("DeepSpeed" in s or "Zero2" in s for s in strategies), strategies
 
 
+@pytest.mark.slow
 def test_a_deepspeed_job_trains_then_generates_every_split(cache_dir: Path, tmp_path: Path) -> None:
     """The whole job under (CPU) ZeRO-2: zero-shot answers for both test splits, the fit, the
     tuned answers for both splits. It crashed in the zero-shot answers of the second split."""
@@ -148,6 +149,7 @@ def test_a_deepspeed_job_trains_then_generates_every_split(cache_dir: Path, tmp_
 TWO_RANKS = ["trainer.devices=2", "trainer.strategy=ddp"]
 
 
+@pytest.mark.slow
 def test_a_nan_on_one_rank_stops_every_rank_and_the_run_is_diverged(
     cache_dir: Path, tmp_path: Path
 ) -> None:
@@ -162,6 +164,7 @@ def test_a_nan_on_one_rank_stops_every_rank_and_the_run_is_diverged(
     assert "NaN/inf at optimiser step 1" in (tmp_path / "run_rank1.log").read_text()
 
 
+@pytest.mark.slow
 def test_generation_with_fewer_rows_than_ranks(cache_dir: Path, tmp_path: Path) -> None:
     """One row per split on two ranks: rank 1 gets none (as a resumed split with one row left
     does). Lightning refused its empty loader and rank 0 waited at the merge."""
@@ -175,6 +178,7 @@ def test_generation_with_fewer_rows_than_ranks(cache_dir: Path, tmp_path: Path) 
     assert not list(tmp_path.glob("*.rank*"))
 
 
+@pytest.mark.slow
 def test_a_no_image_run_on_two_ranks_in_bf16_and_its_weights_evaluated_as_documented(
     cache_dir: Path, tmp_path: Path
 ) -> None:
@@ -304,6 +308,7 @@ def test_the_qwen_presets_cap_an_image_at_512_tokens(
     assert int(grid.prod()) * patch**2 <= cap  # pixels kept: at most the cap
 
 
+@pytest.mark.heavy
 def test_a_fit_that_cannot_fit_the_gpus_is_refused_before_anything_loads(tmp_path: Path) -> None:
     """train_eval's pre-flight on CUDA (it cannot reach it here: no CUDA): full fine-tuning of
     LLaVA-Med on one 80 GB GPU is refused with the fixes; LoRA with the preset passes."""

@@ -18,6 +18,7 @@ from tests.judge_server import JudgeServer, judge_overrides
 from tests.native.slake import write as write_slake
 
 
+@pytest.mark.slow
 def test_run_with_the_judge_and_a_rerun_makes_no_calls(tmp_path: Path, cache_dir: Path) -> None:
     server = JudgeServer().start()
     try:
@@ -75,6 +76,7 @@ def check_the_rater_study_reads_the_scored_table(run_dir: Path, tmp_path: Path) 
     assert "judge_score" in set(table.index.get_level_values("b"))
 
 
+@pytest.mark.slow
 def test_a_dead_judge_leaves_the_run_incomplete_and_a_rerun_judges_only_those_items(
     tmp_path: Path, cache_dir: Path
 ) -> None:

@@ -206,6 +206,7 @@ def test_every_method_runs(
         assert record["metrics"]["train/global_step"] == 3
 
 
+@pytest.mark.slow
 def test_finished_job_is_skipped_and_checkpoint_resumes(
     tmp_path: Path, cache_dir: Path, tiny_model_dir: Path
 ) -> None:
@@ -273,6 +274,7 @@ def test_deepspeed_without_cuda_fails_at_once(tmp_path: Path, cache_dir: Path) -
     assert not (tmp_path / "predictions_zero_shot.jsonl").exists()  # nothing ran before the check
 
 
+@pytest.mark.slow
 def test_diverged_job_is_recorded_and_the_sweep_goes_on(
     tmp_path: Path, cache_dir: Path, tiny_model_dir: Path
 ) -> None:
@@ -299,6 +301,7 @@ def test_diverged_job_is_recorded_and_the_sweep_goes_on(
     assert records[1e-3]["status"] == "finished"
 
 
+@pytest.mark.slow
 def test_multirun_folders_group_seeds_under_their_setting(tmp_path: Path, cache_dir: Path) -> None:
     proc = run_main(
         [

@@ -113,6 +113,7 @@ def test_lora_on_one_gpu_equals_a_hand_computation(plan_cache: Path) -> None:
     assert s.layer.per_token == pytest.approx(lora_layer_bytes_per_token(), rel=0.01)
 
 
+@pytest.mark.heavy
 def test_auto_checkpointing_is_the_least_that_fits_and_is_counted_by_hand(
     plan_cache: Path,
 ) -> None:
@@ -156,6 +157,7 @@ def test_lora_without_checkpointing_at_batch_16_is_refused_with_the_fixes(plan_c
     assert micro.plan.setup.global_batch == 16 and micro.plan.fits
 
 
+@pytest.mark.heavy
 def test_full_fine_tuning_on_one_gpu_is_refused_and_zero2_on_four_fits(plan_cache: Path) -> None:
     plan = _plan(["peft=full", "trainer=gpu"], plan_cache)
     trainable = ALL_PARAMS - CLIP_PARAMS  # language model, lm_head and projector
@@ -192,6 +194,7 @@ def test_full_fine_tuning_on_one_gpu_is_refused_and_zero2_on_four_fits(plan_cach
 
 @pytest.mark.parametrize("model", ["llava_med", "llava", "qwen2_vl", "qwen2_5_vl", "medgemma", "paligemma", "smolvlm"])  # fmt: skip
 @pytest.mark.parametrize("peft", ["lora", "ia3", "prompt_tuning"])
+@pytest.mark.heavy
 def test_every_preset_fits_one_80gb_gpu_at_the_study_batch(
     model: str, peft: str, plan_cache: Path
 ) -> None:
@@ -203,6 +206,7 @@ def test_every_preset_fits_one_80gb_gpu_at_the_study_batch(
     assert plan.fits, plan.peak / GIB
 
 
+@pytest.mark.slow
 def test_task_plan_prints_a_fitting_plan_and_refuses_full_fine_tuning(
     cache_dir: Path, tmp_path: Path
 ) -> None:
@@ -235,6 +239,7 @@ def test_task_plan_prints_a_fitting_plan_and_refuses_full_fine_tuning(
         ("sure_study_full", "full", 4),
     ],
 )
+@pytest.mark.heavy
 def test_every_job_of_the_sure_study_fits_its_gpus(
     sweep: str, peft: str, devices: int, plan_cache: Path
 ) -> None:
@@ -249,6 +254,7 @@ def test_every_job_of_the_sure_study_fits_its_gpus(
     assert plan.peak <= 0.9 * 79.2 * GIB, plan.peak / GIB
 
 
+@pytest.mark.heavy
 def test_merged_generation_plans_the_copies_of_the_adapted_weights(plan_cache: Path) -> None:
     """`model.merge_adapters` folds LoRA into copies of the base weights of every adapted
     projection while generating: the plan's generation peak holds them once more, in bf16
@@ -268,6 +274,7 @@ def test_merged_generation_plans_the_copies_of_the_adapted_weights(plan_cache: P
     assert full.setup.merged == 0  # nothing to merge
 
 
+@pytest.mark.heavy
 def test_auto_merges_for_generation_where_the_copies_fit_a_gpu(plan_cache: Path) -> None:
     """`model.merge_adapters=auto` (the default): merged where generation with the copies leaves
     a tenth of the GPU free (LLaVA-Med LoRA: 38.4 GiB of an H100's 79.2), unmerged where it

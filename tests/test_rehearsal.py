@@ -59,6 +59,7 @@ def image_token_count(model: torch.nn.Module, input_ids: torch.Tensor) -> int:
 
 
 @pytest.mark.parametrize("hub_id", ONE_PER_FAMILY)
+@pytest.mark.heavy
 def test_a_shrunk_rehearsal_runs_the_architecture_with_the_planned_image_tokens(
     hub_id: str,
 ) -> None:
@@ -125,6 +126,7 @@ def test_an_unshipped_hub_id_without_a_local_copy_names_the_fix() -> None:
         load_vlm(spec("someone/unknown-vlm", random_weights=True))
 
 
+@pytest.mark.heavy
 def test_the_plan_counts_the_shrunk_architecture(cache_dir: Path) -> None:
     from medvqa.planning.setup import build_setup
 

@@ -460,6 +460,7 @@ def test_palette_never_repeats_a_colour(n: int) -> None:
     assert len(set(palette(n))) == n
 
 
+@pytest.mark.heavy
 def test_files_figures_and_self_contained_html(tmp_path: Path) -> None:
     rng = np.random.default_rng(7)
     shifts = ("modality", "age", "corruption_low", "corruption_high")
@@ -580,6 +581,7 @@ def test_wandb_source_offline_fails_with_the_fix(tmp_path: Path) -> None:
         collect_wandb("just-a-project", api=SimpleNamespace(runs=runs))
 
 
+@pytest.mark.heavy
 def test_log_report_to_csv_and_offline_wandb(tmp_path: Path, monkeypatch) -> None:
     from lightning.pytorch.loggers import CSVLogger, WandbLogger
 
@@ -690,6 +692,7 @@ def test_a_runs_status_goes_to_the_wandb_summary(tmp_path: Path) -> None:
     assert wandb.run is None
 
 
+@pytest.mark.heavy
 def test_paired_method_differences_come_from_the_scored_tables(tmp_path: Path) -> None:
     """Two methods on the same questions: A − B per split with a paired case-bootstrap CI,
     from the scored tables next to the records; a side with a failed item gets no number."""
@@ -922,6 +925,7 @@ def test_runs_before_and_after_the_builders_moved_are_one_run() -> None:
     assert run_identity(config(causal))["model.builder._target_"] == repr(causal)
 
 
+@pytest.mark.heavy
 def test_the_report_puts_the_beyond_accuracy_views_beside_each_method(tmp_path: Path) -> None:
     """Image reliance, paraphrase consistency, option order, calibration and worst subgroups:
     per view a table of methods x its figures per split (mean ± std over seeds), in report.html,
@@ -1073,6 +1077,7 @@ def test_a_real_runs_label_never_names_the_rehearsal_left_out(tmp_path: Path) ->
     pd.testing.assert_frame_equal(report.long, alone.long)
 
 
+@pytest.mark.heavy
 def test_the_tables_of_a_report_of_rehearsals_only_say_so(tmp_path: Path) -> None:
     """tables.md / tables.tex (and each table's own files) are what gets copied into a paper:
     built from rehearsals only, they carry the note that their scores mean nothing, as

@@ -184,6 +184,7 @@ def test_companion_files_are_named_mode_or_order_and_file(
     assert metrics["test_iid/reliance_blank_closed_changed"] == 0.0
 
 
+@pytest.mark.heavy
 def test_the_judge_scores_a_file_and_a_dead_one_leaves_it_incomplete(tmp_path: Path) -> None:
     path = tmp_path / "preds.csv"
     pd.DataFrame(

@@ -388,6 +388,7 @@ def whole_job(
 
 
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+@pytest.mark.slow
 def test_a_killed_job_resumes_exactly(
     tmp_path: Path, cache_dir: Path, whole_job: Path, signum: int
 ) -> None:

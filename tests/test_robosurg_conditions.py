@@ -39,6 +39,7 @@ def _run(args: list[str], run_dir: Path, cache: Path) -> dict:
     return read_record(run_dir / "results.json")
 
 
+@pytest.mark.slow
 def test_conditions_script_and_paired_deltas(
     release: Path, cache_dir: Path, tiny_model_dir: Path, tmp_path: Path
 ) -> None:

@@ -205,6 +205,7 @@ def test_a_hostile_target_in_a_record_runs_nothing(
     assert "medvqa_hostile_module" not in sys.modules
 
 
+@pytest.mark.heavy
 def test_the_targets_medvqa_writes_pass() -> None:
     """Every `_target_` the shipped configs of the adopted groups hold is allowed."""
     for group in ("model", "peft"):

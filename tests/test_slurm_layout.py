@@ -178,6 +178,7 @@ def _task(procid: int) -> subprocess.Popen:
     )
 
 
+@pytest.mark.slow
 def test_two_nodes_of_two_tasks_are_four_ranks_and_rank_zero_writes() -> None:
     tasks = []
     for proc in [

@@ -52,6 +52,7 @@ def loaded(cfg, original):
         return load_vlm(cfg.model)
 
 
+@pytest.mark.heavy
 def test_text_logits_equal_original_smollm2(loaded, original) -> None:
     model, processor = loaded
     tokenizer, causal = original

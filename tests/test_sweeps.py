@@ -59,6 +59,7 @@ def test_lora_grid_keeps_alpha_at_twice_the_rank() -> None:
     assert cfg.peft.name == "lora" and cfg.peft.adapter.lora_alpha == 256
 
 
+@pytest.mark.slow
 def test_a_sweep_file_launches_its_grid(tmp_path: Path, cache_dir: Path) -> None:
     """The synthetic study's grid (seed pinned on the command line to keep it short)."""
     proc = run_main(
@@ -122,6 +123,7 @@ def test_long_override_lists_get_a_short_hashed_folder_name() -> None:
     assert name != job_dirname(long + ",x=1", "defaults")  # distinct settings, distinct folders
 
 
+@pytest.mark.slow
 def test_relaunching_a_sweep_skips_finished_jobs_and_redoes_failed_ones(
     tmp_path: Path, cache_dir: Path
 ) -> None:
@@ -195,6 +197,7 @@ def test_the_study_has_settings_for_every_paper_dataset_and_training_method() ->
 
 @pytest.mark.parametrize("experiment", sorted(PAPER_EXPERIMENTS))
 @pytest.mark.parametrize("method", ["full", "lora", "ia3", "prompt_tuning"])
+@pytest.mark.heavy
 def test_the_sure_study_composes_the_papers_settings(experiment: str, method: str) -> None:
     cfg = compose(
         ["sweep=sure_study", f"+experiment={experiment}", f"peft={method}"],

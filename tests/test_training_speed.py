@@ -221,6 +221,7 @@ def _bench(script: str = "gpu"):
     return bench
 
 
+@pytest.mark.heavy
 def test_model_flops_of_llava_med_lora_by_hand(cache_dir: Path) -> None:
     """LLaVA-Med v1.5 (Mistral-7B + CLIP-L/336) with the shipped LoRA, built on the meta device:
     the FLOPs per SLAKE-shaped sample (medvqa.models.flops: the benchmark's count and a run's)
@@ -533,6 +534,7 @@ def test_every_split_is_generated_with_one_prediction_trainer(
     assert len(made) == 1
 
 
+@pytest.mark.slow
 def test_the_loader_benchmark_runs_the_training_loaders_path() -> None:
     bench = _bench("loader")
     rates = bench.main(["--images", str(2 * bench.BATCH), "--workers", "0", "1"])

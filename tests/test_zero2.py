@@ -185,6 +185,7 @@ def test_zero2_checkpoint_holds_only_trained_tensors_and_resumes(
     assert second.global_step == 4
 
 
+@pytest.mark.slow
 def test_zero2_offloads_the_optimizer_with_deepspeeds_cpu_adam(
     tiny_model_dir: Path, cache_dir: Path
 ) -> None:

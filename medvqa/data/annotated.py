@@ -536,6 +536,29 @@ class AnnotatedSource(VQASource):
             )
         return found[0]
 
+    def split_files(self, files: Mapping[str, Sequence[str]], what: str) -> list[Path]:
+        """The annotation file of each split (`split_file`) of a layout of one file per split,
+        in the order of `files` (split -> the names its copies give it); `what` names the data
+        set in the errors."""
+        return [
+            self.split_file(split, names, f"{what} {split} annotations")
+            for split, names in files.items()
+        ]
+
+    def split_rows(
+        self,
+        splits: Iterable[str],
+        bad: BadRows,
+        required: Sequence[str],
+        may_be_empty: Sequence[str] = (),
+    ) -> Iterator[tuple[str, str, dict[str, Any]]]:
+        """(split, where, row) of each valid row (`valid_rows`) of a layout of one JSON list per
+        split, `splits` naming `annotation_files` in their order."""
+        for split, path in zip(splits, self.annotation_files(), strict=True):
+            rows = read_json_rows(path, self.name)
+            for _, where, row in self.valid_rows(rows, path, bad, required, may_be_empty):
+                yield split, where, row
+
     def image_ref(self, ref: str, where: str, bad: BadRows) -> str | None:
         """An image reference relative to the root, or None (bad row) if it escapes the root."""
         if not safe_relative(ref):

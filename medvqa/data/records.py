@@ -78,20 +78,14 @@ def validate_table(table: pd.DataFrame, source: str, required: Iterable[str] = (
     if table[ID].duplicated().any():
         dup = table.loc[table[ID].duplicated(), ID].iloc[0]
         raise SchemaError(f"{source}: record id {dup!r} occurs more than once; ids must be unique.")
-    bad = ~table[ANSWER_TYPE].isin(ANSWER_TYPES)
-    if bad.any():
-        row = table.loc[bad].iloc[0]
-        raise SchemaError(
-            f"{source}: record {row[ID]!r} has answer_type {row[ANSWER_TYPE]!r}; "
-            f"expected one of {ANSWER_TYPES}."
-        )
-    bad = ~table[SOURCE_SPLIT].isin(SOURCE_SPLITS)
-    if bad.any():
-        row = table.loc[bad].iloc[0]
-        raise SchemaError(
-            f"{source}: record {row[ID]!r} has source_split {row[SOURCE_SPLIT]!r}; "
-            f"expected one of {SOURCE_SPLITS}."
-        )
+    for column, allowed in ((ANSWER_TYPE, ANSWER_TYPES), (SOURCE_SPLIT, SOURCE_SPLITS)):
+        bad = ~table[column].isin(allowed)
+        if bad.any():
+            row = table.loc[bad].iloc[0]
+            raise SchemaError(
+                f"{source}: record {row[ID]!r} has {column} {row[column]!r}; "
+                f"expected one of {allowed}."
+            )
     closed = table.loc[table[ANSWER_TYPE] == "closed", [ID, ANSWER, CANDIDATES]]
     ok = [
         cands is not None and len(cands) >= 2 and answer in list(cands)

@@ -18,6 +18,7 @@ import json
 import logging
 import math
 import zipfile
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -176,6 +177,23 @@ def _likely_encoding(data: bytes) -> str:
     )
 
 
+def json_lines(
+    lines: Iterable[str], bad_line: Callable[[int, json.JSONDecodeError], None]
+) -> Iterator[tuple[int, Any]]:
+    """(line number from 1, value) of each non-blank line of JSONL text. A line that is not
+    JSON goes to `bad_line`, which raises (naming the file) or notes it and lets it be skipped:
+    each reader decides whether a torn line is an error."""
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as err:
+            bad_line(number, err)
+            continue
+        yield number, value
+
+
 def json_rows(path: Path) -> list[dict[str, Any]]:
     """The records of a JSON list or a JSONL file, with an error naming the bad line."""
     text = path.read_text(encoding="utf-8-sig")
@@ -187,15 +205,11 @@ def json_rows(path: Path) -> list[dict[str, Any]]:
         if not isinstance(data, list):
             raise ScoreInputError(f"{path}: expected a JSON list of records, got {type(data)}")
         return data
-    rows = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as err:
-            raise ScoreInputError(f"{path}: line {number} is not JSON ({err})") from err
-    return rows
+
+    def bad_line(number: int, err: json.JSONDecodeError) -> None:
+        raise ScoreInputError(f"{path}: line {number} is not JSON ({err})") from err
+
+    return [row for _, row in json_lines(text.splitlines(), bad_line)]
 
 
 def is_table(path: Path) -> bool:
@@ -280,13 +294,9 @@ def read_predictions(path: Path) -> pd.DataFrame:
     is ignored); no model code, so that readers and console scripts start quickly."""
     if not path.is_file():
         return pd.DataFrame()
-    rows = []
+
+    def torn(number: int, err: json.JSONDecodeError) -> None:
+        log.warning("%s:%d is not valid JSON (interrupted write?); ignoring it", path, number)
+
     with path.open() as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                log.warning("%s:%d is not valid JSON (interrupted write?); ignoring it", path, n)
-    return pd.DataFrame(rows)
+        return pd.DataFrame([row for _, row in json_lines(fh, torn)])

@@ -22,28 +22,25 @@ from transformers import (
 # Explicit parameters (no *args/**kwargs): ProcessorMixin saves and restores what __init__ lists.
 
 
-class ImageOnlyQwen2VLProcessor(Qwen2VLProcessor):
+class _ImageOnlyQwen:
+    """The constructor both Qwen processors share, without the video processor; first in the
+    bases, so that its signature is the one ProcessorMixin reads."""
+
+    def __init__(self, image_processor=None, tokenizer=None, chat_template=None) -> None:
+        super().__init__(  # type: ignore[call-arg]  # the Qwen processor after this in the MRO
+            image_processor=image_processor,
+            tokenizer=tokenizer,
+            video_processor=None,
+            chat_template=chat_template,
+        )
+
+
+class ImageOnlyQwen2VLProcessor(_ImageOnlyQwen, Qwen2VLProcessor):
     """Qwen2-VL processor without the (torchvision-backed) video processor."""
 
-    def __init__(self, image_processor=None, tokenizer=None, chat_template=None) -> None:
-        super().__init__(
-            image_processor=image_processor,
-            tokenizer=tokenizer,
-            video_processor=None,
-            chat_template=chat_template,
-        )
 
-
-class ImageOnlyQwen2_5_VLProcessor(Qwen2_5_VLProcessor):
+class ImageOnlyQwen2_5_VLProcessor(_ImageOnlyQwen, Qwen2_5_VLProcessor):
     """Qwen2.5-VL processor without the (torchvision-backed) video processor."""
-
-    def __init__(self, image_processor=None, tokenizer=None, chat_template=None) -> None:
-        super().__init__(
-            image_processor=image_processor,
-            tokenizer=tokenizer,
-            video_processor=None,
-            chat_template=chat_template,
-        )
 
 
 class ImageOnlySmolVLMProcessor(SmolVLMProcessor):

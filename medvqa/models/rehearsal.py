@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor, PretrainedConfig
 
-from medvqa.models.families.base import family_of, transformers_class
+from medvqa.models.families.base import family_of
 from medvqa.models.stand_in import build_tokenizer
 
 log = logging.getLogger(__name__)
@@ -97,25 +97,21 @@ def stand_in_processor(config: PretrainedConfig, preprocessor: dict[str, Any]) -
     kind = family_of(config.model_type, "model.random_weights (a stand-in processor)")
     settings = {key: value for key, value in preprocessor.items() if value is not None}
     own = kind.processor_fields
-    image_processor = transformers_class(kind.image_processor)(
+    image_processor = kind.make_image_processor(
         **{key: value for key, value in settings.items() if key not in own}
     )
     tokenizer = build_tokenizer(kind.name, STAND_IN_VOCAB)
-    return transformers_class(kind.processor)(
-        image_processor=image_processor,
-        tokenizer=tokenizer,
-        chat_template=tokenizer.chat_template,
-        **{key: value for key, value in settings.items() if key in own},
+    return kind.make_processor(
+        image_processor, tokenizer, **{key: value for key, value in settings.items() if key in own}
     )
 
 
 def point_config_at(config: PretrainedConfig, tokenizer: Any) -> None:
     """Make `config` name the stand-in tokenizer's ids for its special tokens (image
     placeholders, bos/eos/pad), which differ from the checkpoint tokenizer's."""
-    ids = tokenizer.convert_tokens_to_ids
     kind = family_of(config.model_type, "model.random_weights (the stand-in's ids)")
-    for attribute, token in kind.stand_in.config_tokens.items():
-        setattr(config, attribute, ids(token))
+    for attribute, token_id in kind.stand_in.config_ids(tokenizer).items():
+        setattr(config, attribute, token_id)
     text = config.get_text_config(decoder=True)
     for part in {id(config): config, id(text): text}.values():
         for name in TEXT_TOKENS:

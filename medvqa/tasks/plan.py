@@ -175,6 +175,19 @@ def _wide() -> Console:
     return Console(width=max(Console().width, 160))
 
 
+def _cost_table(
+    title: str, label: str, numbers: Sequence[str], basis: str, caption: str | None = None
+) -> Table:
+    """The layout of both GPU-time tables: what a row is, its figures (right-aligned), and the
+    measurement its rate comes from."""
+    view = Table(title=title, caption=caption)
+    view.add_column(label, justify="left")
+    for column in numbers:
+        view.add_column(column, justify="right")
+    view.add_column(basis, justify="left")
+    return view
+
+
 def print_job_cost(cost: JobCost, console: Console | None = None) -> None:
     """The job's GPU time per phase, or why there is no estimate."""
     console = console or _wide()
@@ -184,20 +197,15 @@ def print_job_cost(cost: JobCost, console: Console | None = None) -> None:
     if not cost.phases:
         console.print(f"GPU time of this job: none ({cost.note}).")
         return
-    view = Table(
-        title=f"GPU time of this job · {cost.label}",
+    view = _cost_table(
+        f"GPU time of this job · {cost.label}",
+        "phase",
+        ("items", "per s per GPU", "GPU-hours"),
+        "from",
         caption=f"{cost.gpu_hours:.2f} GPU-hours, {cost.wall_hours:.2f} h on {cost.gpus} GPU(s) "
         f"(the rate per GPU assumed the same on more GPUs) · rows: {cost.sizes}"
         + (f" · {cost.note}" if cost.note else ""),
     )
-    for column, justify in (
-        ("phase", "left"),
-        ("items", "right"),
-        ("per s per GPU", "right"),
-        ("GPU-hours", "right"),
-        ("from", "left"),
-    ):
-        view.add_column(column, justify=justify)  # type: ignore[arg-type]
     for p in cost.phases:
         view.add_row(p.name, f"{p.items:,.0f}", f"{p.per_s:.1f}", f"{p.gpu_s / 3600:.2f}", p.basis)
     view.add_row("job", "", "", f"{cost.gpu_hours:.2f}", "", style="bold")
@@ -206,15 +214,12 @@ def print_job_cost(cost: JobCost, console: Console | None = None) -> None:
 
 def print_sweep_cost(sweep: SweepCost, name: str, console: Console | None = None) -> None:
     """Every job of the sweep, grouped over seeds: GPU-hours each and together."""
-    view = Table(title=f"GPU time of sweep={name}: {sweep.jobs} jobs · {sweep.label}")
-    for column, justify in (
-        ("jobs", "left"),
-        ("n", "right"),
-        ("GPU-h each", "right"),
-        ("GPU-h", "right"),
-        ("training from", "left"),
-    ):
-        view.add_column(column, justify=justify)  # type: ignore[arg-type]
+    view = _cost_table(
+        f"GPU time of sweep={name}: {sweep.jobs} jobs · {sweep.label}",
+        "jobs",
+        ("n", "GPU-h each", "GPU-h"),
+        "training from",
+    )
     for g in sweep.groups:
         c = g.cost
         if c.missing is not None:

@@ -23,7 +23,7 @@ import torch
 
 from medvqa.models.builders.cache import CachedModelBuilder, plain
 from medvqa.models.builders.gguf import SmolLM2GgufInput, load_smollm2
-from medvqa.models.families.llava import IMAGE_TOKEN, llava_config
+from medvqa.models.families.llava import IMAGE_TOKEN, ClipTower, clip_processor, llava_config
 from medvqa.zoo.tiny import PRETRAIN_FINGERPRINT, pretrain_stage
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ class SmolLM2LlavaBuilder(SmolLM2GgufInput, CachedModelBuilder):
         tokenizer, causal = load_smollm2(self.gguf)
         processor = build_processor(tokenizer, p["image_size"], p["patch_size"])
         torch.manual_seed(p["seed"])
-        model = build_model(processor, causal, **{k: p[k] for k in _MODEL_KEYS})
+        model = build_model(processor, causal, ClipTower.of(p))
         del causal
         if p["pretrain"]:
             align_projector(model, processor, self._pretrain_source, p["pretrain"], p["seed"])
@@ -95,15 +95,10 @@ class SmolLM2LlavaBuilder(SmolLM2GgufInput, CachedModelBuilder):
         processor.save_pretrained(out)
 
 
-_MODEL_KEYS = ("image_size", "patch_size", "vision_hidden", "vision_layers", "vision_heads")
-
-
 def build_processor(tokenizer: Any, image_size: int, patch_size: int) -> Any:
     """SmolLM2's tokenizer plus an `<image>` token, a CLIP image processor and the template.
 
     The tokenizer is copied, not modified in place."""
-    from transformers import CLIPImageProcessorPil, LlavaProcessor
-
     tokenizer = copy.deepcopy(tokenizer)
     tokenizer.add_special_tokens({"additional_special_tokens": [IMAGE_TOKEN]})
     tokenizer.image_token = IMAGE_TOKEN
@@ -111,30 +106,10 @@ def build_processor(tokenizer: Any, image_size: int, patch_size: int) -> Any:
     tokenizer.chat_template = CHAT_TEMPLATE
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    image_processor = CLIPImageProcessorPil(
-        size={"shortest_edge": image_size},
-        crop_size={"height": image_size, "width": image_size},
-    )
-    return LlavaProcessor(
-        image_processor=image_processor,
-        tokenizer=tokenizer,
-        patch_size=patch_size,
-        vision_feature_select_strategy="default",
-        num_additional_image_tokens=1,  # CLIP's CLS token, dropped by the "default" strategy
-        image_token=IMAGE_TOKEN,
-        chat_template=CHAT_TEMPLATE,
-    )
+    return clip_processor(tokenizer, image_size, patch_size, image_token=IMAGE_TOKEN)
 
 
-def build_model(
-    processor: Any,
-    causal: torch.nn.Module,
-    image_size: int,
-    patch_size: int,
-    vision_hidden: int,
-    vision_layers: int,
-    vision_heads: int,
-) -> torch.nn.Module:
+def build_model(processor: Any, causal: torch.nn.Module, tower: ClipTower) -> torch.nn.Module:
     """A LLaVA with a fresh small CLIP tower and projector around SmolLM2's weights."""
     from transformers import LlamaConfig, LlavaForConditionalGeneration
 
@@ -144,16 +119,7 @@ def build_model(
         text_dict.pop(key, None)
     text = LlamaConfig(**text_dict)
     text.pad_token_id = tok.pad_token_id
-    config = llava_config(
-        tok,
-        text,
-        image_size,
-        patch_size,
-        vision_hidden,
-        vision_layers,
-        vision_heads,
-        tie_word_embeddings=bool(text.tie_word_embeddings),
-    )
+    config = llava_config(tok, text, tower, tie_word_embeddings=bool(text.tie_word_embeddings))
     model = LlavaForConditionalGeneration(config)
     model.model.language_model.load_state_dict(causal.model.state_dict(), strict=True)
     with torch.no_grad():

@@ -22,7 +22,7 @@ from medvqa.data import records as R
 from medvqa.hashing import Hasher
 from medvqa.models.builders.cache import CachedModelBuilder, plain
 from medvqa.models.families.llava import TEMPLATE as CHAT_TEMPLATE
-from medvqa.models.families.llava import build_model
+from medvqa.models.families.llava import ClipTower, build_model, clip_processor
 from medvqa.models.stand_in import build_tokenizer
 
 log = logging.getLogger(__name__)
@@ -105,23 +105,13 @@ class TinyLlavaBuilder(CachedModelBuilder):
         texts = _corpus(source.table()) if source is not None else ["USER: ASSISTANT:"]
         processor = build_processor(texts, p["vocab_size"], p["image_size"], p["patch_size"])
         torch.manual_seed(p["seed"])
-        model = build_model(processor, **{k: p[k] for k in _MODEL_KEYS})
+        model = build_model(
+            processor, ClipTower.of(p), p["text_hidden"], p["text_layers"], p["text_heads"]
+        )
         if source is not None:
             pretrain_stage(model, processor, source, self.params["pretrain"], p["seed"])
         model.save_pretrained(out)
         processor.save_pretrained(out)
-
-
-_MODEL_KEYS = (
-    "image_size",
-    "patch_size",
-    "vision_hidden",
-    "vision_layers",
-    "vision_heads",
-    "text_hidden",
-    "text_layers",
-    "text_heads",
-)
 
 
 def _corpus(table: Any) -> list[str]:
@@ -130,22 +120,9 @@ def _corpus(table: Any) -> list[str]:
 
 
 def build_processor(texts: list[str], vocab_size: int, image_size: int, patch_size: int) -> Any:
-    """Train a byte-level BPE on `texts` and wrap it with a CLIP image processor."""
-    from transformers import CLIPImageProcessorPil, LlavaProcessor
-
-    tokenizer = build_tokenizer("llava", vocab_size, texts)
-    image_processor = CLIPImageProcessorPil(
-        size={"shortest_edge": image_size},
-        crop_size={"height": image_size, "width": image_size},
-    )
-    return LlavaProcessor(
-        image_processor=image_processor,
-        tokenizer=tokenizer,
-        patch_size=patch_size,
-        vision_feature_select_strategy="default",
-        num_additional_image_tokens=1,  # CLIP's CLS token, dropped by the "default" strategy
-        chat_template=CHAT_TEMPLATE,
-    )
+    """Train a byte-level BPE on `texts` (with LLaVA's chat template, `CHAT_TEMPLATE`) and wrap
+    it with a CLIP image processor."""
+    return clip_processor(build_tokenizer("llava", vocab_size, texts), image_size, patch_size)
 
 
 def pretrain_stage(

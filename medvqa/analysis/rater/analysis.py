@@ -20,6 +20,7 @@ from medvqa.analysis.rater.plots import figures
 from medvqa.analysis.rater.study import ITEMS, SCORE_RANGE, SHEET_CSV, RatingError, Study
 from medvqa.analysis.summary import markdown_table
 from medvqa.atomic import staged_dir
+from medvqa.evaluation.prediction_files import json_lines
 
 log = logging.getLogger(__name__)
 
@@ -31,15 +32,13 @@ def read_items(directory: Path) -> pd.DataFrame:
     path = Path(directory) / ITEMS
     if not path.is_file():
         raise RatingError(f"{path} not found; run `medvqa-rater export` to create {directory}")
+
+    def bad_line(line_no: int, err: json.JSONDecodeError) -> None:
+        raise RatingError(f"{path}:{line_no} is not valid JSON: {err}") from err
+
     rows = []
     with path.open() as fh:
-        for line_no, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise RatingError(f"{path}:{line_no} is not valid JSON: {err}") from err
+        for line_no, item in json_lines(fh, bad_line):
             if "id" not in item or not isinstance(item.get("scores"), dict):
                 raise RatingError(f"{path}:{line_no} lacks 'id' or a 'scores' object")
             scores = item.pop("scores")

@@ -35,7 +35,6 @@ from medvqa.data.annotated import (
     AnnotatedSource,
     BadRows,
     answer_text,
-    read_json_rows,
 )
 from medvqa.data.cleaning import CleaningLog, Step
 from medvqa.data.questions import YES_NO
@@ -141,57 +140,47 @@ class Ovqa(AnnotatedSource):
         self.clean_closed = clean_closed
 
     def annotation_files(self) -> list[Path]:
-        return [
-            self.split_file(split, names, f"OVQA {split} annotations")
-            for split, names in SPLIT_FILES.items()
-        ]
+        return self.split_files(SPLIT_FILES, "OVQA")
 
     def _native(self, bad: BadRows) -> pd.DataFrame:
         rows = []
-        for split, path in zip(SPLIT_FILES, self.annotation_files(), strict=True):
-            seen: set[str] = set()
-            for _, where, row in self.valid_rows(
-                read_json_rows(path, self.name), path, bad, REQUIRED, may_be_empty=("answer",)
-            ):
-                labels = {
-                    k: row[k].strip() if isinstance(row.get(k), str) else row.get(k) for k in LABELS
-                }
-                if labels["answer_type"] not in ("OPEN", "CLOSED"):
-                    bad(
-                        "malformed",
-                        where,
-                        f"field 'answer_type' is {row['answer_type']!r}; expected one of "
-                        "['OPEN', 'CLOSED']",
-                    )
-                    continue
-                if labels["answer_type"] == "CLOSED" and not answer_text(row["answer"]).strip():
-                    bad(
-                        "malformed",
-                        where,
-                        "a CLOSED question with an empty answer cannot be scored",
-                    )
-                    continue
-                if str(row["qid"]) in seen:
-                    bad("duplicate_id", where, f"qid {row['qid']!r} occurs earlier in the file")
-                    continue
-                ref = self.image_ref(f"img/{row['image_name']}", where, bad)
-                if ref is None:
-                    continue
-                seen.add(str(row["qid"]))
-                record = f"{split}/{row['qid']}"
-                self.text_oddities(row, ("question", "answer"), where, record)
-                for key in LABELS:
-                    if labels[key] != row.get(key):
-                        self.oddities(f"padded_{key}", where, record)
-                rows.append(
-                    {
-                        **{k: row[k] for k in REQUIRED},
-                        **{k: row.get(k) for k in METADATA},
-                        **labels,
-                        R.IMAGE: ref,
-                        R.SOURCE_SPLIT: split,
-                    }
+        seen: set[str] = set()  # record ids: a qid is unique within its split's file
+        for split, where, row in self.split_rows(SPLIT_FILES, bad, REQUIRED, ("answer",)):
+            labels = {
+                k: row[k].strip() if isinstance(row.get(k), str) else row.get(k) for k in LABELS
+            }
+            if labels["answer_type"] not in ("OPEN", "CLOSED"):
+                bad(
+                    "malformed",
+                    where,
+                    f"field 'answer_type' is {row['answer_type']!r}; expected one of "
+                    "['OPEN', 'CLOSED']",
                 )
+                continue
+            if labels["answer_type"] == "CLOSED" and not answer_text(row["answer"]).strip():
+                bad("malformed", where, "a CLOSED question with an empty answer cannot be scored")
+                continue
+            record = f"{split}/{row['qid']}"
+            if record in seen:
+                bad("duplicate_id", where, f"qid {row['qid']!r} occurs earlier in the file")
+                continue
+            ref = self.image_ref(f"img/{row['image_name']}", where, bad)
+            if ref is None:
+                continue
+            seen.add(record)
+            self.text_oddities(row, ("question", "answer"), where, record)
+            for key in LABELS:
+                if labels[key] != row.get(key):
+                    self.oddities(f"padded_{key}", where, record)
+            rows.append(
+                {
+                    **{k: row[k] for k in REQUIRED},
+                    **{k: row.get(k) for k in METADATA},
+                    **labels,
+                    R.IMAGE: ref,
+                    R.SOURCE_SPLIT: split,
+                }
+            )
         return pd.DataFrame(rows, columns=[*REQUIRED, *METADATA, R.IMAGE, R.SOURCE_SPLIT])
 
     def build(self, bad: BadRows, cleaning: CleaningLog) -> pd.DataFrame:

@@ -30,7 +30,6 @@ from medvqa.data.annotated import (
     AnnotatedSource,
     BadRows,
     answer_text,
-    read_json_rows,
 )
 from medvqa.data.cleaning import CleaningLog, Step
 from medvqa.data.questions import closed_candidates, is_yes_no, question_options
@@ -97,40 +96,30 @@ class Slake(AnnotatedSource):
         self.clean_closed = clean_closed
 
     def annotation_files(self) -> list[Path]:
-        return [
-            self.split_file(split, names, f"SLAKE {split} annotations")
-            for split, names in SPLIT_FILES.items()
-        ]
+        return self.split_files(SPLIT_FILES, "SLAKE")
 
     def _native(self, bad: BadRows) -> pd.DataFrame:
         rows = []
-        for split, path in zip(SPLIT_FILES, self.annotation_files(), strict=True):
-            for _, where, row in self.valid_rows(
-                read_json_rows(path, self.name), path, bad, REQUIRED, may_be_empty=("answer",)
-            ):
-                if self.field(row, "answer_type", where, bad, ("OPEN", "CLOSED")) is None:
-                    continue
-                answer = answer_text(row["answer"])
-                if row["answer_type"] == "CLOSED" and not answer.strip():
-                    bad(
-                        "malformed",
-                        where,
-                        "a CLOSED question with an empty answer cannot be scored",
-                    )
-                    continue
-                ref = self.image_ref(f"imgs/{row['img_name']}", where, bad)
-                if ref is None:
-                    continue
-                self.text_oddities(row, ("question", "answer"), where, f"{split}/{row['qid']}")
-                rows.append(
-                    {
-                        **{k: row[k] for k in REQUIRED},
-                        "answer": answer,
-                        **{k: row.get(k) for k in METADATA},
-                        R.IMAGE: ref,
-                        R.SOURCE_SPLIT: split,
-                    }
-                )
+        for split, where, row in self.split_rows(SPLIT_FILES, bad, REQUIRED, ("answer",)):
+            if self.field(row, "answer_type", where, bad, ("OPEN", "CLOSED")) is None:
+                continue
+            answer = answer_text(row["answer"])
+            if row["answer_type"] == "CLOSED" and not answer.strip():
+                bad("malformed", where, "a CLOSED question with an empty answer cannot be scored")
+                continue
+            ref = self.image_ref(f"imgs/{row['img_name']}", where, bad)
+            if ref is None:
+                continue
+            self.text_oddities(row, ("question", "answer"), where, f"{split}/{row['qid']}")
+            rows.append(
+                {
+                    **{k: row[k] for k in REQUIRED},
+                    "answer": answer,
+                    **{k: row.get(k) for k in METADATA},
+                    R.IMAGE: ref,
+                    R.SOURCE_SPLIT: split,
+                }
+            )
         return pd.DataFrame(rows, columns=[*REQUIRED, *METADATA, R.IMAGE, R.SOURCE_SPLIT])
 
     def build(self, bad: BadRows, cleaning: CleaningLog) -> pd.DataFrame:

@@ -14,6 +14,7 @@ scores were recorded (and compared with papers) under: `ESTABLISHED_PREFIXES`.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -36,6 +37,26 @@ ESTABLISHED_PREFIXES: dict[str, str] = {
     "kvasir_official": "kvasir_",
     "aspect_judge": "aspect_",
 }
+
+
+def no_candidates(cell: Any) -> bool:
+    """Whether a row's candidates cell offers nothing to choose from: None, NaN (how a table
+    read back leaves an empty cell) or an empty list. Such a closed row cannot be answered."""
+    if cell is None or (isinstance(cell, float) and math.isnan(cell)):
+        return True
+    return len(cell) == 0
+
+
+def answer_rows(preds: pd.DataFrame) -> Iterator[tuple[Any, Any, Any, Any]]:
+    """(answer type, prediction, reference answer, candidates) of each row of `preds`, in
+    order: what a family that scores closed answers against their options reads per row."""
+    return zip(
+        preds[R.ANSWER_TYPE].to_numpy(),
+        preds[R.PREDICTION].to_numpy(),
+        preds[R.ANSWER].to_numpy(),
+        preds[R.CANDIDATES].to_numpy(),
+        strict=True,
+    )
 
 
 def _is_list(value: Any) -> bool:

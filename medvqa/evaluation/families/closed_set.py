@@ -47,7 +47,14 @@ import pandas as pd
 
 from medvqa.data.records import ANSWER, ANSWER_TYPE, CANDIDATES, CASE_ID, ID, PREDICTION
 from medvqa.evaluation.answers import closed_choice
-from medvqa.evaluation.families.base import COUNT, ERROR_RATE, MetricFamily, ScoreInfo
+from medvqa.evaluation.families.base import (
+    COUNT,
+    ERROR_RATE,
+    MetricFamily,
+    ScoreInfo,
+    answer_rows,
+    no_candidates,
+)
 from medvqa.evaluation.statistics import (
     Bootstrap,
     BootstrapCI,
@@ -76,14 +83,6 @@ LABEL_SETS = ("fixed", "observed")
 # --------------------------------------------------------------------------------------------
 # Label scores
 # --------------------------------------------------------------------------------------------
-
-
-def _missing(value: Any) -> bool:
-    if value is None:
-        return True
-    if isinstance(value, float) and math.isnan(value):
-        return True
-    return len(value) == 0
 
 
 def parse_label(prediction: Any, labels: Sequence[str]) -> str | None:
@@ -226,19 +225,12 @@ class ClosedSetMetric(MetricFamily):
         choice: list[str | None] = [None] * n
         correct, invalid = np.full(n, np.nan), np.full(n, np.nan)
         no_space = 0
-        rows = zip(
-            preds[ANSWER_TYPE].to_numpy(),
-            preds[PREDICTION].to_numpy(),
-            preds[ANSWER].to_numpy(),
-            preds[CANDIDATES].to_numpy(),
-            strict=True,
-        )
-        for i, (kind, pred, answer, space) in enumerate(rows):
+        for i, (kind, pred, answer, space) in enumerate(answer_rows(preds)):
             if kind != "closed":
                 continue
-            if _missing(space):
+            if no_candidates(space):
                 no_space += 1
-            label = None if _missing(space) else parse_label(pred, space)
+            label = None if no_candidates(space) else parse_label(pred, space)
             choice[i] = label
             correct[i] = float(label is not None and label == str(answer))
             invalid[i] = float(label is None)
@@ -257,7 +249,7 @@ class ClosedSetMetric(MetricFamily):
 
     def _task_labels(self, task: str, group: pd.DataFrame) -> list[str]:
         """The task's fixed label list: its rows' candidates, which must all be the same."""
-        lists = {tuple(str(v) for v in c) for c in group[CANDIDATES] if not _missing(c)}
+        lists = {tuple(str(v) for v in c) for c in group[CANDIDATES] if not no_candidates(c)}
         if len(lists) > 1:
             raise ValueError(
                 f"{self.name}: task {task!r} has rows with different label lists {sorted(lists)}; "

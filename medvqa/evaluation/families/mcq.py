@@ -19,7 +19,6 @@ are listed there); the answer key may be the option's text or its letter
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -28,7 +27,15 @@ import pandas as pd
 
 from medvqa.data.records import ANSWER, ANSWER_TYPE, CANDIDATES, CASE_ID, PREDICTION
 from medvqa.evaluation.answers import key_option, resolve_prediction
-from medvqa.evaluation.families.base import COUNT, ERROR_RATE, REFERENCE, MetricFamily, ScoreInfo
+from medvqa.evaluation.families.base import (
+    COUNT,
+    ERROR_RATE,
+    REFERENCE,
+    MetricFamily,
+    ScoreInfo,
+    answer_rows,
+    no_candidates,
+)
 from medvqa.evaluation.statistics import Bootstrap, cluster_bootstrap, mean_or_nan
 
 log = logging.getLogger(__name__)
@@ -40,12 +47,6 @@ __all__ = [
     "MCQ_INVALID",
     "McqMetric",
 ]
-
-
-def _no_options(options: Any) -> bool:
-    if options is None or (isinstance(options, float) and math.isnan(options)):
-        return True
-    return len(options) == 0
 
 
 class McqMetric(MetricFamily):
@@ -80,15 +81,8 @@ class McqMetric(MetricFamily):
         n = len(preds)
         choice: list[str | None] = [None] * n
         correct, invalid, chance = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
-        rows = zip(
-            preds[ANSWER_TYPE].to_numpy(),
-            preds[PREDICTION].to_numpy(),
-            preds[ANSWER].to_numpy(),
-            preds[CANDIDATES].to_numpy(),
-            strict=True,
-        )
-        for i, (kind, pred, answer, options) in enumerate(rows):
-            if kind != "closed" or _no_options(options):
+        for i, (kind, pred, answer, options) in enumerate(answer_rows(preds)):
+            if kind != "closed" or no_candidates(options):
                 continue
             options = [str(o) for o in options]
             key = key_option(answer, options)

@@ -20,7 +20,7 @@ import logging
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 import pandas as pd
@@ -40,6 +40,7 @@ from medvqa.evaluation.families.base import (
     MetricFamily,
     ScoreInfo,
     breakdown_prefix,
+    no_candidates,
 )
 from medvqa.evaluation.statistics import mean_or_nan
 
@@ -193,14 +194,6 @@ def _check_metrics(open_metrics: Sequence[str] | None) -> list[str]:
     return names
 
 
-def _is_missing(cands: Any) -> bool:
-    if cands is None:
-        return True
-    if isinstance(cands, float) and math.isnan(cands):
-        return True
-    return len(cands) == 0
-
-
 def per_sample_scores(
     preds: pd.DataFrame,
     open_metrics: Sequence[str] | None = None,
@@ -241,7 +234,7 @@ def per_sample_scores(
                 open_vals[m][i] = scores[m]
         elif kind == "closed":
             cands = cand_col[i]
-            if _is_missing(cands):
+            if no_candidates(cands):
                 no_cands += 1
                 cands = []
             cands = [str(c) for c in cands]

@@ -45,6 +45,12 @@ class StandIn:
                 f"token of the stand-in ({', '.join(self.special)})"
             )
 
+    def config_ids(self, tokenizer: Any) -> dict[str, int]:
+        """Config attribute -> the id `tokenizer` (the stand-in's) gives its token: what a
+        rehearsal sets on the checkpoint's config and a tiny twin's config is built with."""
+        ids = tokenizer.convert_tokens_to_ids
+        return {attribute: ids(token) for attribute, token in self.config_tokens.items()}
+
 
 @dataclass(frozen=True)
 class TinyShape:
@@ -110,6 +116,9 @@ class ModelFamily(plugins.Plugin):
     image_processor: ClassVar[str | type]
     processor: ClassVar[str | type]
     processor_fields: ClassVar[tuple[str, ...]] = ()
+    # transformers' config and model classes (names) of the family, for a `tiny` that builds
+    # its twin through `classes()`.
+    model_classes: ClassVar[tuple[str, str]]
     # A chat template for checkpoints that ship none (`model.chat_template: <name>`).
     chat_template: ClassVar[str | None] = None
     # Why an image's keys and values cannot be shared between its questions, or None.
@@ -153,6 +162,28 @@ class ModelFamily(plugins.Plugin):
         """(model, processor) of a tiny random twin: the family's classes, module names and
         processor at `shape`, with `tokenizer` (the stand-in's)."""
         raise NotImplementedError
+
+    @classmethod
+    def classes(cls) -> tuple[type, type]:
+        """(config class, model class) of the family in transformers (`model_classes`)."""
+        config_class, model_class = cls.model_classes
+        return transformers_class(config_class), transformers_class(model_class)
+
+    @classmethod
+    def make_image_processor(cls, **settings: Any) -> Any:
+        """The family's image processor (`image_processor`) with these settings."""
+        return transformers_class(cls.image_processor)(**settings)
+
+    @classmethod
+    def make_processor(cls, image_processor: Any, tokenizer: Any, **fields: Any) -> Any:
+        """The family's processor of `image_processor` and `tokenizer`, with the tokenizer's
+        chat template and the processor's own `fields`: a tiny twin's and a rehearsal's."""
+        return transformers_class(cls.processor)(
+            image_processor=image_processor,
+            tokenizer=tokenizer,
+            chat_template=tokenizer.chat_template,
+            **fields,
+        )
 
 
 def transformers_class(name_or_class: str | type) -> type:

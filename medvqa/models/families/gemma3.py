@@ -7,7 +7,13 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from medvqa.models.families.base import ImageSize, ModelFamily, StandIn, TinyShape, content
+from medvqa.models.families.base import (
+    ImageSize,
+    ModelFamily,
+    StandIn,
+    TinyShape,
+    content,
+)
 
 # Gemma3Processor.images_kwargs (the checkpoints' preprocessor files say null).
 PAN_AND_SCAN = {
@@ -76,6 +82,7 @@ class Gemma3(ModelFamily):
     image_processor = "Gemma3ImageProcessorPil"
     processor = "Gemma3Processor"
     processor_fields = ("image_seq_length",)
+    model_classes = ("Gemma3Config", "Gemma3ForConditionalGeneration")
     preset = "medgemma"
 
     @classmethod
@@ -103,32 +110,24 @@ class Gemma3(ModelFamily):
 
     @classmethod
     def tiny(cls, shape: TinyShape, tokenizer: Any) -> tuple[Any, Any]:
-        from transformers import (
-            Gemma3Config,
-            Gemma3ForConditionalGeneration,
-            Gemma3ImageProcessorPil,
-            Gemma3Processor,
-        )
-
+        config_class, model_class = cls.classes()
         size = shape.image_size
         tokens_per_image = ((size // shape.patch_size) // 2) ** 2  # pooled 2x2 per side
-        ids = tokenizer.convert_tokens_to_ids
         head_dim = shape.text_hidden // 4
-        config = Gemma3Config(
+        config = config_class(
             text_config=shape.text(
                 tokenizer, head_dim=head_dim, query_pre_attn_scalar=head_dim, sliding_window=64
             ),
             vision_config=shape.vision(model_type="siglip_vision_model"),
             mm_tokens_per_image=tokens_per_image,
-            **{attribute: ids(token) for attribute, token in cls.stand_in.config_tokens.items()},
+            **cls.stand_in.config_ids(tokenizer),
         )
-        processor = Gemma3Processor(
-            image_processor=Gemma3ImageProcessorPil(size={"height": size, "width": size}),
-            tokenizer=tokenizer,
-            chat_template=tokenizer.chat_template,
+        processor = cls.make_processor(
+            cls.make_image_processor(size={"height": size, "width": size}),
+            tokenizer,
             image_seq_length=tokens_per_image,
         )
-        model = Gemma3ForConditionalGeneration(config)
+        model = model_class(config)
         # random init zero-fills this bare Parameter: the model would ignore images
         weight = model.model.multi_modal_projector.mm_input_projection_weight
         import torch  # here, not at import: listing families builds no model

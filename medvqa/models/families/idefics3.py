@@ -13,7 +13,6 @@ from medvqa.models.families.base import (
     StandIn,
     TinyShape,
     content,
-    transformers_class,
 )
 
 # transformers 5.23's processor defaults, used when a checkpoint's processor files omit a field.
@@ -94,6 +93,7 @@ class Idefics3(ModelFamily):
     image_processor = "Idefics3ImageProcessorPil"
     processor = "Idefics3Processor"
     processor_fields = ("image_seq_len",)
+    model_classes = ("Idefics3Config", "Idefics3ForConditionalGeneration")
     preset = "smolvlm"  # SmolVLM-256M-Instruct is Idefics3 architecture
 
     @classmethod
@@ -118,34 +118,26 @@ class Idefics3(ModelFamily):
         tiles = rows * cols
         return (tiles + 1) * int(per_tile), 2 * tiles + 3
 
-    @staticmethod
-    def _classes() -> tuple[type, type]:
-        """(config class, model class) of the family in transformers."""
-        from transformers import Idefics3Config, Idefics3ForConditionalGeneration
-
-        return Idefics3Config, Idefics3ForConditionalGeneration
-
     @classmethod
     def tiny(cls, shape: TinyShape, tokenizer: Any) -> tuple[Any, Any]:
-        config_class, model_class = cls._classes()
+        config_class, model_class = cls.classes()
         scale = 2
         config = config_class(
             vision_config=shape.vision(),
             text_config={"model_type": "llama", **shape.text(tokenizer)},
             scale_factor=scale,
-            image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
             pad_token_id=tokenizer.pad_token_id,
+            **cls.stand_in.config_ids(tokenizer),
         )
-        image_processor = transformers_class(cls.image_processor)(
+        image_processor = cls.make_image_processor(
             do_image_splitting=False,
             size={"longest_edge": shape.image_size},
             max_image_size={"longest_edge": shape.image_size},
         )
-        processor = transformers_class(cls.processor)(
-            image_processor=image_processor,
-            tokenizer=tokenizer,
+        processor = cls.make_processor(
+            image_processor,
+            tokenizer,
             image_seq_len=(shape.image_size // shape.patch_size) ** 2 // scale**2,
-            chat_template=tokenizer.chat_template,
         )
         return model_class(config), processor
 
@@ -157,9 +149,4 @@ class SmolVLM(Idefics3):
     image_processor = "SmolVLMImageProcessorPil"
     processor = "medvqa.models.processors.ImageOnlySmolVLMProcessor"
     preset = "smolvlm"  # tested with the SmolVLM preset's settings, under SmolVLM's classes
-
-    @staticmethod
-    def _classes() -> tuple[type, type]:
-        from transformers import SmolVLMConfig, SmolVLMForConditionalGeneration
-
-        return SmolVLMConfig, SmolVLMForConditionalGeneration
+    model_classes = ("SmolVLMConfig", "SmolVLMForConditionalGeneration")

@@ -4,6 +4,7 @@ layout."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from medvqa.models.families.base import ImageSize, ModelFamily, StandIn, TinyShape
@@ -36,50 +37,70 @@ def _height_width(size: Any) -> ImageSize:
     raise ValueError(f"cannot read an image size from {size!r}")
 
 
-def llava_config(
-    tokenizer: Any,
-    text: Any,
-    image_size: int,
-    patch_size: int,
-    vision_hidden: int,
-    vision_layers: int,
-    vision_heads: int,
-    **extra: Any,
-) -> Any:
-    """A LLaVA config: a fresh CLIP tower of this size around the text config `text`, its
-    image token `tokenizer`'s IMAGE_TOKEN."""
+@dataclass(frozen=True)
+class ClipTower:
+    """The size of the fresh CLIP vision tower of a LLaVA medvqa builds; the fields are named
+    as the builders' parameters (conf/model/tiny.yaml, smollm2_llava.yaml)."""
+
+    image_size: int
+    patch_size: int
+    vision_hidden: int
+    vision_layers: int
+    vision_heads: int
+
+    @classmethod
+    def of(cls, params: Mapping[str, Any]) -> ClipTower:
+        """The tower a builder's parameters describe."""
+        return cls(**{f.name: params[f.name] for f in fields(cls)})
+
+
+def llava_config(tokenizer: Any, text: Any, tower: ClipTower, **extra: Any) -> Any:
+    """A LLaVA config: a fresh CLIP `tower` around the text config `text`, its image token
+    `tokenizer`'s IMAGE_TOKEN."""
     from transformers import CLIPVisionConfig, LlavaConfig
 
     vision = CLIPVisionConfig(
-        hidden_size=vision_hidden,
-        intermediate_size=2 * vision_hidden,
-        num_hidden_layers=vision_layers,
-        num_attention_heads=vision_heads,
-        image_size=image_size,
-        patch_size=patch_size,
-        projection_dim=vision_hidden,
+        hidden_size=tower.vision_hidden,
+        intermediate_size=2 * tower.vision_hidden,
+        num_hidden_layers=tower.vision_layers,
+        num_attention_heads=tower.vision_heads,
+        image_size=tower.image_size,
+        patch_size=tower.patch_size,
+        projection_dim=tower.vision_hidden,
     )
     return LlavaConfig(
         vision_config=vision,
         text_config=text,
         image_token_index=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
-        image_seq_length=(image_size // patch_size) ** 2,
+        image_seq_length=(tower.image_size // tower.patch_size) ** 2,
         vision_feature_layer=-1,
         vision_feature_select_strategy="default",
         **extra,
     )
 
 
+def clip_processor(tokenizer: Any, image_size: int, patch_size: int, **extra: Any) -> Any:
+    """A `LlavaProcessor` of `tokenizer` (with its chat template) and a CLIP image processor
+    that resizes and centre-crops to `image_size`: the processor of every LLaVA medvqa builds
+    (the tiny twin, the tiny pre-trained LLaVA, SmolLM2's)."""
+    from transformers import CLIPImageProcessorPil, LlavaProcessor
+
+    return LlavaProcessor(
+        image_processor=CLIPImageProcessorPil(
+            size={"shortest_edge": image_size},
+            crop_size={"height": image_size, "width": image_size},
+        ),
+        tokenizer=tokenizer,
+        patch_size=patch_size,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,  # CLIP's CLS token, dropped by the "default" strategy
+        chat_template=tokenizer.chat_template,
+        **extra,
+    )
+
+
 def build_model(
-    processor: Any,
-    image_size: int,
-    patch_size: int,
-    vision_hidden: int,
-    vision_layers: int,
-    vision_heads: int,
-    text_hidden: int,
-    text_layers: int,
-    text_heads: int,
+    processor: Any, tower: ClipTower, text_hidden: int, text_layers: int, text_heads: int
 ) -> torch.nn.Module:
     """A randomly initialised LLaVA (CLIP ViT + Llama) sized for a CPU."""
     from transformers import LlamaConfig, LlavaForConditionalGeneration
@@ -97,10 +118,7 @@ def build_model(
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
     )
-    config = llava_config(
-        tok, text, image_size, patch_size, vision_hidden, vision_layers, vision_heads
-    )
-    model = LlavaForConditionalGeneration(config)
+    model = LlavaForConditionalGeneration(llava_config(tok, text, tower))
     model.generation_config.pad_token_id = tok.pad_token_id
     model.generation_config.eos_token_id = tok.eos_token_id
     return model
@@ -144,26 +162,13 @@ class Llava(ModelFamily):
 
     @classmethod
     def tiny(cls, shape: TinyShape, tokenizer: Any) -> tuple[Any, Any]:
-        from transformers import CLIPImageProcessorPil, LlavaProcessor
-
-        size = shape.image_size
-        processor = LlavaProcessor(
-            image_processor=CLIPImageProcessorPil(
-                size={"shortest_edge": size}, crop_size={"height": size, "width": size}
-            ),
-            tokenizer=tokenizer,
-            patch_size=shape.patch_size,
-            vision_feature_select_strategy="default",
-            num_additional_image_tokens=1,
-            chat_template=tokenizer.chat_template,
+        processor = clip_processor(tokenizer, shape.image_size, shape.patch_size)
+        tower = ClipTower(
+            shape.image_size, shape.patch_size, shape.vision_hidden, vision_layers=1, vision_heads=2
         )
         model = build_model(
             processor,
-            image_size=size,
-            patch_size=shape.patch_size,
-            vision_hidden=shape.vision_hidden,
-            vision_layers=1,
-            vision_heads=2,
+            tower,
             text_hidden=shape.text_hidden,
             text_layers=shape.text_layers,
             text_heads=4,

@@ -6,7 +6,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from medvqa.models.families.base import ImageSize, ModelFamily, StandIn, TinyShape
+from medvqa.models.families.base import (
+    ImageSize,
+    ModelFamily,
+    StandIn,
+    TinyShape,
+)
 
 # The checkpoints carry no chat template; the processor itself puts the image tokens and <bos>
 # first and "\n" after the prompt, and the answer (its `suffix`) ends with <eos>. A system turn,
@@ -32,6 +37,7 @@ class PaliGemma(ModelFamily):
     )
     image_processor = "SiglipImageProcessorPil"
     processor = "PaliGemmaProcessor"
+    model_classes = ("PaliGemmaConfig", "PaliGemmaForConditionalGeneration")
     chat_template = TEMPLATE  # model.chat_template: paligemma
     unshareable = (
         "PaliGemma attends bidirectionally over its whole prompt (a prefix-LM), so the image's "
@@ -59,26 +65,17 @@ class PaliGemma(ModelFamily):
 
     @classmethod
     def tiny(cls, shape: TinyShape, tokenizer: Any) -> tuple[Any, Any]:
-        from transformers import (
-            PaliGemmaConfig,
-            PaliGemmaForConditionalGeneration,
-            PaliGemmaProcessor,
-            SiglipImageProcessorPil,
-        )
-
+        config_class, model_class = cls.classes()
         size = shape.image_size
-        image_processor = SiglipImageProcessorPil(size={"height": size, "width": size})
+        image_processor = cls.make_image_processor(size={"height": size, "width": size})
         image_processor.image_seq_length = (size // shape.patch_size) ** 2
-        processor = PaliGemmaProcessor(
-            image_processor=image_processor,
-            tokenizer=tokenizer,
-            chat_template=tokenizer.chat_template,
-        )  # adds 1152 <loc>/<seg> tokens: size the vocabulary after this
+        # adds 1152 <loc>/<seg> tokens: size the vocabulary after this
+        processor = cls.make_processor(image_processor, tokenizer)
         head_dim = shape.text_hidden // 4
-        config = PaliGemmaConfig(
+        config = config_class(
             vision_config=shape.vision(model_type="siglip_vision_model"),
             text_config={"model_type": "gemma", **shape.text(tokenizer, head_dim=head_dim)},
             projection_dim=shape.text_hidden,
-            image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
+            **cls.stand_in.config_ids(tokenizer),
         )
-        return PaliGemmaForConditionalGeneration(config), processor
+        return model_class(config), processor

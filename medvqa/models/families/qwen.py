@@ -13,7 +13,6 @@ from medvqa.models.families.base import (
     StandIn,
     TinyShape,
     content,
-    transformers_class,
 )
 
 # transformers 5.23's processor defaults, used when a checkpoint's processor files omit a field.
@@ -99,6 +98,7 @@ class Qwen2VL(ModelFamily):
     )
     image_processor = "Qwen2VLImageProcessorPil"
     processor = "medvqa.models.processors.ImageOnlyQwen2VLProcessor"
+    model_classes = ("Qwen2VLConfig", "Qwen2VLForConditionalGeneration")
     counts_flops = True  # the batch's image_grid_thw gives each image's patches
     preset = "qwen2_vl"
     # M-RoPE's sections must add up to half the head size: keep 128-wide heads.
@@ -129,22 +129,15 @@ class Qwen2VL(ModelFamily):
             4,
         )
 
-    @staticmethod
-    def _image_processor(shape: TinyShape) -> Any:
-        from transformers import Qwen2VLImageProcessorPil
-
+    @classmethod
+    def _image_processor(cls, shape: TinyShape) -> Any:
         pixels = shape.image_size**2  # every image is resized to about image_size²
-        return Qwen2VLImageProcessorPil(
+        return cls.make_image_processor(
             size={"shortest_edge": pixels, "longest_edge": pixels},
             patch_size=shape.patch_size,
             temporal_patch_size=2,
             merge_size=2,
         )
-
-    @classmethod
-    def _ids(cls, tokenizer: Any) -> dict[str, int]:
-        ids = tokenizer.convert_tokens_to_ids
-        return {attribute: ids(token) for attribute, token in cls.stand_in.config_tokens.items()}
 
     @staticmethod
     def _text(shape: TinyShape, tokenizer: Any) -> dict[str, Any]:
@@ -153,13 +146,6 @@ class Qwen2VL(ModelFamily):
         section = [t, rest // 2, rest - rest // 2]
         rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": section}
         return shape.text(tokenizer, rope_parameters=rope)
-
-    @staticmethod
-    def _classes() -> tuple[type, type]:
-        """(config class, model class) of the family in transformers."""
-        from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
-
-        return Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
     @staticmethod
     def _tiny_vision(shape: TinyShape) -> dict[str, Any]:
@@ -175,17 +161,13 @@ class Qwen2VL(ModelFamily):
 
     @classmethod
     def tiny(cls, shape: TinyShape, tokenizer: Any) -> tuple[Any, Any]:
-        config_class, model_class = cls._classes()
+        config_class, model_class = cls.classes()
         config = config_class(
             text_config=cls._text(shape, tokenizer),
             vision_config=cls._tiny_vision(shape),
-            **cls._ids(tokenizer),
+            **cls.stand_in.config_ids(tokenizer),
         )
-        processor = transformers_class(cls.processor)(
-            image_processor=cls._image_processor(shape),
-            tokenizer=tokenizer,
-            chat_template=tokenizer.chat_template,
-        )
+        processor = cls.make_processor(cls._image_processor(shape), tokenizer)
         return model_class(config), processor
 
 
@@ -193,6 +175,7 @@ class Qwen2_5VL(Qwen2VL):
     name = "qwen2_5_vl"
     processor = "medvqa.models.processors.ImageOnlyQwen2_5_VLProcessor"
     preset = "qwen2_5_vl"
+    model_classes = ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration")
 
     @classmethod
     def shrink_vision(cls, config: Any, text: Any) -> None:
@@ -200,12 +183,6 @@ class Qwen2_5VL(Qwen2VL):
         vision.hidden_size, vision.intermediate_size = 64, 128
         vision.depth, vision.num_heads, vision.out_hidden_size = 2, 4, text.hidden_size
         vision.fullatt_block_indexes = [1]
-
-    @staticmethod
-    def _classes() -> tuple[type, type]:
-        from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
-
-        return Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     @staticmethod
     def _tiny_vision(shape: TinyShape) -> dict[str, Any]:
