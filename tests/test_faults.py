@@ -55,6 +55,7 @@ def _record(run_dir: Path) -> dict[str, Any]:
     return json.loads((run_dir / "results.json").read_text())
 
 
+@pytest.mark.slow
 def test_a_sigterm_stops_a_local_sweep_after_recording_the_running_job(
     tmp_path: Path, cache_dir: Path, tiny_model_dir: Path
 ) -> None:

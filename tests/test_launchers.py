@@ -82,6 +82,7 @@ def test_slurm_knobs_can_be_overridden_per_sweep() -> None:
     assert list(node.setup) == ["module load cuda"]
 
 
+@pytest.mark.slow
 def test_local_launcher_runs_a_two_job_multirun(tmp_path: Path) -> None:
     """task=splits loads no model: a real multirun through `hydra/launcher=local` in seconds."""
     env = {**os.environ, "MEDVQA_CACHE": str(tmp_path / "cache"), "WANDB_MODE": "offline"}
