@@ -39,8 +39,9 @@ test: install  ## the default suite (slow tests excluded)
 test-fast: install  ## while working: each behaviour once, up to its first model or whole run (make test runs all)
 	$(BIN)/python -m pytest --no-models -rfE $(PYTEST_ARGS)
 
+# --dist loadgroup: a module's tests that share one expensive run stay in one worker (xdist_group).
 test-slow: install  ## only the slow end-to-end tests
-	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS) --dist loadgroup
 
 test-slurm: install  ## the SLURM launcher on a one-node cluster on this machine (root; apt-installs slurm-wlm + munge)
 	$(PIP_INSTALL) -e ".[slurm]"

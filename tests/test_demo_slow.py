@@ -18,7 +18,10 @@ from medvqa import numerics
 from tests.conftest import DISTRIBUTED_ENV, ROOT
 from tests.test_demo_table import printed, readme_table
 
-pytestmark = pytest.mark.slow
+# One fixture for both tests, and one test module that pytest-xdist may split between workers:
+# each worker would run its own demo, so the module's tests run in one worker (xdist_group,
+# with --dist loadgroup) or, without it, one after the other.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("demo")]
 
 
 @pytest.fixture(scope="module")
