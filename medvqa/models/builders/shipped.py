@@ -9,8 +9,8 @@ fingerprint, so other parameters or code that trains other weights miss it and b
 
 A shipped directory is what `python -m medvqa.cli.ship_model` built under
 `MEDVQA_NUMERICS=portable` (its `shipped.json` says when, where and from which commit); the slow
-test tests/test_shipped_model.py builds it again from scratch and compares the weights bit for
-bit, and `shipped.json`'s SHA-256 of each file is checked before a copy is used.
+test tests/test_shipped_model.py builds it again from scratch and compares every file byte for
+byte, and `shipped.json`'s SHA-256 of each file is checked before a copy is used.
 """
 
 from __future__ import annotations
