@@ -32,7 +32,7 @@ def build_cached(
     """
 
     def write(tmp: Path) -> None:
-        log.info("building %s (cached for later runs)", target.name)
+        log.info("making %s in the cache (later runs reuse it)", target.name)
         build_into(tmp)
         (tmp / DONE_FILE).write_text(json.dumps(dict(manifest), indent=2, default=str))
 
