@@ -4,7 +4,6 @@ and (slow) building it again under portable numerics gives the shipped files bit
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -12,13 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra.utils import instantiate
-from omegaconf import OmegaConf
 
 from medvqa import numerics
 from medvqa.errors import DataError
+from medvqa.hashing import content_hash
 from medvqa.models.builders import shipped
-from medvqa.models.builders.cache import DONE_FILE, CachedModelBuilder
+from medvqa.models.builders.cache import DONE_FILE, CachedModelBuilder, builder_from_yaml
 from tests.conftest import CONF, DISTRIBUTED_ENV, ROOT
 
 SHIP_COMMAND = "MEDVQA_NUMERICS=portable python -m medvqa.cli.ship_model"
@@ -26,10 +24,7 @@ SHIP_COMMAND = "MEDVQA_NUMERICS=portable python -m medvqa.cli.ship_model"
 
 def _default_builder(cache: Path) -> CachedModelBuilder:
     """conf/model/tiny.yaml's builder, as `make demo` composes it, with `cache` as its cache."""
-    node = OmegaConf.merge(
-        OmegaConf.load(CONF / "model" / "tiny.yaml").builder, {"cache_dir": cache}
-    )
-    return instantiate(node)
+    return builder_from_yaml(CONF / "model" / "tiny.yaml", cache)
 
 
 def test_the_demo_model_ships(tmp_path: Path) -> None:
@@ -62,7 +57,7 @@ def _ship_fake(root: Path, builder: _Fake) -> Path:
     files = {"model.safetensors": b"\x00weights", "config.json": b'{"model_type": "llava"}'}
     for name, data in files.items():
         (entry / name).write_bytes(data)
-    digests = {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
+    digests = {name: content_hash(data, length=None) for name, data in files.items()}
     made = {"date": "2026-11-29", "numerics": {"cpu": "test", "mode": "portable"}}
     (entry / shipped.MANIFEST).write_text(json.dumps({"files": digests, "made": made}))
     return entry
@@ -120,10 +115,11 @@ def test_the_shipped_build_is_what_portable_numerics_build(tmp_path: Path) -> No
         pytest.fail(f"no shipped build: run {SHIP_COMMAND}")
     build = (
         "from medvqa import numerics; numerics.reexec_if_requested(); numerics.apply(); "
-        "import hashlib, json, sys; from tests.test_shipped_model import _default_builder; "
+        "import json, sys; from medvqa.hashing import file_hash; "
+        "from tests.test_shipped_model import _default_builder; "
         "from pathlib import Path; out = _default_builder(Path(sys.argv[1])).build("
-        "use_shipped=False); print(json.dumps({p.name: hashlib.sha256(p.read_bytes())"
-        ".hexdigest() for p in out.iterdir() if p.name != 'medvqa_build.json'}))"
+        "use_shipped=False); print(json.dumps({p.name: file_hash(p) "
+        "for p in out.iterdir() if p.name != 'medvqa_build.json'}))"
     )
     env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_ENV}
     proc = subprocess.run(

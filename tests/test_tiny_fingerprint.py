@@ -61,9 +61,7 @@ PERTURB_ENV = "MEDVQA_PROBE_PERTURB"
 
 def probe_checksum(cache: Path) -> str:
     """Build the probe's tiny model into `cache` (in this process) and return its checksum."""
-    from hydra.utils import instantiate
-    from omegaconf import OmegaConf
-
+    from medvqa.models.builders.cache import builder_from_yaml
     from medvqa.zoo.tiny import weights_checksum
 
     numerics.apply()  # one thread, no oneDNN (the environment holds the rest)
@@ -72,10 +70,8 @@ def probe_checksum(cache: Path) -> str:
 
         normalizer = VQAModule._normalizer
         VQAModule._normalizer = lambda self, batch: normalizer(self, batch) * (1 + 2**-22)
-    # The YAML's builder node itself (composing the whole config costs seconds of imports).
-    builder = OmegaConf.load(CONF / "model" / "tiny.yaml").builder
-    builder = OmegaConf.merge(builder, PROBE, {"cache_dir": str(cache)})
-    return weights_checksum(instantiate(builder).build(use_shipped=False))
+    builder = builder_from_yaml(CONF / "model" / "tiny.yaml", cache, PROBE)
+    return weights_checksum(builder.build(use_shipped=False))
 
 
 def _skip_unless_recorded_stack() -> None:

@@ -8,7 +8,6 @@ from medvqa import numerics
 
 numerics.reexec_if_requested()  # before numpy and torch load
 
-import hashlib  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
 import shutil  # noqa: E402
@@ -17,18 +16,18 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 from datetime import datetime, timezone  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
 
 from medvqa import CONF_DIR  # noqa: E402
+from medvqa.hashing import file_hash  # noqa: E402
 from medvqa.models.builders import shipped  # noqa: E402
-from medvqa.models.builders.cache import DONE_FILE  # noqa: E402
+from medvqa.models.builders.cache import DONE_FILE, builder_from_yaml  # noqa: E402
 from medvqa.provenance import git_state  # noqa: E402
 
 log = logging.getLogger(__name__)
 
 
-def ship(builder: Any) -> Path:
-    """Build `builder`'s model from scratch into a temporary cache and copy it into
+def ship(yaml: Path) -> Path:
+    """Build the model of the model YAML `yaml` from scratch into a temporary cache and copy it into
     `shipped.PREBUILT` with its manifest; refused unless the numerics are portable (a shipped build
     must be what any x86-64 CPU builds)."""
     numerics.apply()
@@ -36,7 +35,7 @@ def ship(builder: Any) -> Path:
     if made["mode"] != numerics.PORTABLE:
         raise SystemExit(f"ship only under {numerics.SWITCH}=portable (set it in the command)")
     with tempfile.TemporaryDirectory() as tmp:
-        builder.cache_dir = Path(tmp)
+        builder = builder_from_yaml(yaml, tmp)
         start = time.perf_counter()
         built = builder.build(use_shipped=False)
         seconds = time.perf_counter() - start
@@ -48,7 +47,7 @@ def ship(builder: Any) -> Path:
         for path in sorted(built.iterdir()):
             if path.name != DONE_FILE:
                 shutil.copy2(path, target / path.name)
-                files[path.name] = hashlib.sha256(path.read_bytes()).hexdigest()
+                files[path.name] = file_hash(path)
     manifest = {
         "files": files,
         "made": {
@@ -63,19 +62,14 @@ def ship(builder: Any) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`MEDVQA_NUMERICS=portable python -m medvqa.cli.ship_model`: build
-    conf/model/tiny.yaml's model and ship it (replacing the shipped directories)."""
-    from hydra.utils import instantiate
-    from omegaconf import OmegaConf
-
+    """`MEDVQA_NUMERICS=portable python -m medvqa.cli.ship_model [model yaml]`: build
+    conf/model/tiny.yaml's model (or the YAML's) and ship it, replacing the shipped builds."""
     logging.basicConfig(level=logging.INFO)
     args = argv if argv is not None else sys.argv[1:]
     yaml = Path(args[0]) if args else CONF_DIR / "model" / "tiny.yaml"
-    node = OmegaConf.merge(OmegaConf.load(yaml).builder, {"cache_dir": tempfile.gettempdir()})
     for old in shipped.PREBUILT.glob("*/" + shipped.MANIFEST):
         shutil.rmtree(old.parent)
-    target = ship(instantiate(node))
-    log.info("shipped %s", target)
+    log.info("shipped %s", ship(yaml))
 
 
 if __name__ == "__main__":

@@ -101,3 +101,15 @@ class CachedModelBuilder(ABC):
         data = dict(self.params["pretrain"]["data"])
         data.setdefault("cache_dir", str(self.cache_dir))
         return instantiate(data)
+
+
+def builder_from_yaml(
+    path: Path, cache_dir: str | Path, overrides: Mapping[str, Any] | None = None
+) -> CachedModelBuilder:
+    """A model YAML's `builder` node (conf/model/<name>.yaml) instantiated with `cache_dir`
+    in place of its `${paths.cache_dir}` and `overrides` merged: the builder alone, without
+    composing the whole config (seconds of imports), for the shipping command and the tests."""
+    node = OmegaConf.merge(
+        OmegaConf.load(path).builder, overrides or {}, {"cache_dir": str(cache_dir)}
+    )
+    return instantiate(node)

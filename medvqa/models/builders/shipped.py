@@ -15,22 +15,18 @@ byte, and `shipped.json`'s SHA-256 of each file is checked before a copy is used
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import shutil
 from pathlib import Path
 
 from medvqa.errors import DataError
+from medvqa.hashing import file_hash
 
 log = logging.getLogger(__name__)
 
 PREBUILT = Path(__file__).with_name("prebuilt")
 MANIFEST = "shipped.json"
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def find(entry: str) -> Path | None:
@@ -51,7 +47,7 @@ def copy_into(shipped: Path, out: Path) -> None:
             "Reinstall medvqa (or delete the directory: the model is then built)."
         )
     for name, digest in sorted(files.items()):
-        if _sha256(shipped / name) != digest:
+        if file_hash(shipped / name) != digest:
             raise DataError(
                 f"{shipped / name}: its SHA-256 is not the one {MANIFEST} records. Reinstall "
                 "medvqa (or delete the directory: the model is then built)."
