@@ -61,14 +61,15 @@ from omegaconf import OmegaConf
 from rich.console import Console
 from rich.table import Table
 from torch.utils.data import DataLoader, Dataset
-from transformers import LogitsProcessorList
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import medvqa.config  # noqa: E402,F401  (registers the schemas)
-from medvqa.evaluation.generation import ChosenLogProbs, generate  # noqa: E402
-from medvqa.evaluation.prefix import SHARED_KEY, collate_shared, generate_shared  # noqa: E402
+from medvqa.generation.decode import Decoder  # noqa: E402
+from medvqa.generation.logprobs import ChosenLogProbs  # noqa: E402
+from medvqa.generation.prefix import IMAGE_KEY, collate_generation  # noqa: E402
+from medvqa.generation.settings import GenerationSettings  # noqa: E402
 from medvqa.models.adapters import (  # noqa: E402
     apply_method,
     build_adapter_config,
@@ -89,11 +90,13 @@ from medvqa.models.flops import (  # noqa: E402
     matmul_params,
     model_flops,
     new_sums,
+    peak_bandwidth,
     peak_flops,
     recompute_flops,
 )
 from medvqa.models.loading import apply_liger_kernels, roles  # noqa: E402
 from medvqa.models.prompting import IGNORE_INDEX  # noqa: E402
+from medvqa.models.spec import decode_cache_length  # noqa: E402
 from medvqa.planning.activations import measure_layer  # noqa: E402
 from medvqa.training.datamodule import collate  # noqa: E402
 from medvqa.training.module import VQAModule  # noqa: E402
@@ -215,22 +218,30 @@ class SyntheticVQA(Dataset):
             out["labels"] = torch.cat([torch.full_like(prompt, IGNORE_INDEX), answer_ids])
         out.update(extra)
         out["record_ids"] = f"s{i}"
+        if not self.with_answer:  # what generation groups shared prefixes by
+            out[IMAGE_KEY] = f"image{i // self.per_image}"
         return out
 
 
 def loader(
-    data: SyntheticVQA, batch: int, cuda: bool, padding_side: str, image_token: int | None = None
+    data: SyntheticVQA,
+    batch: int,
+    cuda: bool,
+    padding_side: str,
+    image_token: int | None = None,
+    share: bool = False,
 ) -> DataLoader:
-    """The job's loader settings: the project's collate (with `image_token`, generation's with
-    shared image prefixes), two workers, pinned memory."""
+    """The job's loader settings: the project's collate (for generation, `image_token` given:
+    generation's, with shared image prefixes if `share`), two workers, pinned memory."""
     collate_fn = partial(collate, pad_token_id=0, padding_side=padding_side)
     if image_token is not None:
         collate_fn = partial(
-            collate_shared,
+            collate_generation,
             pad_token_id=0,
             padding_side=padding_side,
             image_token=image_token,
             meta_key="record_ids",
+            share=share,
         )
     return DataLoader(
         data,
@@ -392,59 +403,123 @@ def train_row(
     }
 
 
+@dataclasses.dataclass(frozen=True)
+class GenCase:
+    """One generation row: how the job would decode (`GenerationSettings`) and the data shape."""
+
+    merge: bool = False
+    per_image: int = 1  # questions per image (SLAKE: 11)
+    share: bool = True  # model.share_image_prefix
+    decode: str = "static"  # model.decode
+    new_tokens: int | None = None  # None: --new-tokens
+
+
+GEN_CASES: dict[str, GenCase] = {
+    # Before the static decode: the growing cache, unmerged, shared prefixes (the old default).
+    "gen-dynamic-11q": GenCase(per_image=11, decode="dynamic"),
+    "gen-dynamic-1q": GenCase(decode="dynamic"),
+    "gen-dynamic-merged-1q": GenCase(merge=True, decode="dynamic"),
+    "gen-unshared-1q": GenCase(share=False, decode="dynamic"),
+    # The static decode (compiled on CUDA: model.compile_decode=auto).
+    "gen-static-11q": GenCase(per_image=11),
+    "gen-static-merged-11q": GenCase(merge=True, per_image=11),
+    "gen-static-1q": GenCase(),
+    "gen-static-merged-1q": GenCase(merge=True),
+    "gen-static-merged-11q-100tok": GenCase(merge=True, per_image=11, new_tokens=100),  # MIMIC
+    "gen-static-merged-11q-6tok": GenCase(merge=True, per_image=11, new_tokens=6),  # SLAKE's own
+}
+
+
 def generation_row(
     model: torch.nn.Module,
     config: Any,
     pre: Mapping[str, Any],
     args: argparse.Namespace,
     image_size: tuple[int, int],
-    merge: bool = False,
-    per_image: int = 1,
-    share: bool = False,
+    case: GenCase,
 ) -> dict[str, float]:
-    """Greedy generation of `--gen-batch` left-padded prompts, `--new-tokens` each (forced, as
-    random weights could stop early), under bf16 autocast as the predict Trainer runs it, with
-    the per-step log-probability recorder `GenerationModule` adds;
-    one warm-up batch, then `--gen-batches` timed. `merge`: adapters folded into the weights
-    (`model.merge_adapters`), as `GenerationModule` does; `per_image` questions per image;
-    `share`: each image's prompt prefix run once (`model.share_image_prefix`)."""
+    """Greedy generation of `--gen-batch` left-padded prompts through the job's decoder
+    (`medvqa.generation.decode.Decoder` with `case`'s settings and its log-probability recorder),
+    under bf16 autocast as the predict Trainer runs it; one warm-up batch (compilation), then
+    `--gen-batches` timed. Random weights rarely end a row early (one end token in the
+    vocabulary), so every batch decodes its new tokens. The decode step is timed apart (a batch
+    of the same rows with one new token, subtracted) and set against its floor: the language
+    model's weights and the static cache read once per step at the GPU's bandwidth."""
     cuda = not args.cpu
     device = next(model.parameters()).device
     model.eval()
-    rows = args.gen_batch * (1 + args.gen_batches)
-    data = SyntheticVQA(config, pre, rows, image_size, False, seed=1, per_image=per_image)
+    new_tokens = case.new_tokens or args.new_tokens
+    rows = args.gen_batch * (2 + args.gen_batches)
+    data = SyntheticVQA(config, pre, rows, image_size, False, seed=1, per_image=case.per_image)
     token = config.image_token_index if config.model_type == "llava" else config.image_token_id
-    batches = iter(loader(data, args.gen_batch, cuda, "left", int(token) if share else None))
+    batches = iter(loader(data, args.gen_batch, cuda, "left", int(token), case.share))
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda)
 
-    def run(batch: dict[str, Any]) -> None:
+    def decoder(tokens: int) -> Decoder:
+        settings = GenerationSettings(
+            args.gen_batch, tokens, case.share, None, case.merge, case.decode
+        )
+        return Decoder(settings, pad_token_id=0)
+
+    full, one = decoder(new_tokens), decoder(1)
+    prompt = 0
+
+    def run(batch: dict[str, Any], decode: Decoder) -> None:
+        nonlocal prompt
         batch.pop("record_ids")
         inputs = move_data_to_device(batch, device)
-        (generate_shared if SHARED_KEY in inputs else generate)(
-            model,
-            inputs,
-            max_new_tokens=args.new_tokens,
-            min_new_tokens=args.new_tokens,
-            do_sample=False,
-            pad_token_id=0,
-            # what GenerationModule records per step (calibration's log-probabilities)
-            logits_processor=LogitsProcessorList([ChosenLogProbs()]),
-        )
+        prompt = max(prompt, int(inputs["input_ids"].shape[1]))
+        decode(model, inputs, ChosenLogProbs())
 
-    with torch.inference_mode(), autocast, merged_adapters(model, merge):
-        run(next(batches))
+    def timed(decode: Decoder, batch_list: list[dict[str, Any]]) -> float:
         if cuda:
             torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
         start = time.perf_counter()
-        for _ in range(args.gen_batches):
-            run(next(batches))
+        for b in batch_list:
+            run(dict(b), decode)
         if cuda:
             torch.cuda.synchronize()
-    seconds = time.perf_counter() - start
+        return time.perf_counter() - start
+
+    with torch.inference_mode(), autocast, merged_adapters(model, case.merge):
+        warm = next(batches)
+        run(dict(warm), full)
+        run(dict(warm), one)
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        measured = [next(batches) for _ in range(args.gen_batches)]
+        seconds = timed(full, measured)
+        prefill = timed(one, measured)
     peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan")
+    step = (seconds - prefill) / args.gen_batches / max(new_tokens - 1, 1)
     model.train()
-    return {"gen_rows_s": args.gen_batch * args.gen_batches / seconds, "gen_peak_gib": peak}
+    return {
+        "gen_rows_s": args.gen_batch * args.gen_batches / seconds,
+        "gen_peak_gib": peak,
+        "gen_new_tokens": new_tokens,
+        "gen_step_ms": step * 1e3,
+        "gen_floor_ms": decode_floor(model, config, args, prompt + new_tokens) * 1e3,
+    }
+
+
+def decode_floor(model: torch.nn.Module, config: Any, args: argparse.Namespace, tokens: int):
+    """Seconds a decode step takes at least: the language model's weights (the vision tower
+    does not run) and a static cache of `tokens` positions per row read once at the GPU's
+    bandwidth (NaN where it is unknown: the CPU, an unlisted GPU)."""
+    bandwidth = None if args.cpu else peak_bandwidth(torch.cuda.get_device_name())
+    if bandwidth is None:
+        return float("nan")
+    text = config.get_text_config(decoder=True)
+    weights = sum(
+        p.numel() * p.element_size()
+        for n, p in model.named_parameters()
+        if "vision" not in n and "visual" not in n
+    )
+    heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    length = decode_cache_length("static", tokens, 0)
+    cache = 2 * text.num_hidden_layers * heads * head_dim * length * args.gen_batch * 2  # bf16
+    return (weights + cache) / bandwidth
 
 
 def liger_check(
@@ -578,17 +653,10 @@ def rows_for(model_name: str, args: argparse.Namespace) -> Iterator[dict[str, An
                 if not args.cpu:
                     gc.collect()  # an out-of-memory row's trainer and optimizer state
                     torch.cuda.empty_cache()
-            # Unmerged and merged, every image asked once; then with shared image prefixes
-            # (the default), SLAKE's 11 questions per image and one.
-            generations = [("generate", False, 1, False), ("generate-merged", True, 1, False),
-                           ("generate-shared-11q", False, 11, True),
-                           ("generate-shared-1q", False, 1, True)]  # fmt: skip
-            for name, merge, per_image, share in generations if args.gen_batches else ():
-                gen = {**base, "setup": name}
+            for name in args.gen_cases if args.gen_batches else ():
+                gen = {**base, "setup": name, "gen_batch": args.gen_batch}
                 try:
-                    gen.update(
-                        generation_row(model, config, pre, args, size, merge, per_image, share)
-                    )
+                    gen.update(generation_row(model, config, pre, args, size, GEN_CASES[name]))
                 except torch.OutOfMemoryError:
                     gen["error"] = "out of memory"
                 except Exception as err:  # one failing row must not hide the others
@@ -610,6 +678,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--gen-batch", type=int, default=64)
     parser.add_argument("--gen-batches", type=int, default=2, help="timed; 0: no generation rows")
     parser.add_argument("--new-tokens", type=int, default=16)
+    parser.add_argument("--gen-cases", nargs="+", default=list(GEN_CASES), choices=GEN_CASES)
     parser.add_argument("--no-mimic", dest="mimic", action="store_false")
     parser.add_argument("--peak-tflops", type=float, default=None, help="GPU peak bf16 TFLOP/s")
     parser.add_argument("--out", type=Path, default=None, help="append a JSON line per row")
@@ -633,7 +702,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         peak = peak_flops(gpu, args.peak_tflops)
     table = Table(title=f"medvqa on {gpu}; torch {torch.__version__}")
     columns = ("model", "method", "data", "setup", "µbatch×acc", "samples/s", "tokens/s",
-               "TFLOP/sample", "MFU", "HFU", "peak GiB", "gen rows/s", "KiB/token/layer")  # fmt: skip
+               "TFLOP/sample", "MFU", "HFU", "peak GiB", "gen rows/s", "step ms (floor)",
+               "KiB/token/layer")  # fmt: skip
     for col in columns:
         table.add_column(col)
     rows: list[dict[str, Any]] = []
@@ -666,17 +736,23 @@ def _cells(r: Mapping[str, Any]) -> list[str]:
     setup = r["setup"] + ("+liger" if r.get("liger") else "")
     if "error" in r:
         return [r["model"], r["method"], r["data"], setup, shape, r["error"][:40],
-                *[""] * 7]  # fmt: skip
+                *[""] * 8]  # fmt: skip
     return [r["model"], r["method"], r["data"], setup, shape,
             _fmt(r.get("samples_s"), ".2f"), _fmt(r.get("tokens_s"), ".0f"),
             _fmt(r.get("tflop_sample"), ".2f"), _fmt(r.get("mfu"), ".1%"), _fmt(r.get("hfu"), ".1%"),
             _fmt(r.get("peak_gib", r.get("gen_peak_gib")), ".1f"), _fmt(r.get("gen_rows_s"), ".1f"),
-            _fmt(r.get("layer_kib_token"), ".0f")]  # fmt: skip
+            _step(r), _fmt(r.get("layer_kib_token"), ".0f")]  # fmt: skip
+
+
+def _step(r: Mapping[str, Any]) -> str:
+    if "gen_step_ms" not in r:
+        return ""
+    return f"{_fmt(r['gen_step_ms'], '.1f')} ({_fmt(r.get('gen_floor_ms'), '.1f')})"
 
 
 def _line(r: Mapping[str, Any]) -> str:
-    keys = ("samples_s", "mfu", "hfu", "peak_gib", "gen_rows_s", "liger_loss_eager", "liger_loss",
-            "error")  # fmt: skip
+    keys = ("samples_s", "mfu", "hfu", "peak_gib", "gen_rows_s", "gen_step_ms", "gen_floor_ms",
+            "liger_loss_eager", "liger_loss", "error")  # fmt: skip
     setup = r["setup"] + ("+liger" if r.get("liger") else "")
     return f"{r['model']}/{r['method']}/{r['data']}/{setup}: " + ", ".join(
         f"{k}={r[k]:.3g}" if isinstance(r[k], float) else f"{k}={r[k]}" for k in keys if k in r

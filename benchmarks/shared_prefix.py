@@ -1,4 +1,5 @@
-"""Generation with shared image prefixes against every prompt in full, on this machine's CPU.
+"""Generation's engines on this machine's CPU: the static decode (the default) against the
+growing cache it replaced, both with shared image prefixes, and every prompt in full.
 
 Not a test. The model has LLaVA-Med's real layout (its architecture file with random weights, as
 `model.random_weights=shrunk` builds it: 576 image tokens per 336-px image, the real template and
@@ -8,8 +9,9 @@ cost ~60 times the vocabulary projection of one decoded token, as in the 7B. (Th
 model's 64-wide language model makes decoding's vocabulary projection dominate, which no real
 checkpoint does.) float32, through `generate_predictions` as a job runs it (batch 64, 16 new
 tokens at most, the log-probability recorder included). Rows: synthetic scans with SLAKE's 11
-questions per image, and with one (no sharing possible). Prints rows/s both ways, their ratio,
-and whether the answers are the same.
+questions per image, and with one (no sharing possible). Prints rows/s of each engine, the
+static decode's ratio to the growing cache's (today's against the engine before it) and shared to
+unshared, and whether the answers are the same.
 
     python benchmarks/shared_prefix.py [--model llava_med] [--images 6] [--batch 64]
 """
@@ -36,7 +38,8 @@ sys.path.insert(0, str(ROOT))
 import medvqa.config  # noqa: E402,F401
 from medvqa.data import records as R  # noqa: E402
 from medvqa.data.sources.synthetic import SyntheticVQA  # noqa: E402
-from medvqa.evaluation.generation import generate_predictions  # noqa: E402
+from medvqa.generation.predict import generate_predictions  # noqa: E402
+from medvqa.generation.settings import resolve  # noqa: E402
 from medvqa.models.loading import (  # noqa: E402
     architecture,
     attn_implementation,
@@ -48,22 +51,28 @@ from medvqa.models.rehearsal import random_vlm  # noqa: E402
 CACHE = Path(os.environ.get("MEDVQA_CACHE", ROOT / ".cache"))
 
 
-def rate(model, processor, source, out: Path, share: bool, batch: int) -> tuple[float, list[str]]:
+ENGINES = {  # name: (shared image prefixes, model.decode)
+    "static": (True, "static"),
+    "dynamic": (True, "dynamic"),
+    "unshared": (False, "dynamic"),
+}
+
+
+def rate(model, processor, source, out: Path, engine: str, batch: int) -> tuple[float, list[str]]:
     """Rows/s of one generation pass, and its answers in row order."""
     frame = source.table()
-    start = time.perf_counter()
-    preds = generate_predictions(
+    share, decode = ENGINES[engine]
+    settings = resolve(
         model,
         processor,
-        frame,
-        source,
-        out,
-        "bench",
         batch_size=batch,
         max_new_tokens=16,
         share_image_prefix=share,
         merge_adapters=False,
+        decode=decode,
     )
+    start = time.perf_counter()
+    preds = generate_predictions(model, processor, frame, source, out, "bench", settings)
     seconds = time.perf_counter() - start
     answers = preds.set_index(R.ID).loc[frame[R.ID], R.PREDICTION].tolist()
     return len(frame) / seconds, answers
@@ -113,38 +122,33 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                 questions_per_image=per_image,
             )
             source.table()  # rendered before the clock starts
-            rate(model, processor, source, Path(tmp) / "warm.jsonl", True, 4)  # warm-up
-            shared, a = rate(
-                model, processor, source, Path(tmp) / f"s{per_image}.jsonl", True, args.batch
-            )
-            full, b = rate(
-                model, processor, source, Path(tmp) / f"u{per_image}.jsonl", False, args.batch
-            )
-            results[f"{per_image}_per_image/shared_rows_s"] = shared
-            results[f"{per_image}_per_image/unshared_rows_s"] = full
-            results[f"{per_image}_per_image/ratio"] = shared / full
-            results[f"{per_image}_per_image/same_answers"] = float(a == b)
+            rate(model, processor, source, Path(tmp) / "warm.jsonl", "static", 4)  # warm-up
+            answers = {}
+            p = f"{per_image}_per_image/"
+            for engine in ENGINES:
+                out = Path(tmp) / f"{engine}{per_image}.jsonl"
+                results[p + engine], answers[engine] = rate(
+                    model, processor, source, out, engine, args.batch
+                )
+            results[p + "static_vs_dynamic"] = results[p + "static"] / results[p + "dynamic"]
+            results[p + "shared_vs_unshared"] = results[p + "static"] / results[p + "unshared"]
+            results[p + "same_answers"] = float(len({tuple(a) for a in answers.values()}) == 1)
     title = (
-        f"shared image prefixes, {args.model} layout, {args.layers} x {args.hidden} language "
+        f"generation engines, {args.model} layout, {args.layers} x {args.hidden} language "
         f"model, float32, batch {args.batch} "
         f"({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
     )
     table = Table(title=title)
-    for column in (
-        "questions per image",
-        "shared rows/s",
-        "unshared rows/s",
-        "ratio",
-        "same answers",
-    ):
+    columns = ["questions per image", *(f"{e} rows/s" for e in ENGINES)]
+    for column in (*columns, "static / dynamic", "static / unshared", "same answers"):
         table.add_column(column, justify="right")
     for per_image in (11, 1):
         p = f"{per_image}_per_image/"
         table.add_row(
             str(per_image),
-            f"{results[p + 'shared_rows_s']:.2f}",
-            f"{results[p + 'unshared_rows_s']:.2f}",
-            f"{results[p + 'ratio']:.2f}x",
+            *(f"{results[p + e]:.2f}" for e in ENGINES),
+            f"{results[p + 'static_vs_dynamic']:.2f}x",
+            f"{results[p + 'shared_vs_unshared']:.2f}x",
             "yes" if results[p + "same_answers"] else "NO",
         )
     Console().print(table)

@@ -26,7 +26,8 @@ sys.path.insert(0, str(ROOT))
 
 import medvqa.config  # noqa: E402,F401
 from medvqa.data.shifts import Shift, make_splits  # noqa: E402
-from medvqa.evaluation.generation import generate_predictions  # noqa: E402
+from medvqa.generation.job import from_config  # noqa: E402
+from medvqa.generation.predict import generate_predictions  # noqa: E402
 from medvqa.models.adapters import apply_method  # noqa: E402
 from medvqa.models.loading import load_vlm, roles  # noqa: E402
 from medvqa.training.datamodule import VQADataModule  # noqa: E402
@@ -90,9 +91,7 @@ def eval_rate(tmp: Path) -> float:
         source,
         out,
         "bench",
-        batch_size=int(cfg.data.eval_batch_size),
-        max_new_tokens=int(cfg.model.max_new_tokens),
-        merge_adapters=False,  # the CPU: no memory plan, unmerged as `auto` there
+        from_config(cfg, model, processor, source),  # no memory plan: unmerged, as on a CPU
     )
     rate = len(frame) / (time.perf_counter() - start)
     out.unlink(missing_ok=True)

@@ -28,7 +28,7 @@ from medvqa.errors import ConfigError
 from medvqa.evaluation.judge.config import JudgeConfig
 from medvqa.evaluation.statistics import Bootstrap
 from medvqa.hashing import content_hash
-from medvqa.models.spec import ModelSchema, random_weights_kind
+from medvqa.models.spec import DECODE_ENGINES, ModelSchema, random_weights_kind
 from medvqa.training.hardware import cuda_allocator_problem
 
 # PeftSchema, DataSchema and TrainerSchema sit with the training code that reads their defaults.
@@ -225,7 +225,11 @@ def _devices(v: Any) -> bool:
 _RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("seed", _between(0, 2**32 - 1), "needs a whole number in [0, 2^32 - 1] (seed=0)"),
     ("data.batch_size", _at_least(1), "needs a whole number >= 1 (data.batch_size=16)"),
-    ("data.eval_batch_size", _at_least(1), "needs a whole number >= 1 (data.eval_batch_size=64)"),
+    (
+        "data.eval_batch_size",
+        _at_least(1, "auto"),
+        "needs a whole number >= 1 or auto (the memory plan's pick; data.eval_batch_size=64)",
+    ),
     ("data.option_orders", _at_least(0), "needs a whole number >= 0 (data.option_orders=2)"),
     (
         "data.num_workers",
@@ -366,18 +370,22 @@ def _value_problems(cfg: DictConfig) -> list[str]:
             f"trainer.min_epochs={min_epochs}: above trainer.max_epochs={max_epochs}; lower it "
             "or raise trainer.max_epochs"
         )
+    words = (  # `Any` fields that take auto or a real bool (1 is not true, nor 0 false)
+        ("model.compile_layers", "compiled on CUDA GPUs, eager elsewhere"),
+        (
+            "model.merge_adapters",
+            "merged for generation where the memory plan finds room on the GPU",
+        ),
+        ("model.compile_decode", "the static decode compiled on CUDA GPUs, eager elsewhere"),
+    )
+    for key, meaning in words:
+        value = _plain(OmegaConf.select(cfg, key))
+        if not _one_of(value, True, False, "auto", None):
+            problems.append(f"{key}={_show(value)}: use auto ({meaning}), true or false")
     compile_layers = _plain(OmegaConf.select(cfg, "model.compile_layers"))
-    if not _one_of(compile_layers, True, False, "auto", None):
-        problems.append(
-            f"model.compile_layers={_show(compile_layers)}: use auto (compiled on CUDA GPUs, "
-            "eager elsewhere), true or false"
-        )
-    merge = _plain(OmegaConf.select(cfg, "model.merge_adapters"))
-    if not _one_of(merge, True, False, "auto", None):
-        problems.append(
-            f"model.merge_adapters={_show(merge)}: use auto (merged for generation where the "
-            "memory plan finds room on the GPU), true or false"
-        )
+    engine = _plain(OmegaConf.select(cfg, "model.decode"))
+    if engine is not None and engine not in DECODE_ENGINES:
+        problems.append(f"model.decode={_show(engine)}: use one of {list(DECODE_ENGINES)}")
     if _plain(OmegaConf.select(cfg, "model.liger_kernels")) and compile_layers is True:
         problems.append(
             "model.liger_kernels=true with model.compile_layers=true: torch.compile cannot trace "

@@ -161,6 +161,8 @@ def test_valid_values_pass(overrides: list[str]) -> None:
         # words-or-booleans (`Any` fields) take a real bool: 1 is not true, nor 0 false
         ("model.compile_layers=1", "model.compile_layers"),
         ("model.merge_adapters=0", "model.merge_adapters"),
+        ("model.compile_decode=1", "model.compile_decode"),
+        ("model.decode=paged", "model.decode"),
     ],
 )
 def test_a_bad_value_names_its_key_and_value(override: str, key: str) -> None:

@@ -10,12 +10,14 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from medvqa.evaluation import generation
-from medvqa.evaluation.generation import generate_predictions, read_predictions
+from medvqa.evaluation.prediction_files import read_predictions
+from medvqa.generation import predict as generation
+from medvqa.generation.predict import generate_predictions
 from medvqa.models.loading import load_vlm
 from medvqa.record import read_record
 from medvqa.runner import task_of
 from tests.conftest import ROOT, SMALL, compose, run_main
+from tests.generating import settings
 
 SMOKE = ["debug=smoke", "logger=csv"]
 
@@ -51,9 +53,7 @@ def test_batch_size_does_not_change_predictions(
             source,
             tmp_path / f"b{batch}.jsonl",
             "test_iid",
-            batch_size=batch,
-            max_new_tokens=5,
-            merge_adapters=False,
+            settings(model, processor, batch_size=batch, max_new_tokens=5),
         )
         answers[batch] = preds.set_index("id")["prediction"].sort_index()
     assert answers[1].to_dict() == answers[4].to_dict() == answers[9].to_dict()
@@ -147,6 +147,9 @@ def test_ddp_multirun_runs_each_job_once_with_sharded_generation(
             preds = read_predictions(job / name)
             assert len(preds) == 24 and not preds.duplicated(["split", "id"]).any(), (seed, name)
     record = read_record(records[0])
+    # The generation settings, decided once for the job and recorded (the static decode).
+    generation = record["provenance"]["generation"]
+    assert generation["decode"] == "static" and generation["share_image_prefix"] is True
     single = tmp_path / "single"
     proc = run_main([*SMOKE], single, cache_dir)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -13,11 +13,13 @@ from omegaconf import OmegaConf
 
 from medvqa.analysis.summary import summary_table
 from medvqa.evaluation.baselines import chance_scores, expected_chance_accuracy
-from medvqa.evaluation.generation import generate_predictions, read_predictions
+from medvqa.evaluation.prediction_files import read_predictions
 from medvqa.evaluation.scoring import split_metrics
+from medvqa.generation.predict import generate_predictions
 from medvqa.models.loading import load_vlm
 from medvqa.record import RunRecord, read_record
 from tests.conftest import SMALL, compose
+from tests.generating import settings
 
 METRIC = OmegaConf.create(
     {"primary_closed": "closed_acc", "primary_open": "open_f1"}
@@ -43,9 +45,7 @@ def test_generation_resumes_without_repeating(
         source,
         out,
         "test_iid",
-        batch_size=3,
-        max_new_tokens=3,
-        merge_adapters=False,
+        settings(model, processor, batch_size=3, max_new_tokens=3),
     )
     with out.open("a") as fh:
         fh.write('{"id": "torn')
@@ -59,9 +59,7 @@ def test_generation_resumes_without_repeating(
         source,
         out,
         "test_iid",
-        batch_size=3,
-        max_new_tokens=3,
-        merge_adapters=False,
+        settings(model, processor, batch_size=3, max_new_tokens=3),
     )
     assert sum(calls) == 6  # only the 6 missing examples were generated
     assert len(preds) == 10 and preds["id"].is_unique
@@ -79,9 +77,7 @@ def test_generation_resumes_without_repeating(
         source,
         out,
         "test_iid",
-        batch_size=5,
-        max_new_tokens=3,
-        merge_adapters=False,
+        settings(model, processor, batch_size=5, max_new_tokens=3),
     )
     assert sum(calls) == 10 and len(again) == 10
     assert again["model"].nunique() == 1 and again["model"].iloc[0] != preds["model"].iloc[0]

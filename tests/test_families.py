@@ -110,7 +110,7 @@ def test_every_preset_has_a_family_and_every_family_a_preset() -> None:
 
 def _facts(cache: Path) -> dict[str, object]:
     """Everything the code asks of the PaliGemma family, as plain values."""
-    from medvqa.evaluation.prefix import family_refusal
+    from medvqa.generation.prefix import family_refusal
     from medvqa.models.architectures import image_tokens, shrink
     from medvqa.models.flops import counts_flops
     from medvqa.models.prompting import chat_template

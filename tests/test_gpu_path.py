@@ -11,8 +11,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from medvqa.evaluation import generation
-from medvqa.evaluation.generation import generate_predictions
+from medvqa.evaluation.prediction_files import read_predictions
+from medvqa.generation import predict as generation
+from medvqa.generation.predict import generate_predictions
 from medvqa.models.loading import load_vlm
 from medvqa.record import read_record
 from medvqa.training.strategies import (
@@ -24,6 +25,7 @@ from medvqa.training.strategies import (
     resident,
 )
 from tests.conftest import SMALL, compose, run_main
+from tests.generating import settings
 
 pytest.importorskip("deepspeed", reason="deepspeed is in the dev extra")
 
@@ -121,10 +123,8 @@ def test_generation_under_a_deepspeed_trainer_runs_twice_outside_deepspeed(
             source,
             tmp_path / "p.jsonl",
             split,
-            batch_size=4,
-            max_new_tokens=3,
+            settings(model, processor, batch_size=4, max_new_tokens=3),
             trainer_cfg=trainer_cfg,
-            merge_adapters=False,
         )
         for split in ("test_iid", "test_ood")
     ]
@@ -173,7 +173,7 @@ def test_generation_with_fewer_rows_than_ranks(cache_dir: Path, tmp_path: Path) 
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = read_record(tmp_path / "results.json")
     assert record["status"] == "finished"
-    preds = generation.read_predictions(tmp_path / "predictions.jsonl")
+    preds = read_predictions(tmp_path / "predictions.jsonl")
     assert sorted(preds["split"]) == ["test_iid", "test_ood"]
     assert not list(tmp_path.glob("*.rank*"))
 
@@ -231,7 +231,7 @@ def test_the_shared_answers_key_holds_what_changes_the_answers(tiny_model_dir: P
     import torch
 
     from medvqa.data import records as R
-    from medvqa.evaluation.generation import prediction_key
+    from medvqa.generation.predict import prediction_key
 
     model, processor = load_vlm(
         OmegaConf.create({"name": "tiny", "pretrained": str(tiny_model_dir), "dtype": "float32"})
@@ -241,9 +241,9 @@ def test_the_shared_answers_key_holds_what_changes_the_answers(tiny_model_dir: P
         {"accelerator": "gpu", "devices": 1, "precision": "bf16-mixed", "strategy": "auto"}
     )
 
-    def key(trainer_cfg=trainer, proc=processor, batch_size=64, **settings):  # type: ignore[no-untyped-def]
-        options = {"trainer_cfg": trainer_cfg, "batch_size": batch_size, **settings}
-        return prediction_key("w", model, proc, frames, options)
+    def key(trainer_cfg=trainer, proc=processor, batch_size=64, **options):  # type: ignore[no-untyped-def]
+        chosen = settings(model, proc, batch_size=batch_size, **options)
+        return prediction_key("w", model, proc, frames, chosen, trainer_cfg=trainer_cfg)
 
     base = key()
     deepspeed = OmegaConf.merge(
@@ -256,6 +256,8 @@ def test_the_shared_answers_key_holds_what_changes_the_answers(tiny_model_dir: P
         key(OmegaConf.merge(trainer, {"precision": "32-true"})),
         key(batch_size=32),
         key(max_new_tokens=8),
+        key(decode="dynamic"),
+        key(compile=True),
     ]
     capped = copy.deepcopy(processor)
     capped.image_processor.size = {"height": 16, "width": 16}

@@ -36,6 +36,7 @@ LAYERS: dict[str, int] = {
     "training": 3,
     "zoo": 4,  # model builders that pre-train with medvqa.training
     "evaluation": 5,
+    "generation": 5,  # inference: reads prediction files, sized by the plan
     "planning": 5,
     "config": 6,  # the schemas of every group, the checks at start
     "record": 6,

@@ -333,14 +333,17 @@ def test_generation_with_shared_image_prefixes_equals_a_hand_computation(plan_ca
     """Shared image prefixes (the default): the larger of every image's prefix (one image per
     row at worst) with its prefill, and the rows' repeated cache plus one layer of the prefixes'
     cache with the suffixes' prefill; never more than every prompt in full."""
-    shared = _plan(["peft=lora", "trainer=gpu"], plan_cache, gpu_gib=79.2)
+    batch = "data.eval_batch_size=64"
+    shared = _plan(["peft=lora", "trainer=gpu", batch], plan_cache, gpu_gib=79.2)
     full = _plan(
-        ["peft=lora", "trainer=gpu", "model.share_image_prefix=false"], plan_cache, gpu_gib=79.2
+        ["peft=lora", "trainer=gpu", "model.share_image_prefix=false", batch],
+        plan_cache,
+        gpu_gib=79.2,
     )
     s = shared.setup
     assert s.shared_prefix and not full.setup.shared_prefix
     per_token_kv = LAYERS * 2 * KV * 2  # bytes per token: K and V of every layer in bf16
-    length = TOKENS + s.max_new_tokens
+    length = -(-(TOKENS + s.max_new_tokens) // 64) * 64  # the static cache: a multiple of 64
 
     def prefill(tokens: int) -> int:
         return s.eval_batch * tokens * (4 * H + 3 * MLP) * 2
@@ -353,6 +356,34 @@ def test_generation_with_shared_image_prefixes_equals_a_hand_computation(plan_ca
     assert shared.generation < full.generation
     cfg = compose(["model=paligemma", "peft=lora", "trainer=gpu", f"paths.cache_dir={plan_cache}"])
     assert not build_setup(cfg, gpu_gib=79.2).shared_prefix  # its image attends to the question
+
+
+def test_the_eval_batch_is_the_largest_that_fits_under_auto(plan_cache: Path) -> None:
+    """`data.eval_batch_size=auto` (the default): the largest of `EVAL_BATCHES` whose generation
+    leaves a tenth of the GPU free, after the merge is decided; 64 where it is set, or where no
+    plan ran (`eval_batch_size`); a smaller GPU, a smaller batch."""
+    from medvqa.planning.memory import EVAL_BATCHES, SUGGESTED_SHARE, estimate
+    from medvqa.planning.setup import eval_batch_size
+
+    big = _plan(["peft=lora", "trainer=gpu"], plan_cache, gpu_gib=79.2)
+    small = _plan(["peft=lora", "trainer=gpu"], plan_cache, gpu_gib=40.0)
+    for plan in (big, small):
+        s = plan.setup
+        assert s.eval_batch in EVAL_BATCHES and plan.generation <= SUGGESTED_SHARE * s.gpu_gib * GIB
+        larger = [b for b in EVAL_BATCHES if b > s.eval_batch]
+        assert all(
+            estimate(dataclasses.replace(s, eval_batch=b)).generation
+            > SUGGESTED_SHARE * s.gpu_gib * GIB
+            for b in larger
+        )
+    assert big.setup.eval_batch > small.setup.eval_batch
+    assert big.setup.eval_batch > 64 and big.setup.merged > 0  # merged, and still a larger batch
+    fixed = _plan(["peft=lora", "trainer=gpu", "data.eval_batch_size=64"], plan_cache, gpu_gib=79.2)
+    assert fixed.setup.eval_batch == 64
+    cfg = compose(["peft=lora", f"paths.cache_dir={plan_cache}"])
+    assert eval_batch_size(cfg.data, None) == 64  # no plan: the CPU, task=eval
+    assert eval_batch_size(cfg.data, big.setup) == big.setup.eval_batch
+    assert build_setup(cfg, gpu_gib=79.2).eval_batch == 64  # a CPU trainer: not raised
 
 
 def test_a_generation_that_does_not_fit_is_told_a_smaller_eval_batch(plan_cache: Path) -> None:

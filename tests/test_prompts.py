@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from PIL import Image
 
 from medvqa.data import records as R
-from medvqa.evaluation.generation import prediction_key
+from medvqa.generation.predict import prediction_key
 from medvqa.models.loading import load_vlm
 from medvqa.models.prompting import (
     CHAT_TEMPLATES,
@@ -26,6 +26,7 @@ from medvqa.models.prompting import (
 )
 from medvqa.training.datamodule import VQADataset
 from tests.conftest import compose
+from tests.generating import settings
 
 KVASIR_SYSTEM = (
     "You are a medical vision-language assistant; given an endoscopic image and a clinical "
@@ -139,8 +140,9 @@ def test_the_prompt_is_part_of_the_shared_answers_key(loaded) -> None:
     model, processor = loaded
     frames = {"test_iid": pd.DataFrame({R.ID: ["a"], R.QUESTION: ["q"]})}
     prompts = (PromptTemplate(), PromptTemplate(system="s"), PromptTemplate(options="x"))
-    keys = {prediction_key("w", model, processor, frames, {"prompt": p}) for p in prompts}
-    keys.add(prediction_key("w", model, processor, frames, {}))
+    chosen = settings(model, processor)
+    keys = {prediction_key("w", model, processor, frames, chosen, prompt=p) for p in prompts}
+    keys.add(prediction_key("w", model, processor, frames, chosen))
     assert len(keys) == 3  # no prompt given and the default template are the same prompt
 
 

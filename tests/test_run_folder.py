@@ -383,7 +383,7 @@ def test_a_run_from_before_row_ids_is_checked_by_its_settings(tmp_path: Path) ->
 def test_a_damaged_shared_answers_file_is_generated_again(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from medvqa.evaluation.generation import checksum_path, intact_shared
+    from medvqa.generation.files import checksum_path, intact_shared
     from medvqa.hashing import file_hash
 
     shared = tmp_path / "key.jsonl"

@@ -12,11 +12,18 @@ import pytest
 import torch
 
 from medvqa.data import records as R
-from medvqa.evaluation import generation
-from medvqa.evaluation.generation import generate_predictions, prediction_key
-from medvqa.evaluation.prefix import SHARED_KEY, collate_shared, share_prefixes, sliding_window
+from medvqa.generation import decode, settings
+from medvqa.generation.data import GenerationDataset
+from medvqa.generation.predict import generate_predictions, prediction_key
+from medvqa.generation.prefix import (
+    SHARED_KEY,
+    collate_generation,
+    share_prefixes,
+    sliding_window,
+)
 from medvqa.models.loading import load_vlm
 from medvqa.training.datamodule import META_KEY, VQADataset, make_loader
+from tests.generating import settings as chosen
 from tests.test_families import model_cfg
 
 SHARING = ["llava_med", "qwen2_vl", "qwen2_5_vl", "medgemma", "smolvlm"]
@@ -54,28 +61,25 @@ class Counter:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.batches: list[int] = []
-        real = generation.generate_shared
+        real = decode.prefill_shared
 
-        def spy(model, batch, **settings):
-            self.batches.append(len(batch[SHARED_KEY]["prefix"]["input_ids"]))
-            return real(model, batch, **settings)
+        def spy(model, shared, cache):
+            self.batches.append(len(shared["prefix"]["input_ids"]))
+            return real(model, shared, cache)
 
-        monkeypatch.setattr(generation, "generate_shared", spy)
+        monkeypatch.setattr(decode, "prefill_shared", spy)
 
 
-def _generate(model, processor, frame, source, path: Path, share: bool, batch: int = 6):
-    return generate_predictions(
-        model,
-        processor,
-        frame,
-        source,
-        path,
-        "test",
-        batch_size=batch,
-        max_new_tokens=6,
-        share_image_prefix=share,
-        merge_adapters=False,
-    ).set_index(R.ID)
+def _generate(
+    model, processor, frame, source, path: Path, share: bool, batch: int = 6, engine="static"
+):
+    options = chosen(
+        model, processor, batch_size=batch, max_new_tokens=6, share_image_prefix=share,
+        decode=engine,
+    )  # fmt: skip
+    return generate_predictions(model, processor, frame, source, path, "test", options).set_index(
+        R.ID
+    )
 
 
 def _same(shared: pd.DataFrame, unshared: pd.DataFrame) -> None:
@@ -159,13 +163,19 @@ def test_paligemma_generates_unshared_and_says_why(
     model.eval()
     counter = Counter(monkeypatch)
     frame = _frame(source).head(4)
-    with caplog.at_level(logging.INFO, logger=generation.__name__):
+    with caplog.at_level(logging.INFO, logger=settings.__name__):
         _generate(model, processor, frame, source, tmp_path / "p.jsonl", True)
     assert counter.batches == []
     assert "prefix-LM" in caplog.text
     # Its answers are the unshared ones: keyed as such.
     keys = {
-        share: prediction_key("w", model, processor, {"test": frame}, {"share_image_prefix": share})
+        share: prediction_key(
+            "w",
+            model,
+            processor,
+            {"test": frame},
+            chosen(model, processor, share_image_prefix=share),
+        )
         for share in (True, False)
     }
     assert keys[True] == keys[False]
@@ -175,7 +185,13 @@ def test_shared_answers_are_keyed_apart(cache_dir: Path, source) -> None:
     model, processor = load_vlm(model_cfg("llava_med", cache_dir))
     frame = _frame(source)
     keys = {
-        share: prediction_key("w", model, processor, {"test": frame}, {"share_image_prefix": share})
+        share: prediction_key(
+            "w",
+            model,
+            processor,
+            {"test": frame},
+            chosen(model, processor, share_image_prefix=share),
+        )
         for share in (True, False)
     }
     assert keys[True] != keys[False]
@@ -195,9 +211,9 @@ def test_an_image_after_the_shared_text_is_not_shared(cache_dir: Path, source) -
     generated unshared (the collate says why)."""
     image = 7
     features = [_feature([1, 2, q, image, image, 3]) for q in (10, 11)]
-    assert "image token" in share_prefixes(features, 0, image)
+    assert "image token" in share_prefixes(features, ["a", "a"], 0, image)
     features = [_feature([1, image, image, 2, *q]) for q in ([10, 4], [11, 12, 4])]
-    shared = share_prefixes(features, 0, image)
+    shared = share_prefixes(features, ["a", "a"], 0, image)
     assert not isinstance(shared, str)
     assert shared[SHARED_KEY]["prefix"]["input_ids"].tolist() == [[1, 7, 7, 2]]
     assert shared[SHARED_KEY]["rows"].tolist() == [0, 0]
@@ -214,11 +230,13 @@ def test_rows_are_batched_by_image(cache_dir: Path, source) -> None:
     images = frame[R.IMAGE].iloc[order].tolist()
     assert images == sorted(images) and sorted(order) == list(range(len(frame)))
     loader = make_loader(
-        VQADataset(frame.iloc[order], source, processor, with_answer=False),
+        GenerationDataset(frame.iloc[order], source, processor, with_answer=False),
         6,
         shuffle=False,
         padding_side="left",
-        collate_fn=partial(collate_shared, image_token=processor.image_token_id, meta_key=META_KEY),
+        collate_fn=partial(
+            collate_generation, image_token=processor.image_token_id, meta_key=META_KEY
+        ),
     )
     batch = next(iter(loader))
     assert SHARED_KEY in batch and len(batch[META_KEY]) == 6

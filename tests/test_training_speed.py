@@ -286,16 +286,15 @@ def test_the_gpu_benchmark_runs_on_a_shrunk_shape(tmp_path: Path) -> None:
         ["--cpu", "--models", "llava_med", "--methods", "lora", "--setups", "before", "none-4",
          "--steps", "1", "--warmup", "1", "--out", str(out)]
     )  # fmt: skip
-    generations = ["generate", "generate-merged", "generate-shared-11q", "generate-shared-1q"]
-    assert [r["setup"] for r in rows] == ["before", "none-4", *generations]
+    assert [r["setup"] for r in rows] == ["before", "none-4", *bench.GEN_CASES]
     assert all("error" not in r for r in rows), rows
     for row in rows[:2]:
         assert row["samples_s"] > 0 and row["timed_samples"] == 2
         assert row["tflop_sample"] > 0 and 500 < row["tokens_per_sample"] < 700
         assert row["hw_flops_s"] >= row["model_flops_s"]
     assert rows[0]["hw_flops_s"] > rows[0]["model_flops_s"]  # recompute and full logits
-    assert all(r["gen_rows_s"] > 0 for r in rows[2:])
-    assert len(out.read_text().splitlines()) == 6
+    assert all(r["gen_rows_s"] > 0 and r["gen_step_ms"] == r["gen_step_ms"] for r in rows[2:])
+    assert len(out.read_text().splitlines()) == 2 + len(bench.GEN_CASES)
 
 
 @pytest.mark.parametrize(
@@ -331,8 +330,9 @@ def test_loader_workers_change_neither_the_trained_weights_nor_the_answers(
     from hydra.utils import instantiate
 
     from medvqa.data.shifts import Shift, make_splits
-    from medvqa.evaluation.generation import generate_predictions
+    from medvqa.generation.predict import generate_predictions
     from medvqa.training.datamodule import VQADataModule
+    from tests.generating import settings
     from tests.test_numerics import _lora
 
     outcomes = []
@@ -350,7 +350,8 @@ def test_loader_workers_change_neither_the_trained_weights_nor_the_answers(
         weights = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
         answers = generate_predictions(
             model, processor, splits["test_iid"].head(6), source,
-            tmp_path / f"p{workers}.jsonl", "test_iid", batch_size=3, num_workers=workers, merge_adapters=False,
+            tmp_path / f"p{workers}.jsonl", "test_iid", settings(model, processor, batch_size=3),
+            num_workers=workers,
         )  # fmt: skip
         outcomes.append((weights, answers["prediction"].tolist()))
     (w0, a0), (w2, a2) = outcomes
@@ -504,7 +505,8 @@ def test_every_split_is_generated_with_one_prediction_trainer(
     """One Trainer for a job's generation (before: one per split, each moving the model)."""
     from hydra.utils import instantiate
 
-    from medvqa.evaluation import generation
+    from medvqa.generation import predict as generation
+    from tests.generating import settings
     from tests.test_numerics import _spec
 
     made: list[L.Trainer] = []
@@ -526,9 +528,7 @@ def test_every_split_is_generated_with_one_prediction_trainer(
         source,
         frames,
         tmp_path / "p.jsonl",
-        batch_size=3,
-        max_new_tokens=2,
-        merge_adapters=False,
+        settings(model, processor, batch_size=3, max_new_tokens=2),
     )
     assert out is not None and [len(out[s]) for s in frames] == [3, 3]
     assert len(made) == 1
@@ -622,7 +622,8 @@ def test_merged_generation_gives_the_unmerged_answers_keyed_apart(
     """The same answers (float32) through the prediction loop, the weights unchanged after it;
     bf16 answers may differ by rounding, so a merged run's answers are keyed apart, unless the
     model has no adapter to merge (the zero-shot base's shared answers)."""
-    from medvqa.evaluation.generation import generate_predictions, prediction_key
+    from medvqa.generation.predict import generate_predictions, prediction_key
+    from tests.generating import settings
     from tests.test_numerics import _lora, _spec
 
     _, model, processor = _lora(tiny_model_dir, cache_dir)
@@ -632,21 +633,30 @@ def test_merged_generation_gives_the_unmerged_answers_keyed_apart(
     answers = [
         generate_predictions(
             model, processor, frame, source, tmp_path / f"p{merge}.jsonl", "test_iid",
-            batch_size=3, max_new_tokens=4, merge_adapters=merge,
+            settings(model, processor, batch_size=3, max_new_tokens=4, merge_adapters=merge),
         )["prediction"].tolist()
         for merge in (False, True)
     ]  # fmt: skip
     assert answers[0] == answers[1]
     assert all(torch.equal(p, weights[n]) for n, p in model.named_parameters())
     frames = {"test_iid": frame}
-    keys = [prediction_key("w", model, processor, frames, {"merge_adapters": m}) for m in (0, 1)]
+    keys = [
+        prediction_key("w", model, processor, frames, settings(model, processor, merge_adapters=m))
+        for m in (False, True)
+    ]
     assert keys[0] != keys[1]
     base, base_processor = load_vlm(_spec(tiny_model_dir))
     assert (
         len(
             {
-                prediction_key("w", base, base_processor, frames, {"merge_adapters": m})
-                for m in (0, 1)
+                prediction_key(
+                    "w",
+                    base,
+                    base_processor,
+                    frames,
+                    settings(base, base_processor, merge_adapters=m),
+                )
+                for m in (False, True)
             }
         )
         == 1
@@ -691,12 +701,16 @@ def test_generation_records_each_answers_log_probabilities_as_a_forward_pass_giv
     """The calibration inputs: mean and minimum log-probability of the generated tokens up to
     and including the end token, and their sum at other temperatures, equal to a
     teacher-forced forward pass over prompt + answer."""
-    from medvqa.evaluation.generation import GenerationModule, end_token_ids
+    from medvqa.generation.logprobs import end_token_ids
+    from medvqa.generation.predict import GenerationModule
+    from tests.generating import settings
     from tests.test_numerics import _spec
 
     model, processor = load_vlm(_spec(tiny_model_dir))
     model.eval()
-    module = GenerationModule(model, processor.tokenizer, max_new_tokens=6, merge_adapters=False)
+    module = GenerationModule(
+        model, processor.tokenizer, settings(model, processor, batch_size=1, max_new_tokens=6)
+    )
     dataset = VQADataset(source.table().head(3), source, processor, with_answer=False)
     ends = end_token_ids(model, processor.tokenizer)
     for batch in make_loader(dataset, 1, shuffle=False, padding_side="left"):

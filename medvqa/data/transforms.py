@@ -108,17 +108,33 @@ def kvasir_variant(record_id: str, variants: int, seed: int) -> int:
     return 1 + stable_hash(f"{seed}:{record_id}") % variants
 
 
-def apply_transform(img: Image.Image, spec: str, record_id: str, image_id: str) -> Image.Image:
-    """Apply the `image_transform` spec of one row (see the module docstring)."""
+def _draw(spec: str, record_id: str, image_id: str) -> tuple[str, str, int, str]:
+    """(name, level, seed, key) of one row's transform: its random draws come from a
+    generator seeded by (seed, key) and nothing else."""
     name, level, seed = spec.split(":")
     if name == "corruption":
-        return corrupt(img, level, rng_for(int(seed), f"corruption:{record_id}"))
+        return name, level, int(seed), f"corruption:{record_id}"
     if name == "kvasir_augment":
         variant = kvasir_variant(record_id, int(level), int(seed))
-        return kvasir_augment(img, rng_for(int(seed), f"augment:{image_id}:{variant}"))
+        return name, level, int(seed), f"augment:{image_id}:{variant}"
     raise ValueError(
         f"unknown image transform {name!r} (row {record_id!r}); use corruption or kvasir_augment."
     )
+
+
+def apply_transform(img: Image.Image, spec: str, record_id: str, image_id: str) -> Image.Image:
+    """Apply the `image_transform` spec of one row (see the module docstring)."""
+    name, level, seed, key = _draw(spec, record_id, image_id)
+    rng = rng_for(seed, key)
+    return corrupt(img, level, rng) if name == "corruption" else kvasir_augment(img, rng)
+
+
+def transformed_identity(spec: str, record_id: str, image_id: str) -> str:
+    """What a row's transformed pixels depend on besides the image file, known without reading
+    it: rows with the same file and identity see the same pixels (a corruption is drawn per
+    row, a Kvasir augment per image variant)."""
+    name, level, seed, key = _draw(spec, record_id, image_id)
+    return f"{name}:{level}:{seed}:{key}"
 
 
 TRANSFORMS = ("corruption", "kvasir_augment")

@@ -23,6 +23,10 @@ from medvqa.models.prompting import labelled_tokens
 # Dense bf16 tensor-core peak, FLOP/s (vendor data sheets, without sparsity).
 PEAK_BF16 = {"H100 SXM": 989e12, "H100 NVL": 835e12, "H100 PCIe": 756e12, "H200": 989e12,
              "A100": 312e12, "L40S": 362e12}  # fmt: skip
+# Memory bandwidth (bytes/s, the vendors' data sheets): a decode step's floor is the weights and
+# the KV cache read once at this rate.
+PEAK_BANDWIDTH = {"H100 SXM": 3.35e12, "H100 NVL": 3.9e12, "H100 PCIe": 2.0e12, "H200": 4.8e12,
+                  "A100": 2.039e12, "L40S": 0.864e12}  # fmt: skip
 # What `add_batch` sums (per batch, over its samples).
 SUMS = ("samples", "tokens", "tokens_sq", "labelled", "positions", "patches", "patches_sq",
         "projected")  # fmt: skip
@@ -179,13 +183,20 @@ def add_batch(sums: dict[str, float], batch: Mapping[str, Any], patch_size: int)
 
 def peak_flops(name: str, override: float | None = None) -> float | None:
     """The dense bf16 peak of the GPU named `name` (`override` TFLOP/s wins); None: unknown."""
-    if override:
-        return override * 1e12
-    for key, value in PEAK_BF16.items():
+    return override * 1e12 if override else _peak(PEAK_BF16, name)
+
+
+def peak_bandwidth(name: str) -> float | None:
+    """The memory bandwidth (bytes/s) of the GPU named `name`; None: unknown."""
+    return _peak(PEAK_BANDWIDTH, name)
+
+
+def _peak(table: Mapping[str, float], name: str) -> float | None:
+    for key, value in table.items():
         if all(part in name for part in key.split()):
             return value
     if "H100" in name:  # the SXM part is the common one in clusters
-        return PEAK_BF16["H100 SXM"]
+        return table["H100 SXM"]
     return None
 
 

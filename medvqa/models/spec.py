@@ -61,6 +61,15 @@ class ModelSchema:
     # near tie can flip (other kernel shapes), so they are keyed apart. Families whose image
     # depends on the question (PaliGemma, a prefix-LM) generate unshared. false: every prompt in full.
     share_image_prefix: bool = True
+    # How a batch decodes (medvqa.generation.decode): static (keys and values allocated once for
+    # prompt + new tokens, written in place; what CUDA compiles) or dynamic (transformers'
+    # growing cache, the engine before static caches). Same answers in float32; in bf16 the
+    # kernels differ, so they are keyed apart.
+    decode: str = "static"
+    # Compile the static decode's model call (transformers' `reduce-overhead`: a CUDA graph per
+    # batch shape). auto: on CUDA GPUs, falling back to eager with a log line where the model
+    # does not compile; eager elsewhere. true: on any device, and a failure stops the run.
+    compile_decode: Any = "auto"
     # Liger's fused Triton kernels (RMSNorm, SwiGLU, RoPE) in the language model, through
     # `liger_kernel.transformers._apply_liger_kernel_to_instance` as transformers' Trainer
     # applies them (pip install liger-kernel; CUDA GPUs only). The loss stays medvqa's own
@@ -81,6 +90,20 @@ class ModelSchema:
     # `{min_pixels: 3136, max_pixels: 401408}`; part of what answers are keyed by (through the
     # loaded image processor's settings), and what task=plan counts image tokens with.
     processor_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+# `model.decode` (medvqa.generation.decode): a KV cache allocated once per batch, or grown a
+# step at a time.
+DECODE_ENGINES = ("static", "dynamic")
+# A static cache's length is a multiple of this: batches of nearby lengths share one compiled graph.
+CACHE_BUCKET = 64
+
+
+def decode_cache_length(engine: str, prompt_tokens: int, new_tokens: int) -> int:
+    """The KV cache positions a batch's rows hold at the end of decoding: prompt and answer,
+    rounded up to `CACHE_BUCKET` for the static engine (what the memory plan counts)."""
+    need = prompt_tokens + new_tokens
+    return -(-need // CACHE_BUCKET) * CACHE_BUCKET if engine == "static" else need
 
 
 # model.random_weights=shrunk: two narrow layers per tower (medvqa.models.architectures.shrink).

@@ -33,6 +33,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from medvqa.models.spec import ModelSchema, decode_cache_length
 from medvqa.planning.activations import LayerActivations
 
 GIB = 2**30
@@ -53,6 +54,10 @@ ZERO_ALLGATHER_BUCKET = 200_000_000
 # A change the plan suggests must leave this share of the GPU unused: the estimate's reserve
 # and per-process terms are not measured, and the allocator fragments.
 SUGGESTED_SHARE = 0.9
+# `data.eval_batch_size=auto`: the largest of these whose generation fits (the plan ran), else
+# `AUTO_EVAL_BATCH` (no plan: the CPU, task=eval, check_memory=false).
+EVAL_BATCHES = (256, 192, 128, 96, 64)
+AUTO_EVAL_BATCH = 64
 # Labelled (answer) tokens per sample the plan assumes: the loss projects onto the vocabulary the
 # union over a micro-batch of the rows' answer positions (SLAKE's answers: ~5 tokens).
 LABELLED_TOKENS = 16
@@ -95,8 +100,9 @@ class Setup:
     # Parameters copied while generating: the adapted layers' base weights, merged into copies
     # (`model.merge_adapters`; on an H100 LLaVA-Med's LoRA generation peaked 12.4 GiB higher)
     merged: int = 0
-    # Generation runs each image's prompt prefix once (`medvqa.evaluation.prefix`).
+    # Generation runs each image's prompt prefix once (`medvqa.generation.prefix`).
     shared_prefix: bool = False
+    decode: str = ModelSchema.decode  # the engine sizes the cache (`decode_cache_length`)
 
     @property
     def checkpointing(self) -> bool:
@@ -198,7 +204,7 @@ def _generation(s: Setup) -> float:
     layer by layer) and the suffixes' (the text tokens) prefill."""
     frozen = s.params - s.trainable
     weights = (frozen + s.merged) * s.dtype_bytes + s.trainable * s.trainable_bytes
-    length = s.tokens + s.max_new_tokens
+    length = decode_cache_length(s.decode, s.tokens, s.max_new_tokens)
 
     def kv_cache(tokens: int, layers: int = s.layers) -> float:
         return s.eval_batch * tokens * layers * 2 * s.kv_width * s.dtype_bytes
@@ -340,6 +346,18 @@ def merge_if_fits(s: Setup, mergeable: int) -> Setup:
     merged = dataclasses.replace(s, merged=mergeable)
     limit = SUGGESTED_SHARE * s.gpu_gib * GIB
     return merged if mergeable and estimate(merged).generation <= limit else s
+
+
+def batch_if_fits(s: Setup) -> Setup:
+    """`data.eval_batch_size=auto`: the largest of `EVAL_BATCHES` whose generation (with the
+    merge decided) leaves `SUGGESTED_SHARE` of the GPU free; else `s` (at `AUTO_EVAL_BATCH`,
+    which `fixes` shrinks where even that does not fit)."""
+    limit = SUGGESTED_SHARE * s.gpu_gib * GIB
+    for batch in EVAL_BATCHES:
+        candidate = dataclasses.replace(s, eval_batch=batch)
+        if estimate(candidate).generation <= limit:
+            return candidate
+    return s
 
 
 def speed_order(s: Setup) -> tuple[float, int]:

@@ -21,9 +21,10 @@ from omegaconf import DictConfig
 from medvqa.atomic import write_file
 from medvqa.cluster import GPU_ACCELERATORS, device_count
 from medvqa.evaluation.lengths import generation_length
-from medvqa.evaluation.prefix import family_refusal
+from medvqa.generation.prefix import family_refusal
 from medvqa.hashing import Hasher
 from medvqa.models.adapters import (
+    AUTO,
     apply_method,
     build_adapter_config,
     checkpoint_every,
@@ -35,9 +36,11 @@ from medvqa.models.architectures import image_tokens, meta_model
 from medvqa.models.loading import architecture, roles, torch_dtype
 from medvqa.planning.activations import LayerActivations, measure_layer
 from medvqa.planning.memory import (
+    AUTO_EVAL_BATCH,
     DEFAULT_GPU_GIB,
     TEXT_TOKENS,
     Setup,
+    batch_if_fits,
     fastest_layout,
     merge_if_fits,
 )
@@ -100,7 +103,7 @@ def build_setup(
         text_tokens=int(text_tokens) + int(peft.virtual_tokens),
         micro_batch=int(cfg.data.batch_size),
         accumulate=int(cfg.trainer.accumulate_grad_batches),
-        eval_batch=int(cfg.data.eval_batch_size),
+        eval_batch=eval_batch_size(cfg.data, None),
         max_new_tokens=generation_length(cfg.model, source),
         checkpoint_every=1 if every is None else every,
         strategy="zero2" if deepspeed else ("ddp" if n_devices * nodes > 1 else "single"),
@@ -110,12 +113,25 @@ def build_setup(
         gpu_gib=gpu_capacity_gib() if gpu_gib is None else float(gpu_gib),
         merged=mergeable if merges_adapters(cfg.model, None) else 0,  # auto: decided below
         shared_prefix=bool(cfg.model.share_image_prefix) and family_refusal(config) is None,
+        decode=str(cfg.model.decode),
     )
     if every is None:
         setup = fastest_layout(setup)
-    if cfg.model.merge_adapters == "auto" and str(cfg.trainer.accelerator) in GPU_ACCELERATORS:
+    on_gpu = str(cfg.trainer.accelerator) in GPU_ACCELERATORS
+    if cfg.model.merge_adapters == "auto" and on_gpu:
         setup = merge_if_fits(setup, mergeable)
+    if cfg.data.eval_batch_size == AUTO and on_gpu:
+        setup = batch_if_fits(setup)
     return setup
+
+
+def eval_batch_size(data_cfg: Any, planned: Setup | None) -> int:
+    """The rows of a generation batch (`data.eval_batch_size`): as set, or under auto the
+    plan's pick (`batch_if_fits`) where it ran, else `AUTO_EVAL_BATCH`."""
+    value = data_cfg.eval_batch_size
+    if value == AUTO:
+        return planned.eval_batch if planned is not None else AUTO_EVAL_BATCH
+    return int(value)
 
 
 def merges_adapters(model_cfg: Any, planned: Setup | None) -> bool:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, MutableMapping, Sequence
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +22,6 @@ from medvqa.data import records as R
 from medvqa.distributed import is_global_zero
 from medvqa.evaluation.baselines import chance_scores
 from medvqa.evaluation.consistency import check_reorderable, reordered
-from medvqa.evaluation.generation import generate_splits, prediction_trainer
-from medvqa.evaluation.lengths import generation_length
 from medvqa.evaluation.passes import CHANCE, EvalPass, job_passes, report_rows
 from medvqa.evaluation.scoring import (
     Scoring,
@@ -34,6 +31,8 @@ from medvqa.evaluation.scoring import (
     write_scores,
 )
 from medvqa.evaluation.views import score_job
+from medvqa.generation.job import from_config as generation_settings
+from medvqa.generation.predict import generate_splits, prediction_trainer
 from medvqa.interrupts import stage
 from medvqa.models.adapters import (
     apply_method,
@@ -54,7 +53,7 @@ from medvqa.models.saving import (
     verify_weights,
 )
 from medvqa.planning.memory import Setup, checkpointing_label
-from medvqa.planning.setup import merges_adapters
+from medvqa.planning.setup import eval_batch_size
 from medvqa.provenance import add_metrics, add_model, add_trained
 from medvqa.record import config_fingerprint
 from medvqa.tasks.common import TRAIN, prepare_splits, report_run
@@ -152,7 +151,9 @@ def train_eval(
         with measure.measured("load"):
             model, processor = load_vlm(cfg.model)
         add_model(provenance, model)
-        generate = _generator(cfg, processor, source, frames, prompt, planned, out_dir)
+        generate = _generator(
+            cfg, model, processor, source, frames, prompt, planned, out_dir, provenance
+        )
         answers = {p.prefix: generate(model, p) for p in passes if p.base}  # the untuned base
         model = apply_method(
             model,
@@ -220,37 +221,38 @@ def _evaluated_splits(
 
 def _generator(
     cfg: DictConfig,
+    model: torch.nn.Module,
     processor: Any,
     source: Any,
     frames: dict[str, pd.DataFrame],
     prompt: Any,
     planned: Setup | None,
     out_dir: Path,
+    provenance: MutableMapping[str, Any] | None,
 ) -> Callable[[torch.nn.Module, EvalPass], dict[str, pd.DataFrame] | None]:
-    """Generation of one evaluation pass with the job's settings, one predict Trainer for all."""
-    generate = partial(
-        generate_splits,
-        trainer=prediction_trainer(cfg.trainer),
-        processor=processor,
-        source=source,
-        batch_size=int(cfg.data.eval_batch_size),
-        max_new_tokens=generation_length(cfg.model, source),
-        trainer_cfg=cfg.trainer,
-        num_workers=cfg.data.num_workers,
-        prompt=prompt,
-        mismatch_field=str(cfg.data.mismatch_field),
-        merge_adapters=merges_adapters(cfg.model, planned),
-        share_image_prefix=bool(cfg.model.share_image_prefix),
-    )
+    """Generation of one evaluation pass with the job's settings (resolved here, once, and
+    recorded), one predict Trainer for all."""
+    settings = generation_settings(cfg, model, processor, source, planned)
+    if provenance is not None:
+        provenance["generation"] = settings.record()
+    trainer = prediction_trainer(cfg.trainer)
     shared = Path(cfg.paths.cache_dir) / SHARED_PREDICTIONS
 
     def run(model: torch.nn.Module, p: EvalPass) -> dict[str, pd.DataFrame] | None:
-        return generate(
+        return generate_splits(
             model,
-            out_path=p.path(out_dir),
-            image_mode=p.image_mode,
-            frames={s: reordered(f, p.order) for s, f in frames.items()} if p.order else frames,
+            processor,
+            source,
+            {s: reordered(f, p.order) for s, f in frames.items()} if p.order else frames,
+            p.path(out_dir),
+            settings,
             shared_dir=shared if p.shared else None,
+            trainer=trainer,
+            trainer_cfg=cfg.trainer,
+            image_mode=p.image_mode,
+            num_workers=cfg.data.num_workers,
+            prompt=prompt,
+            mismatch_field=str(cfg.data.mismatch_field),
         )
 
     return run
@@ -389,7 +391,7 @@ def _fit(
         source,
         processor,
         batch_size=batch_size,
-        eval_batch_size=int(cfg.data.eval_batch_size),
+        eval_batch_size=eval_batch_size(cfg.data, planned),
         num_workers=cfg.data.num_workers,
         seed=int(cfg.seed),
         image_mode=str(cfg.data.train_image),

@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from medvqa.data import records as R
 from medvqa.data.base import VQASource
 from medvqa.data.shifts import IMAGE_TRANSFORM
-from medvqa.data.transforms import apply_transform
+from medvqa.data.transforms import apply_transform, transformed_identity
 from medvqa.distributed import host_sum
 from medvqa.models.prompting import PLAIN, PromptTemplate, encode, labelled_tokens, pad_batch
 from medvqa.training.spec import DataSchema
@@ -181,31 +181,41 @@ class VQADataset(Dataset):
         return image
 
     def image_key(self, i: int) -> str:
-        """Which image row `i` is shown, from its metadata (no pixels read): rows with one key
-        usually see the same pixels (a transform shift may draw per row)."""
+        """Which pixels row `i` is shown, from its metadata (no pixels read): rows with one key
+        see the same pixels (the image file and what its transform draws from,
+        `transformed_identity`; "none" without an image)."""
         row = self.frame.iloc[i]
+        if self.image_mode == "none":
+            return "none"
         if self.image_mode in PARTNER_MODES:
             row = self.pool.iloc[self.partners[str(row[R.ID])]]
-        elif self.image_mode in ("none", "blank"):
-            return self.image_mode
-        return f"{row[R.IMAGE]}\0{row.get(IMAGE_TRANSFORM)}"
+        spec = row.get(IMAGE_TRANSFORM)
+        drawn = ""
+        if isinstance(spec, str):
+            drawn = transformed_identity(spec, str(row[R.ID]), str(row[R.IMAGE_ID]))
+        key = f"{row[R.IMAGE]}\0{drawn}"
+        return f"blank\0{key}" if self.image_mode == "blank" else key  # a blank keeps the size
 
     def by_image(self) -> list[int]:
         """The rows' positions ordered by the image they are shown (stable: a fixed order)."""
         keys = [self.image_key(i) for i in range(len(self))]
         return sorted(range(len(self)), key=keys.__getitem__)
 
-    def __getitem__(self, i: int) -> dict[str, Any]:
+    def image(self, i: int) -> Image.Image | None:
+        """The image row `i` is shown under `image_mode` (read from disk)."""
         row = self.frame.iloc[i]
-        image = None
         if self.image_mode in PARTNER_MODES:  # another row's image, as its own question saw it
-            image = self._image(self.pool.iloc[self.partners[str(row[R.ID])]])
-        elif self.image_mode != "none":
-            image = self._image(row)
-            if self.image_mode == "blank":
-                image = Image.new("RGB", image.size)
+            return self._image(self.pool.iloc[self.partners[str(row[R.ID])]])
+        if self.image_mode == "none":
+            return None
+        image = self._image(row)
+        return Image.new("RGB", image.size) if self.image_mode == "blank" else image
+
+    def example(self, i: int, image: Image.Image | None, processor: Any) -> dict[str, Any]:
+        """Row `i` tokenised with `image` (`image(i)`) by `processor`, its id beside."""
+        row = self.frame.iloc[i]
         features: dict[str, Any] = encode(
-            self.processor,
+            processor,
             self.prompt.question(row[R.QUESTION], row.get(R.ANSWER_TYPE), row.get(R.CANDIDATES)),
             image,
             answer=row[R.ANSWER] if self.with_answer else None,
@@ -213,6 +223,9 @@ class VQADataset(Dataset):
         )
         features[META_KEY] = row[R.ID]
         return features
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return self.example(i, self.image(i), self.processor)
 
 
 def collate(features: list[dict[str, Any]], pad_token_id: int, padding_side: str) -> dict[str, Any]:

@@ -72,7 +72,10 @@ class DataSchema:
     """Loader settings shared by every dataset; `limit` caps split sizes (debug runs)."""
 
     batch_size: int = 16
-    eval_batch_size: int = 64
+    # Rows per generation batch (and per validation batch of a fit). auto: the largest of
+    # `planning.memory.EVAL_BATCHES` whose generation leaves a tenth of the GPU free where the
+    # memory plan ran (a fit on CUDA GPUs with task.check_memory); elsewhere `planning.memory.AUTO_EVAL_BATCH`.
+    eval_batch_size: Any = "auto"
     # Loader processes per rank; null: from the cores the rank has (SLURM's cpus_per_task, the
     # machine's shared by the local ranks) less one, at most 8, on a GPU trainer; none on a CPU
     # one (training.datamodule.auto_workers). Answers and weights do not depend on it.

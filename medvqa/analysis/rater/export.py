@@ -105,7 +105,7 @@ def export(
     if missing:
         raise RatingError(
             f"{predictions}: records lack field(s) {missing}; expected the JSONL written by "
-            "medvqa.evaluation.generation"
+            "medvqa.generation"
         )
     if SPLIT not in preds.columns:
         preds[SPLIT] = None

@@ -1,6 +1,6 @@
 """`metric=calibration`: does the model know when it is wrong, and does that survive the shift?
 
-Generation records each answer's token log-probabilities (`medvqa.evaluation.generation`:
+Generation records each answer's token log-probabilities (`medvqa.generation.logprobs`:
 `answer_logprob_mean`, `answer_logprob_min`, `answer_tokens`). The family turns them into a
 confidence in [0, 1] (option `confidence`: `sequence`, the probability of the whole answer
 string greedy decoding produced, exp(sum); `mean`, the geometric mean of its tokens'

@@ -3,11 +3,12 @@
 Generating a short answer is almost all prefill, and a test set asks ~11 questions per image
 (SLAKE). Every supported template puts the image before the question, so the keys and values of
 the prompt up to the end of its image are the same for all questions of one image. The
-generation collate (`collate_shared`) groups a batch's rows by their image tensors (bit for
-bit, so only rows that would see the very same pixels share) and cuts each group's longest
-common token prefix, which must hold every image token; `generate_shared` runs those prefixes
-once per group, repeats their cache over the group's rows and lets `generate` go on from it with
-the questions' suffixes.
+generation collate (`collate_generation`) groups a batch's rows by the identity of the pixels they
+are shown (`IMAGE_KEY`: the image file and its transform's draw, known from the row's metadata
+before any pixel is read, `VQADataset.image_key`; no tensor is hashed) and cuts each group's
+longest common token prefix, which must hold every image token; `decode.prefill_shared` runs
+those prefixes once per group, gives their cache to the group's rows and lets `generate` go on
+from it with the questions' suffixes.
 
 Every token keeps its position and its attention mask: a row is [its group's prefix, right-padded
 to the longest prefix][padding][its suffix], with the padding masked out, so positions counted
@@ -15,12 +16,11 @@ from the mask (and Qwen's multimodal rotary positions, computed by `generate` fr
 are those of the unshared left-padded row. In float32 the answers equal the unshared path's and
 their log-probabilities differ by float rounding (tests/test_shared_prefix.py); in bf16 the
 kernels see other shapes, so a near tie can flip, and such answers are keyed apart
-(`generation.prediction_key`).
+(`predict.prediction_key`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -33,6 +33,8 @@ from medvqa.models.prompting import pad_batch, per_token_keys
 log = logging.getLogger(__name__)
 
 SHARED_KEY = "shared_prefix"
+# Beside each generation example: the identity of the pixels it is shown (`VQADataset.image_key`).
+IMAGE_KEY = "image_identity"
 # Image tensors the model needs after the prefix, one row per image: Qwen-VL computes its
 # multimodal rotary positions of the whole row from the image grid. Pixels are never needed again.
 POSITION_INPUTS = ("image_grid_thw",)
@@ -78,17 +80,6 @@ def image_token_id(processor: Any) -> int | None:
     return None if value is None else int(value)
 
 
-def _image_key(feature: dict[str, torch.Tensor], token_keys: Sequence[str]) -> str:
-    """The identity of a row's image: the bytes of its image tensors (none: the text alone)."""
-    digest = hashlib.blake2b(digest_size=16)
-    for key in sorted(k for k in feature if k not in token_keys):
-        value = feature[key].contiguous()
-        digest.update(key.encode())
-        digest.update(str((value.dtype, tuple(value.shape))).encode())
-        digest.update(value.numpy().tobytes())
-    return digest.hexdigest()
-
-
 def _common_prefix(seqs: Sequence[torch.Tensor]) -> int:
     """The length of the longest prefix all `seqs` share."""
     n = min(len(s) for s in seqs)
@@ -98,18 +89,20 @@ def _common_prefix(seqs: Sequence[torch.Tensor]) -> int:
 
 def share_prefixes(
     features: Sequence[dict[str, torch.Tensor]],
+    images: Sequence[str],
     pad_token_id: int,
     image_token: int | None,
     max_length: int | None = None,
 ) -> dict[str, Any] | str:
-    """The batch with shared prefixes, or why it cannot be: an image token after the prefix, or
+    """The batch with shared prefixes (rows grouped by `images`, each row's pixel identity), or
+    why it cannot be: an image token after the prefix, or
     rows longer than `max_length` (`sliding_window` less the new tokens). The batch holds the
     whole rows ([prefix, padding, suffix], their masks and token types; Qwen's image grids) and,
     under `SHARED_KEY`, the groups' right-padded prefixes with their image tensors (`prefix`)
     and each row's group (`rows`)."""
     token_keys = per_token_keys(features[0])
     groups: dict[str, int] = {}
-    rows = [groups.setdefault(_image_key(f, token_keys), len(groups)) for f in features]
+    rows = [groups.setdefault(image, len(groups)) for image in images]
     members: list[list[int]] = [[] for _ in groups]
     for i, g in enumerate(rows):
         members[g].append(i)
@@ -142,32 +135,23 @@ def share_prefixes(
     return batch
 
 
-def collate_shared(
+def collate_generation(
     features: list[dict[str, Any]],
     pad_token_id: int,
     padding_side: str,
     image_token: int | None,
     meta_key: str,
+    share: bool = True,
     max_length: int | None = None,
 ) -> dict[str, Any]:
-    """`datamodule.collate` for generation with shared prefixes (`share_prefixes`), or the plain
-    left-padded batch where it cannot share; the row ids beside."""
+    """`datamodule.collate` for generation: with `share`, shared prefixes (`share_prefixes`)
+    where the batch allows them, else the plain padded batch; the row ids beside."""
     ids = [f.pop(meta_key) for f in features]
-    batch = share_prefixes(features, pad_token_id, image_token, max_length)
+    images = [f.pop(IMAGE_KEY) for f in features]
+    batch = share_prefixes(features, images, pad_token_id, image_token, max_length) if share else ""
     if isinstance(batch, str):
-        log.debug("batch generated unshared: %s", batch)
+        if batch:
+            log.debug("batch generated unshared: %s", batch)
         batch = pad_batch(features, pad_token_id, padding_side)
     batch[meta_key] = ids
     return batch
-
-
-def generate_shared(model: torch.nn.Module, batch: dict[str, Any], **settings: Any) -> torch.Tensor:
-    """`generate` of a `share_prefixes` batch: each group's prefix once, its cache repeated over
-    the group's rows, then the rows' suffixes (the prompt is `batch["input_ids"]`)."""
-    shared = batch.pop(SHARED_KEY)
-    cache = model(**shared["prefix"], use_cache=True, logits_to_keep=1).past_key_values
-    cache.batch_select_indices(shared["rows"])
-    for module in model.modules():  # Qwen-VL keeps the prefix's; `generate` recomputes rows'
-        if getattr(module, "rope_deltas", None) is not None:
-            module.rope_deltas = None
-    return model.generate(**batch, past_key_values=cache, **settings)

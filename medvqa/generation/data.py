@@ -1,0 +1,199 @@
+"""The prompts of one split, as generation reads them: ordered by image, sharded over ranks,
+resumed, and each distinct image read and processed once per batch.
+
+A batch's rows are fetched together (`GenerationDataset.__getitems__`): rows shown the same
+pixels (`VQADataset.image_key`, from the metadata) share one image read from disk and one run of
+the image processor (`OncePerImage`); only the text is tokenised per row. With shared prefixes
+the vision tower then runs once per distinct image as well (`decode.prefill_shared`).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pandas as pd
+from PIL import Image
+from torch.utils.data import DataLoader
+
+from medvqa.data import records as R
+from medvqa.data.base import VQASource
+from medvqa.generation.files import MODEL, SPLIT, done_ids, jsonable
+from medvqa.generation.prefix import IMAGE_KEY, collate_generation, image_token_id
+from medvqa.generation.settings import GenerationSettings
+from medvqa.models.prompting import PLAIN, PromptTemplate
+from medvqa.training.datamodule import META_KEY, VQADataset, loader_options, make_loader
+from medvqa.training.spec import DataSchema
+
+log = logging.getLogger(__name__)
+
+
+class OncePerImage:
+    """An image processor that runs once per image object: a repeated call with the same
+    images (by identity) and options returns a copy of the first call's output (processors
+    pop keys from it). Everything else is the wrapped processor's."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self._done: dict[Any, Any] = {}
+        self.calls = 0  # how many times the wrapped processor ran
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        images = kwargs["images"] if "images" in kwargs else (args[0] if args else None)
+        options = args if "images" in kwargs else args[1:]
+        named = sorted((k, v) for k, v in kwargs.items() if k != "images")
+        key = (tuple(id(i) for i in _flat(images)), repr(options), repr(named))
+        if key not in self._done:
+            self.calls += 1
+            self._done[key] = self._inner(*args, **kwargs)
+        return copy.copy(self._done[key])
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def _flat(images: Any) -> list[Any]:
+    if isinstance(images, list | tuple):
+        return [i for item in images for i in _flat(item)]
+    return [images]
+
+
+class GenerationDataset(VQADataset):
+    """Generation prompts (no answers), each with its pixels' identity (`IMAGE_KEY`); a batch
+    fetched together reads and processes each of its distinct images once."""
+
+    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
+        processor = copy.copy(self.processor)
+        image_processor = getattr(self.processor, "image_processor", None)
+        if image_processor is not None:
+            processor.image_processor = OncePerImage(image_processor)
+        images: dict[str, Image.Image | None] = {}
+        out = []
+        for i in indices:
+            key = self.image_key(i)
+            if key not in images:
+                images[key] = self.image(i)
+            features = self.example(i, images[key], processor)
+            features[IMAGE_KEY] = key
+            out.append(features)
+        return out
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return self.__getitems__([i])[0]
+
+
+class GenerationData(L.LightningDataModule):
+    """The prompts of one split that these weights have not answered yet.
+
+    Built inside the predict loop, where the process group exists: global rank 0 reads what is
+    done and broadcasts the ids to do, so every rank shards the same list. With shared
+    prefixes the rows are ordered by the image they show and each rank takes a contiguous run
+    of them, so a batch holds the questions of as few images as possible.
+    """
+
+    def __init__(
+        self,
+        frame: pd.DataFrame,
+        source: VQASource,
+        processor: Any,
+        out_path: Path,
+        split: str,
+        model_id: str,
+        settings: GenerationSettings,
+        image_mode: str = DataSchema.eval_image,
+        num_workers: int | None = DataSchema.num_workers,
+        prompt: PromptTemplate = PLAIN,
+        mismatch_field: str = DataSchema.mismatch_field,
+        pool: pd.DataFrame | None = None,
+    ) -> None:
+        super().__init__()
+        self.frame = frame
+        self.settings = settings
+        self.mismatch_field = mismatch_field
+        # The rows the partner-image modes draw from: this whole split (not a rank's shard) or
+        # what the caller gives (`mismatched`: every test split of the job).
+        self.pool = frame if pool is None else pool
+        self.prompt = prompt
+        self.source = source
+        self.processor = processor
+        self.out_path = Path(out_path)
+        self.split = split
+        self.model_id = model_id
+        self.image_mode = image_mode
+        self.num_workers = num_workers
+        self.by_id = frame.set_index(R.ID)
+        self.n_todo = 0
+        # Fewer rows left than ranks (a resumed split, a tiny one): some ranks get none. They
+        # still run the loop's set-up collectives; the merge waits for every rank after it.
+        self.allow_zero_length_dataloader_with_multiple_devices = True
+
+    def predict_dataloader(self) -> DataLoader:
+        todo: list[str] | None = None
+        if self.trainer.is_global_zero:
+            self.out_path.parent.mkdir(parents=True, exist_ok=True)
+            done = done_ids(self.out_path, self.split, self.model_id)
+            todo = [rid for rid in self.frame[R.ID] if rid not in done]
+            if done:
+                log.info(
+                    "%s: resuming, %d of %d already predicted",
+                    self.split,
+                    len(done),
+                    len(self.frame),
+                )
+        todo = self.trainer.strategy.broadcast(todo, src=0)
+        self.n_todo = len(todo)
+        # This rank's shard, cut here rather than by Lightning's sampler, which refuses a rank
+        # without rows (prediction_trainer turns it off).
+        rank, ranks = self.trainer.global_rank, self.trainer.world_size
+        share = self.settings.share_image_prefix
+        if share:  # a contiguous run of the rows, in the order of their images
+            pending = self.frame.loc[self.frame[R.ID].isin(set(todo))]
+            pending = pending.iloc[self._dataset(pending).by_image()]
+            rows = pending.iloc[rank * len(pending) // ranks : (rank + 1) * len(pending) // ranks]
+        else:
+            rows = self.frame.loc[self.frame[R.ID].isin(set(todo[rank::ranks]))]
+        collate = partial(
+            collate_generation,
+            image_token=image_token_id(self.processor),
+            meta_key=META_KEY,
+            share=share,
+            max_length=self.settings.shared_length,
+        )
+        return make_loader(
+            self._dataset(rows),
+            self.settings.batch_size,
+            shuffle=False,
+            padding_side="left",
+            collate_fn=collate,
+            **loader_options(self.trainer, self.num_workers),
+        )
+
+    def _dataset(self, rows: pd.DataFrame) -> GenerationDataset:
+        return GenerationDataset(
+            rows,
+            self.source,
+            self.processor,
+            False,
+            self.image_mode,
+            self.prompt,
+            pool=self.pool,
+            mismatch_field=self.mismatch_field,
+        )
+
+    def records(self, answers: Sequence[tuple[Any, ...]]) -> list[dict[str, Any]]:
+        """Prediction records: the row's fields, split, weights fingerprint, the answer and its
+        log-probabilities (`GenerationModule.predict_step`)."""
+        out = []
+        for rid, text, mean, low, count, by_temperature in answers:
+            record = {k: jsonable(v) for k, v in self.by_id.loc[rid].items()}
+            record.update({R.ID: rid, SPLIT: self.split, MODEL: self.model_id, R.PREDICTION: text})
+            record.update({R.LOGPROB_MEAN: jsonable(mean), R.LOGPROB_MIN: jsonable(low)})
+            record[R.ANSWER_TOKENS] = count
+            record[R.LOGPROB_BY_TEMPERATURE] = by_temperature
+            out.append(record)
+        return out
