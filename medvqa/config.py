@@ -32,7 +32,7 @@ from medvqa.models.spec import DECODE_ENGINES, ModelSchema, random_weights_kind
 from medvqa.training.hardware import cuda_allocator_problem
 
 # PeftSchema, DataSchema and TrainerSchema sit with the training code that reads their defaults.
-from medvqa.training.spec import DataSchema, PeftSchema, TrainerSchema
+from medvqa.training.spec import IMAGE_MODES, DataSchema, PeftSchema, TrainerSchema
 
 
 class _Schemas:
@@ -421,7 +421,6 @@ def _value_problems(cfg: DictConfig) -> list[str]:
                 "(no cap)"
             )
     from medvqa.training.checkpoints import ckpt_path_problems  # torch: only when checking
-    from medvqa.training.datamodule import IMAGE_MODES  # torch and lightning: only when checking
 
     problems += ckpt_path_problems(OmegaConf.select(cfg, "ckpt_path"))
     allow = _plain(OmegaConf.select(cfg, "eval.allow_seen_rows", default=False))

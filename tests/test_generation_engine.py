@@ -119,8 +119,8 @@ def test_each_image_of_a_batch_is_read_and_processed_once(
         assert features.pop("image_identity") == alone.image_key(i)
         assert features.keys() == expected.keys()
         for key, value in expected.items():
-            if key == META_KEY:
-                assert features[key] == value
+            if key == META_KEY:  # (target, id): one target here
+                assert features[key] == (0, value)
             else:
                 assert torch.equal(features[key], value), key
 
@@ -224,3 +224,55 @@ def test_the_compiled_static_decode_gives_the_eager_answers(
         model, processor, frame, source, tmp_path / "c.jsonl", "test", options
     )
     _same(compiled.set_index(R.ID).sort_index(), eager)
+
+
+def test_passes_that_show_the_same_images_are_generated_together() -> None:
+    from medvqa.evaluation.passes import generation_groups, job_passes
+
+    passes = job_passes("LoRA", "image", True, "zero-shot", ["blank", "shuffled"], 2)
+    groups = [[p.prefix for p in g] for g in generation_groups(passes)]
+    # the untuned base is shared with other jobs: alone; the orders join the main answers
+    assert groups == [["zero_shot/"], ["", "order1/", "order2/"], ["blank/"], ["shuffled/"]]
+    untuned = job_passes("zero-shot", "image", False, None, [], 1)
+    assert [[p.prefix for p in g] for g in generation_groups(untuned)] == [[""], ["order1/"]]
+
+
+def test_option_orders_share_each_images_prefix_with_the_main_answers(
+    cache_dir: Path, source, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The main answers and an option order generated together: each file holds the answers
+    of its own pass generated alone (float32), and each image's prefix ran once for both."""
+    from medvqa.evaluation.consistency import reordered
+    from medvqa.generation.predict import PassFiles, generate_passes, generate_splits
+    from tests.test_shared_prefix import Counter
+
+    model, processor = load_vlm(model_cfg("llava_med", cache_dir))
+    model.eval()
+    frame = _frame(source)
+    assert frame[R.CANDIDATES].map(lambda c: c is not None and len(c) > 1).any()
+    frames = {"test": frame}
+    orders = {"test": reordered(frame, 1)}
+    options = settings(model, processor, batch_size=64, max_new_tokens=6)
+    counter = Counter(monkeypatch)
+    alone = [
+        generate_splits(model, processor, source, f, tmp_path / f"alone{i}.jsonl", options)
+        for i, f in enumerate((frames, orders))
+    ]
+    separate = sum(counter.batches)
+    counter.batches.clear()
+    together = generate_passes(
+        model,
+        processor,
+        source,
+        [PassFiles(frames, tmp_path / "main.jsonl"), PassFiles(orders, tmp_path / "order.jsonl")],
+        options,
+    )
+    assert together is not None and all(a is not None for a in alone)
+    for a, t in zip(alone, together, strict=True):
+        _same(t["test"].set_index(R.ID).sort_index(), a["test"].set_index(R.ID).sort_index())
+    assert sum(counter.batches) == separate // 2  # one prefix per image for both passes
+    main = pd.read_json(tmp_path / "main.jsonl", lines=True)
+    order = pd.read_json(tmp_path / "order.jsonl", lines=True)
+    assert len(main) == len(order) == len(frame)
+    changed = main.set_index(R.ID)[R.CANDIDATES] != order.set_index(R.ID)[R.CANDIDATES]
+    assert changed.any()  # each file holds its own pass's rows

@@ -715,8 +715,9 @@ def test_generation_records_each_answers_log_probabilities_as_a_forward_pass_giv
     ends = end_token_ids(model, processor.tokenizer)
     for batch in make_loader(dataset, 1, shuffle=False, padding_side="left"):
         prompt = {k: v for k, v in batch.items() if k != META_KEY}
+        batch[META_KEY] = [(0, rid) for rid in batch[META_KEY]]  # (target, id), as generation's
         with torch.no_grad():
-            ((rid, text, mean, low, count, by_temperature),) = module.predict_step(dict(batch), 0)
+            ((meta, text, mean, low, count, by_temperature),) = module.predict_step(dict(batch), 0)
             out = model.generate(**prompt, max_new_tokens=6, do_sample=False)
             new = out[0, prompt["input_ids"].shape[1] :].tolist()
             stop = next((i for i, t in enumerate(new) if t in ends), len(new) - 1)
@@ -728,7 +729,7 @@ def test_generation_records_each_answers_log_probabilities_as_a_forward_pass_giv
                 pixel_values=prompt["pixel_values"],
             ).logits[0, prompt["input_ids"].shape[1] - 1 : -1]
         chosen = torch.log_softmax(logits.float(), -1)[torch.arange(len(answer)), answer]
-        assert count == len(answer) and rid == batch[META_KEY][0]
+        assert count == len(answer) and meta == batch[META_KEY][0]
         assert text == processor.tokenizer.decode(answer, skip_special_tokens=True).strip()
         assert mean == pytest.approx(chosen.mean().item(), abs=1e-4)
         assert low == pytest.approx(chosen.min().item(), abs=1e-4)

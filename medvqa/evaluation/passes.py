@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from medvqa.training.spec import DataSchema
+from medvqa.training.spec import PARTNER_MODES, DataSchema
 
 PREDICTIONS = "predictions"
 ZERO_SHOT = "zero_shot/"
@@ -78,6 +79,19 @@ def job_passes(
         for k in range(1, int(option_orders) + 1)
     ]
     return passes
+
+
+def generation_groups(passes: Sequence[EvalPass]) -> list[list[EvalPass]]:
+    """`passes` (of one model) in the groups generated together, in order of first
+    appearance: the passes under one image mode (the main answers and their option orders)
+    share each image's prompt prefix across passes. Alone: a pass shared with other jobs (its
+    answers are keyed by its own batches), and a partner-image mode (its partners are drawn per
+    pass)."""
+    groups: dict[Any, list[EvalPass]] = {}
+    for i, p in enumerate(passes):
+        alone = p.shared or p.image_mode in PARTNER_MODES
+        groups.setdefault(i if alone else (p.base, p.image_mode), []).append(p)
+    return list(groups.values())
 
 
 def report_rows(passes: Sequence[EvalPass], chance_label: str | None) -> list[tuple[str, str]]:

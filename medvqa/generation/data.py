@@ -12,11 +12,13 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import lightning as L
+import numpy as np
 import pandas as pd
 from PIL import Image
 from torch.utils.data import DataLoader
@@ -28,9 +30,11 @@ from medvqa.generation.prefix import IMAGE_KEY, collate_generation, image_token_
 from medvqa.generation.settings import GenerationSettings
 from medvqa.models.prompting import PLAIN, PromptTemplate
 from medvqa.training.datamodule import META_KEY, VQADataset, loader_options, make_loader
-from medvqa.training.spec import DataSchema
+from medvqa.training.spec import PARTNER_MODES, DataSchema
 
 log = logging.getLogger(__name__)
+
+TARGET = "_target"  # a row's target among those generated together (GenerationData)
 
 
 class OncePerImage:
@@ -64,8 +68,9 @@ def _flat(images: Any) -> list[Any]:
 
 
 class GenerationDataset(VQADataset):
-    """Generation prompts (no answers), each with its pixels' identity (`IMAGE_KEY`); a batch
-    fetched together reads and processes each of its distinct images once."""
+    """Generation prompts (no answers), each with its pixels' identity (`IMAGE_KEY`) and its
+    (target, id) as its meta; a batch fetched together reads and processes each of its
+    distinct images once. The frame's `TARGET` column says which target a row answers."""
 
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
         processor = copy.copy(self.processor)
@@ -80,6 +85,9 @@ class GenerationDataset(VQADataset):
                 images[key] = self.image(i)
             features = self.example(i, images[key], processor)
             features[IMAGE_KEY] = key
+            # the row's target (one predictions file of several generated together) and id
+            target = int(self.frame[TARGET].iloc[i]) if TARGET in self.frame else 0
+            features[META_KEY] = (target, features[META_KEY])
             out.append(features)
         return out
 
@@ -87,22 +95,31 @@ class GenerationDataset(VQADataset):
         return self.__getitems__([i])[0]
 
 
+@dataclass(frozen=True)
+class Target:
+    """The rows of one split that one predictions file holds answers to (one pass's)."""
+
+    out_path: Path
+    split: str
+    frame: pd.DataFrame
+
+
 class GenerationData(L.LightningDataModule):
-    """The prompts of one split that these weights have not answered yet.
+    """The prompts of one split that these weights have not answered yet, for one predictions
+    file or several (`targets`: passes that show the same images, such as the option orders,
+    whose rows are batched together so that they share each image's prefix).
 
     Built inside the predict loop, where the process group exists: global rank 0 reads what is
-    done and broadcasts the ids to do, so every rank shards the same list. With shared
+    done and broadcasts the rows to do, so every rank shards the same list. With shared
     prefixes the rows are ordered by the image they show and each rank takes a contiguous run
     of them, so a batch holds the questions of as few images as possible.
     """
 
     def __init__(
         self,
-        frame: pd.DataFrame,
+        targets: Sequence[Target],
         source: VQASource,
         processor: Any,
-        out_path: Path,
-        split: str,
         model_id: str,
         settings: GenerationSettings,
         image_mode: str = DataSchema.eval_image,
@@ -112,51 +129,63 @@ class GenerationData(L.LightningDataModule):
         pool: pd.DataFrame | None = None,
     ) -> None:
         super().__init__()
-        self.frame = frame
+        if len(targets) > 1 and image_mode in PARTNER_MODES:
+            raise ValueError(
+                f"image_mode={image_mode!r} draws partner rows by id: one target at a time"
+            )
+        self.targets = list(targets)
+        # Every target's rows, each marked with its target (`TARGET`).
+        self.frame = pd.concat(
+            [t.frame.assign(**{TARGET: i}) for i, t in enumerate(self.targets)],
+            ignore_index=True,
+        )
         self.settings = settings
         self.mismatch_field = mismatch_field
         # The rows the partner-image modes draw from: this whole split (not a rank's shard) or
         # what the caller gives (`mismatched`: every test split of the job).
-        self.pool = frame if pool is None else pool
+        self.pool = self.targets[0].frame if pool is None else pool
         self.prompt = prompt
         self.source = source
         self.processor = processor
-        self.out_path = Path(out_path)
-        self.split = split
         self.model_id = model_id
         self.image_mode = image_mode
         self.num_workers = num_workers
-        self.by_id = frame.set_index(R.ID)
+        self.by_id = [t.frame.set_index(R.ID) for t in self.targets]
         self.n_todo = 0
         # Fewer rows left than ranks (a resumed split, a tiny one): some ranks get none. They
         # still run the loop's set-up collectives; the merge waits for every rank after it.
         self.allow_zero_length_dataloader_with_multiple_devices = True
 
     def predict_dataloader(self) -> DataLoader:
-        todo: list[str] | None = None
+        todo: list[int] | None = None
         if self.trainer.is_global_zero:
-            self.out_path.parent.mkdir(parents=True, exist_ok=True)
-            done = done_ids(self.out_path, self.split, self.model_id)
-            todo = [rid for rid in self.frame[R.ID] if rid not in done]
-            if done:
-                log.info(
-                    "%s: resuming, %d of %d already predicted",
-                    self.split,
-                    len(done),
-                    len(self.frame),
-                )
+            todo = []
+            for i, target in enumerate(self.targets):
+                target.out_path.parent.mkdir(parents=True, exist_ok=True)
+                done = done_ids(target.out_path, target.split, self.model_id)
+                ours = (self.frame[TARGET] == i) & ~self.frame[R.ID].isin(done)
+                todo += np.flatnonzero(ours.to_numpy()).tolist()
+                if done:
+                    log.info(
+                        "%s: resuming, %d of %d already predicted (%s)",
+                        target.split,
+                        len(done),
+                        len(target.frame),
+                        target.out_path.name,
+                    )
+            todo.sort()
         todo = self.trainer.strategy.broadcast(todo, src=0)
         self.n_todo = len(todo)
         # This rank's shard, cut here rather than by Lightning's sampler, which refuses a rank
         # without rows (prediction_trainer turns it off).
         rank, ranks = self.trainer.global_rank, self.trainer.world_size
+        pending = self.frame.iloc[todo]
         share = self.settings.share_image_prefix
         if share:  # a contiguous run of the rows, in the order of their images
-            pending = self.frame.loc[self.frame[R.ID].isin(set(todo))]
             pending = pending.iloc[self._dataset(pending).by_image()]
             rows = pending.iloc[rank * len(pending) // ranks : (rank + 1) * len(pending) // ranks]
         else:
-            rows = self.frame.loc[self.frame[R.ID].isin(set(todo[rank::ranks]))]
+            rows = pending.iloc[rank::ranks]
         collate = partial(
             collate_generation,
             image_token=image_token_id(self.processor),
@@ -185,15 +214,16 @@ class GenerationData(L.LightningDataModule):
             mismatch_field=self.mismatch_field,
         )
 
-    def records(self, answers: Sequence[tuple[Any, ...]]) -> list[dict[str, Any]]:
-        """Prediction records: the row's fields, split, weights fingerprint, the answer and its
-        log-probabilities (`GenerationModule.predict_step`)."""
-        out = []
-        for rid, text, mean, low, count, by_temperature in answers:
-            record = {k: jsonable(v) for k, v in self.by_id.loc[rid].items()}
-            record.update({R.ID: rid, SPLIT: self.split, MODEL: self.model_id, R.PREDICTION: text})
+    def records(self, answers: Sequence[tuple[Any, ...]]) -> dict[int, list[dict[str, Any]]]:
+        """Prediction records by target: the row's fields, split, weights fingerprint, the
+        answer and its log-probabilities (`GenerationModule.predict_step`)."""
+        out: dict[int, list[dict[str, Any]]] = {}
+        for (target, rid), text, mean, low, count, by_temperature in answers:
+            split = self.targets[target].split
+            record = {k: jsonable(v) for k, v in self.by_id[target].loc[rid].items()}
+            record.update({R.ID: rid, SPLIT: split, MODEL: self.model_id, R.PREDICTION: text})
             record.update({R.LOGPROB_MEAN: jsonable(mean), R.LOGPROB_MIN: jsonable(low)})
             record[R.ANSWER_TOKENS] = count
             record[R.LOGPROB_BY_TEMPERATURE] = by_temperature
-            out.append(record)
+            out.setdefault(target, []).append(record)
         return out

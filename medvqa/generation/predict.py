@@ -15,6 +15,7 @@ import logging
 import shutil
 from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from medvqa.data import records as R
 from medvqa.data.base import VQASource
 from medvqa.distributed import is_global_zero
 from medvqa.evaluation.prediction_files import read_predictions
-from medvqa.generation.data import GenerationData
+from medvqa.generation.data import GenerationData, Target
 from medvqa.generation.decode import Decoder
 from medvqa.generation.files import (
     checksum_path,
@@ -83,8 +84,8 @@ class GenerationModule(L.LightningModule):
             self._merged = None
 
     def predict_step(self, batch: dict[str, Any], batch_idx: int) -> list[tuple[Any, ...]]:
-        """(id, answer, mean log-prob, min log-prob, tokens, {temperature: summed log-prob})
-        per row of the batch."""
+        """((target, id), answer, mean log-prob, min log-prob, tokens, {temperature: summed
+        log-prob}) per row of the batch."""
         ids = batch.pop(META_KEY)
         recorder = ChosenLogProbs()
         out = self.decoder(self.model, batch, recorder)
@@ -92,8 +93,8 @@ class GenerationModule(L.LightningModule):
         texts = self.tokenizer.batch_decode(new, skip_special_tokens=True)
         confidence = recorder.per_answer(new, end_token_ids(self.model, self.tokenizer))
         return [
-            (str(rid), text.strip(), *conf)
-            for rid, text, conf in zip(ids, texts, confidence, strict=True)
+            ((target, str(rid)), text.strip(), *conf)
+            for (target, rid), text, conf in zip(ids, texts, confidence, strict=True)
         ]
 
 
@@ -115,10 +116,11 @@ class PredictionWriter(BasePredictionWriter):
         dataloader_idx: int = 0,
     ) -> None:
         data = _generation_data(trainer)
-        shard = shard_path(data.out_path, trainer.global_rank)
-        end_torn_line(shard)
-        with shard.open("a") as fh:  # one write per batch: at most one batch is lost
-            fh.write("".join(json.dumps(r) + "\n" for r in data.records(prediction)))
+        for target, records in data.records(prediction).items():
+            shard = shard_path(data.targets[target].out_path, trainer.global_rank)
+            end_torn_line(shard)
+            with shard.open("a") as fh:  # one write per batch: at most one batch is lost
+                fh.write("".join(json.dumps(r) + "\n" for r in records))
 
 
 def _generation_data(trainer: L.Trainer) -> GenerationData:
@@ -160,6 +162,21 @@ def generate_predictions(
     out_path: Path,
     split: str,
     settings: GenerationSettings,
+    **options: Any,
+) -> pd.DataFrame | None:
+    """Generate answers for `frame` into `out_path` (resuming), return this split's records
+    (None on ranks other than 0): `generate_targets` of one target, with its `options`."""
+    target = Target(Path(out_path), split, frame)
+    out = generate_targets(model, processor, [target], source, settings, **options)
+    return None if out is None else out[0]
+
+
+def generate_targets(
+    model: torch.nn.Module,
+    processor: Any,
+    targets: Sequence[Target],
+    source: VQASource,
+    settings: GenerationSettings,
     *,
     image_mode: str = DataSchema.eval_image,
     trainer_cfg: Any = None,
@@ -169,8 +186,10 @@ def generate_predictions(
     trainer: L.Trainer | None = None,
     mismatch_field: str = DataSchema.mismatch_field,
     pool: pd.DataFrame | None = None,
-) -> pd.DataFrame | None:
-    """Generate answers for `frame` into `out_path` (resuming), return this split's records.
+) -> list[pd.DataFrame] | None:
+    """Generate answers for every target (a split's rows into a predictions file; several
+    targets, such as one split of several passes, are batched together) in one predict loop,
+    resuming; return each target's records.
 
     Every rank must call it (each generates its shard); only global rank 0 gets the records,
     the other ranks get None. `settings`: the job's (`settings.resolve`); `model_id`: the
@@ -179,11 +198,9 @@ def generate_predictions(
     """
     model_id = model_id or weights_fingerprint(model)
     data = GenerationData(
-        frame,
+        targets,
         source,
         processor,
-        out_path,
-        split,
         model_id,
         settings,
         image_mode,
@@ -194,22 +211,37 @@ def generate_predictions(
     )
     trainer = trainer or prediction_trainer(trainer_cfg)
     module = GenerationModule(model, processor.tokenizer, settings)
+    split = ", ".join(dict.fromkeys(t.split for t in targets))
+    names = "+".join(t.out_path.stem for t in targets)
     with (
-        stage(f"generate {split} -> {out_path.name}"),
-        measured(f"generate/{out_path.stem}", "rows") as phase,
+        stage(f"generate {split} -> {names}"),
+        measured(f"generate/{names}", "rows") as phase,
     ):
         try:
             trainer.predict(module, datamodule=data, return_predictions=False)
         finally:  # an exception skips on_predict_end: the weights come back all the same
             module.on_predict_end()
         phase.items = data.n_todo
-    log.info("%s: generated %d of %d answers", split, data.n_todo, len(frame))
+    log.info("%s: generated %d of %d answers (%s)", split, data.n_todo, len(data.frame), names)
     trainer.strategy.barrier("medvqa-predictions")  # every rank's shard is complete
     if not trainer.is_global_zero:
         return None
-    merge_shards(out_path)
-    preds = ours(read_predictions(out_path), split, model_id)
-    return preds.drop_duplicates(subset=[R.ID], keep="last").reset_index(drop=True)
+    out = []
+    for target in targets:
+        merge_shards(target.out_path)
+        preds = ours(read_predictions(target.out_path), target.split, model_id)
+        out.append(preds.drop_duplicates(subset=[R.ID], keep="last").reset_index(drop=True))
+    return out
+
+
+@dataclass(frozen=True)
+class PassFiles:
+    """One pass's answers: its rows per split, its predictions file, and where a complete file
+    is shared between the jobs of a sweep (None: not shared)."""
+
+    frames: Mapping[str, pd.DataFrame]
+    out_path: Path
+    shared_dir: Path | None = None
 
 
 def generate_splits(
@@ -221,55 +253,75 @@ def generate_splits(
     settings: GenerationSettings,
     *,
     shared_dir: Path | None = None,
+    **options: Any,
+) -> dict[str, pd.DataFrame] | None:
+    """`generate_passes` of one pass."""
+    files = PassFiles(frames, Path(out_path), shared_dir)
+    out = generate_passes(model, processor, source, [files], settings, **options)
+    return None if out is None else out[0]
+
+
+def generate_passes(
+    model: torch.nn.Module,
+    processor: Any,
+    source: VQASource,
+    passes: Sequence[PassFiles],
+    settings: GenerationSettings,
+    *,
     trainer: L.Trainer | None = None,
     trainer_cfg: Any = None,
     image_mode: str = DataSchema.eval_image,
     num_workers: int | None = DataSchema.num_workers,
     prompt: PromptTemplate = PLAIN,
     mismatch_field: str = DataSchema.mismatch_field,
-) -> dict[str, pd.DataFrame] | None:
-    """`generate_predictions` for every split in `frames` (None on ranks other than 0), with one
-    prediction Trainer (`trainer`, or one made from `trainer_cfg`).
+) -> list[dict[str, pd.DataFrame]] | None:
+    """Every split of every pass (None on ranks other than 0), with one prediction Trainer
+    (`trainer`, or one made from `trainer_cfg`); the passes of one split are generated together
+    (`generate_targets`: passes that show the same images share each image's prefix).
 
-    With `shared_dir`, the file is shared between the jobs of a sweep: answers of the same
+    A pass with a `shared_dir` shares its file between the jobs of a sweep: answers of the same
     weights to the same rows with the same prompt and settings are copied in instead of being
     generated again (the untuned base's zero-shot answers), and a complete file is published
     there for the next job.
     """
     model_id = weights_fingerprint(model)  # once for every split (it reads every tensor)
-    if is_global_zero():
-        set_aside_other_weights(out_path, model_id)
-    shared = None
-    if shared_dir is not None:
+    shared: list[Path | None] = []
+    for p in passes:
+        if is_global_zero():
+            set_aside_other_weights(p.out_path, model_id)
+        shared.append(None)
+        if p.shared_dir is None:
+            continue
         key = prediction_key(
             model_id,
             model,
             processor,
-            frames,
+            p.frames,
             settings,
             image_mode=image_mode,
             mismatch_field=mismatch_field,
             prompt=prompt,
             trainer_cfg=trainer_cfg,
         )
-        shared = Path(shared_dir) / f"{key}.jsonl"
-        empty = not out_path.is_file() or out_path.stat().st_size == 0
-        if empty and is_global_zero() and intact_shared(shared):
-            out_path.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(shared, out_path)
-            log.info("reusing the answers of the same weights and prompts from %s", shared)
+        shared[-1] = Path(p.shared_dir) / f"{key}.jsonl"
+        empty = not p.out_path.is_file() or p.out_path.stat().st_size == 0
+        if empty and is_global_zero() and intact_shared(shared[-1]):
+            p.out_path.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(shared[-1], p.out_path)
+            log.info("reusing the answers of the same weights and prompts from %s", shared[-1])
     trainer = trainer or prediction_trainer(trainer_cfg)
-    # Another modality's image may only exist in another split (a modality shift's OoD split).
-    pool = pd.concat(frames.values()) if image_mode == "mismatched" else None
-    out = {}
-    for split, frame in frames.items():
-        out[split] = generate_predictions(
+    out: list[dict[str, pd.DataFrame]] = [{} for _ in passes]
+    for split in passes[0].frames:
+        frames = [p.frames[split] for p in passes]
+        # Another modality's image may only exist in another split (a modality shift's OoD
+        # split): one pass at a time in the partner modes.
+        pool = pd.concat(passes[0].frames.values()) if image_mode == "mismatched" else None
+        targets = [Target(p.out_path, split, f) for p, f in zip(passes, frames, strict=True)]
+        got = generate_targets(
             model,
             processor,
-            frame,
+            targets,
             source,
-            out_path,
-            split,
             settings,
             image_mode=image_mode,
             trainer_cfg=trainer_cfg,
@@ -280,12 +332,17 @@ def generate_splits(
             mismatch_field=mismatch_field,
             pool=pool,
         )
-    if any(v is None for v in out.values()):
+        for i, preds in enumerate(got or []):  # None on ranks other than 0
+            out[i][split] = preds
+    if not is_global_zero():
         return None
-    if shared is not None and not intact_shared(shared, quiet=True):
-        write_file(shared, lambda tmp: shutil.copyfile(out_path, tmp))
-        write_file(checksum_path(shared), lambda tmp: tmp.write_text(file_hash(shared) + "\n"))
-    return out  # type: ignore[return-value]
+    for p, path in zip(passes, shared, strict=True):
+        if path is not None and not intact_shared(path, quiet=True):
+            write_file(path, lambda tmp, p=p: shutil.copyfile(p.out_path, tmp))
+            write_file(
+                checksum_path(path), lambda tmp, path=path: tmp.write_text(file_hash(path) + "\n")
+            )
+    return out
 
 
 def prediction_key(

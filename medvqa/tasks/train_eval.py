@@ -22,7 +22,13 @@ from medvqa.data import records as R
 from medvqa.distributed import is_global_zero
 from medvqa.evaluation.baselines import chance_scores
 from medvqa.evaluation.consistency import check_reorderable, reordered
-from medvqa.evaluation.passes import CHANCE, EvalPass, job_passes, report_rows
+from medvqa.evaluation.passes import (
+    CHANCE,
+    EvalPass,
+    generation_groups,
+    job_passes,
+    report_rows,
+)
 from medvqa.evaluation.scoring import (
     Scoring,
     prefixed,
@@ -32,7 +38,7 @@ from medvqa.evaluation.scoring import (
 )
 from medvqa.evaluation.views import score_job
 from medvqa.generation.job import from_config as generation_settings
-from medvqa.generation.predict import generate_splits, prediction_trainer
+from medvqa.generation.predict import PassFiles, generate_passes, prediction_trainer
 from medvqa.interrupts import stage
 from medvqa.models.adapters import (
     apply_method,
@@ -154,7 +160,7 @@ def train_eval(
         generate = _generator(
             cfg, model, processor, source, frames, prompt, planned, out_dir, provenance
         )
-        answers = {p.prefix: generate(model, p) for p in passes if p.base}  # the untuned base
+        answers = generate(model, [p for p in passes if p.base])  # the untuned base
         model = apply_method(
             model,
             cfg.peft,
@@ -167,7 +173,7 @@ def train_eval(
             cfg, model, roles_, processor, splits, source, prompt, out_dir, loggers, callbacks,
             planned, fit, trained, reused, provenance,
         )  # fmt: skip
-        answers |= {p.prefix: generate(model, p) for p in passes if not p.base}
+        answers |= generate(model, [p for p in passes if not p.base])
         if not is_global_zero():
             return {}  # rank 0 scores and reports
 
@@ -229,31 +235,39 @@ def _generator(
     planned: Setup | None,
     out_dir: Path,
     provenance: MutableMapping[str, Any] | None,
-) -> Callable[[torch.nn.Module, EvalPass], dict[str, pd.DataFrame] | None]:
-    """Generation of one evaluation pass with the job's settings (resolved here, once, and
-    recorded), one predict Trainer for all."""
+) -> Callable[[torch.nn.Module, Sequence[EvalPass]], dict[str, Any]]:
+    """Generation of evaluation passes with the job's settings (resolved here, once, and
+    recorded), one predict Trainer for all: passes that show the same images are generated
+    together (`passes.generation_groups`); their answers by metric prefix (None on ranks other
+    than 0)."""
     settings = generation_settings(cfg, model, processor, source, planned)
     if provenance is not None:
         provenance["generation"] = settings.record()
     trainer = prediction_trainer(cfg.trainer)
     shared = Path(cfg.paths.cache_dir) / SHARED_PREDICTIONS
 
-    def run(model: torch.nn.Module, p: EvalPass) -> dict[str, pd.DataFrame] | None:
-        return generate_splits(
-            model,
-            processor,
-            source,
-            {s: reordered(f, p.order) for s, f in frames.items()} if p.order else frames,
-            p.path(out_dir),
-            settings,
-            shared_dir=shared if p.shared else None,
-            trainer=trainer,
-            trainer_cfg=cfg.trainer,
-            image_mode=p.image_mode,
-            num_workers=cfg.data.num_workers,
-            prompt=prompt,
-            mismatch_field=str(cfg.data.mismatch_field),
-        )
+    def files(p: EvalPass) -> PassFiles:
+        rows = {s: reordered(f, p.order) for s, f in frames.items()} if p.order else frames
+        return PassFiles(rows, p.path(out_dir), shared if p.shared else None)
+
+    def run(model: torch.nn.Module, passes: Sequence[EvalPass]) -> dict[str, Any]:
+        answers: dict[str, Any] = {}
+        for group in generation_groups(passes):
+            out = generate_passes(
+                model,
+                processor,
+                source,
+                [files(p) for p in group],
+                settings,
+                trainer=trainer,
+                trainer_cfg=cfg.trainer,
+                image_mode=group[0].image_mode,
+                num_workers=cfg.data.num_workers,
+                prompt=prompt,
+                mismatch_field=str(cfg.data.mismatch_field),
+            )
+            answers |= {p.prefix: None if out is None else out[i] for i, p in enumerate(group)}
+        return answers
 
     return run
 

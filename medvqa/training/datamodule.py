@@ -29,7 +29,7 @@ from medvqa.data.shifts import IMAGE_TRANSFORM
 from medvqa.data.transforms import apply_transform, transformed_identity
 from medvqa.distributed import host_sum
 from medvqa.models.prompting import PLAIN, PromptTemplate, encode, labelled_tokens, pad_batch
-from medvqa.training.spec import DataSchema
+from medvqa.training.spec import IMAGE_MODES, PARTNER_MODES, DataSchema
 
 log = logging.getLogger(__name__)
 
@@ -37,13 +37,9 @@ META_KEY = "record_ids"
 # Set by the training loader on each micro-batch: the label tokens of its whole optimiser step,
 # over every micro-batch of the accumulation and every rank (VQAModule divides by it).
 STEP_TOKENS_KEY = "step_label_tokens"
-IMAGE_MODES = ("image", "none", "blank", "shuffled", "mismatched")
 # The draw of `shuffled_partners`: a constant, so every run and method pairs a split's rows with
 # the same images (their answers compare row by row).
 SHUFFLE_SEED = 0
-# The image modes that show a row another row's image, and what the other row must differ in
-# ("mismatched": the metadata column `data.mismatch_field` names, e.g. the modality).
-PARTNER_MODES = ("shuffled", "mismatched")
 # `data.num_workers=null` gives a GPU rank at most this many loader processes (one core each).
 MAX_AUTO_WORKERS = 8
 

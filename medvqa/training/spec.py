@@ -67,6 +67,12 @@ class PeftSchema:
     warmup_ratio: float = 0.03
 
 
+IMAGE_MODES = ("image", "none", "blank", "shuffled", "mismatched")
+# The image modes that show a row another row's image, and what the other row must differ in
+# ("mismatched": the metadata column `data.mismatch_field` names, e.g. the modality).
+PARTNER_MODES = ("shuffled", "mismatched")
+
+
 @dataclass
 class DataSchema:
     """Loader settings shared by every dataset; `limit` caps split sizes (debug runs)."""
