@@ -42,7 +42,7 @@ from medvqa.provenance import environment
 from medvqa.record import RunRecord
 from medvqa.tasks.from_run import adopt_run, default_choices
 from medvqa.tracking import finish, instantiate_group, log_config, log_status
-from medvqa.training.hardware import configure_cuda_allocator
+from medvqa.training.hardware import configure_compile_cache, configure_cuda_allocator
 from medvqa.training.module import Diverged
 
 log = logging.getLogger("medvqa")
@@ -76,6 +76,7 @@ def run(cfg: DictConfig) -> dict[str, float] | None:
             _record_refusal(cfg, Path(hydra_cfg.runtime.output_dir), hydra_cfg, err)
         raise
     configure_cuda_allocator(cfg.cuda_allocator)  # before anything allocates on a GPU
+    configure_compile_cache(cfg.paths.cache_dir)  # a sweep's jobs compile from one cache
     numerics.apply()  # MEDVQA_NUMERICS=portable: one thread, no oneDNN (before any kernel)
     out_dir = Path(hydra_cfg.runtime.output_dir)
     if OmegaConf.select(cfg, "eval.from_run"):  # task=eval: the run's model, checked

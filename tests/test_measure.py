@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from medvqa import measure
-from medvqa.training.hardware import ALLOC_CONF_ENV, configure_cuda_allocator
+from medvqa.training.hardware import (
+    ALLOC_CONF_ENV,
+    COMPILE_CACHE,
+    INDUCTOR_CACHE_ENV,
+    configure_compile_cache,
+    configure_cuda_allocator,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -73,3 +82,35 @@ def test_the_allocator_setting_applies_unless_the_user_exported_one() -> None:
     untouched: dict[str, str] = {}
     configure_cuda_allocator(None, untouched)
     assert untouched == {}
+
+
+def test_compile_caches_live_under_the_sweeps_cache_dir_unless_exported(tmp_path: Path) -> None:
+    env: dict[str, str] = {}
+    assert configure_compile_cache(tmp_path, env) == tmp_path / COMPILE_CACHE
+    assert env == {INDUCTOR_CACHE_ENV: str(tmp_path / COMPILE_CACHE)}
+    mine = {INDUCTOR_CACHE_ENV: "/scratch/inductor"}
+    assert configure_compile_cache(tmp_path, mine) == Path("/scratch/inductor")
+    assert mine == {INDUCTOR_CACHE_ENV: "/scratch/inductor"}
+
+
+@pytest.mark.heavy
+def test_the_second_job_of_a_sweep_compiles_from_the_first_ones_cache(tmp_path: Path) -> None:
+    """Two processes (two jobs) with one paths.cache_dir: the first compiles (a cache miss),
+    the second loads the compiled graph (a hit)."""
+    code = (
+        "import sys, torch\n"
+        "from medvqa.training.hardware import configure_compile_cache\n"
+        "configure_compile_cache(sys.argv[1])\n"
+        "from torch._dynamo.utils import counters\n"
+        "f = torch.compile(lambda x: torch.sin(x) * 2 + x.cos())\n"
+        "f(torch.randn(8))\n"
+        "print(dict(counters['inductor']))\n"
+    )
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True
+        ).stdout
+        for _ in range(2)
+    ]
+    assert "fxgraph_cache_miss" in runs[0] and "fxgraph_cache_hit" in runs[1], runs
+    assert (tmp_path / COMPILE_CACHE / "fxgraph").is_dir()

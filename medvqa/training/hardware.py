@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from medvqa.cluster import GPU_ACCELERATORS
@@ -141,6 +142,24 @@ def configure_cuda_allocator(setting: str | None, environ: Any = os.environ) -> 
             current,
             setting,
         )
+
+
+INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+COMPILE_CACHE = "inductor"  # under paths.cache_dir
+
+
+def configure_compile_cache(cache_dir: str | Path, environ: Any = os.environ) -> Path:
+    """torch.compile's caches (inductor's FX graphs, AOT autograd graphs, Triton kernels) under
+    `paths.cache_dir/inductor`, for this process and the ranks it starts: the jobs of a sweep
+    share `paths.cache_dir`, so every job after the first compiles its layers and its decode
+    from the cache (torch's default, a per-user folder under /tmp, is neither shared between
+    nodes nor kept). A directory the user exported wins. Returns the directory in use."""
+    current = environ.get(INDUCTOR_CACHE_ENV)
+    if current:
+        return Path(current)
+    path = Path(cache_dir).expanduser() / COMPILE_CACHE
+    environ[INDUCTOR_CACHE_ENV] = str(path)
+    return path
 
 
 class HardwareError(RuntimeError):
