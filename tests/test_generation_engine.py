@@ -25,7 +25,7 @@ from medvqa.models.spec import decode_cache_length
 from medvqa.training.datamodule import META_KEY, VQADataset
 from tests.generating import settings
 from tests.test_families import model_cfg
-from tests.test_shared_prefix import SHARING, TOLERANCE, _frame
+from tests.test_shared_prefix import SHARING, _frame, _same
 
 FAMILIES = [*SHARING, "paligemma"]  # PaliGemma decodes unshared
 
@@ -43,15 +43,6 @@ def _answers(model, processor, frame, source, path: Path, engine: str, share: bo
     )
     out = generate_predictions(model, processor, frame, source, path, "test", options)
     return out.set_index(R.ID).sort_index()
-
-
-def _same(a: pd.DataFrame, b: pd.DataFrame) -> None:
-    assert a.index.tolist() == b.index.tolist()
-    assert a[R.PREDICTION].tolist() == b[R.PREDICTION].tolist()
-    assert (a[R.ANSWER_TOKENS] == b[R.ANSWER_TOKENS]).all()
-    for column in (R.LOGPROB_MEAN, R.LOGPROB_MIN):
-        x, y = a[column].to_numpy(float), b[column].to_numpy(float)
-        assert abs(x - y).max() < TOLERANCE, column
 
 
 @pytest.mark.parametrize("name", FAMILIES)

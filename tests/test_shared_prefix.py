@@ -168,7 +168,13 @@ def test_paligemma_generates_unshared_and_says_why(
     assert counter.batches == []
     assert "prefix-LM" in caplog.text
     # Its answers are the unshared ones: keyed as such.
-    keys = {
+    keys = _keys_by_sharing(model, processor, frame)
+    assert keys[True] == keys[False]
+
+
+def _keys_by_sharing(model, processor, frame: pd.DataFrame) -> dict[bool, str]:
+    """The shared-answer key of `frame`'s answers with sharing asked for and not."""
+    return {
         share: prediction_key(
             "w",
             model,
@@ -178,22 +184,12 @@ def test_paligemma_generates_unshared_and_says_why(
         )
         for share in (True, False)
     }
-    assert keys[True] == keys[False]
 
 
 def test_shared_answers_are_keyed_apart(cache_dir: Path, source) -> None:
     model, processor = load_vlm(model_cfg("llava_med", cache_dir))
     frame = _frame(source)
-    keys = {
-        share: prediction_key(
-            "w",
-            model,
-            processor,
-            {"test": frame},
-            chosen(model, processor, share_image_prefix=share),
-        )
-        for share in (True, False)
-    }
+    keys = _keys_by_sharing(model, processor, frame)
     assert keys[True] != keys[False]
 
 
