@@ -98,6 +98,7 @@ from medvqa.models.loading import apply_liger_kernels, roles  # noqa: E402
 from medvqa.models.prompting import IGNORE_INDEX  # noqa: E402
 from medvqa.models.spec import decode_cache_length  # noqa: E402
 from medvqa.planning.activations import measure_layer  # noqa: E402
+from medvqa.provenance import git_state, versions  # noqa: E402
 from medvqa.training.datamodule import collate  # noqa: E402
 from medvqa.training.module import VQAModule  # noqa: E402
 from medvqa.training.strategies import ResidentSingleDevice  # noqa: E402
@@ -707,9 +708,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     for col in columns:
         table.add_column(col)
     rows: list[dict[str, Any]] = []
+    made_with = {"git": git_state(), "versions": versions(), "argv": list(argv or sys.argv[1:])}
     for model_name in args.models:
         for row in rows_for(model_name, args):
             row["gpu"] = gpu
+            row.update(made_with)  # every row says what it ran: commit, libraries, arguments
             if peak and "model_flops_s" in row:
                 row["mfu"] = row["model_flops_s"] / peak
                 row["hfu"] = row["hw_flops_s"] / peak

@@ -55,12 +55,18 @@ if [ $CPU = 1 ]; then
     "trainer.strategy={_target_: tests.zero2_cpu.CPUZero2Strategy, exclude_frozen_parameters: true}")
 else
   BIG=true T=1 TEST_ROWS=64 STEPS=(6 9) ZERO2_BATCH=8 EVERY=3
-  HEADLINE=(--setups none-8-compile --warmup 10 --steps 8)
-  JOB=(trainer=gpu trainer.max_steps=16 data.limit.test_iid=256 data.limit.test_ood=256)
+  HEADLINE=(--setups none-8-compile --warmup 10 --steps 8 --gen-batch 256 --gen-cases
+    gen-dynamic-11q gen-static-11q gen-static-merged-11q gen-static-merged-1q
+    gen-static-merged-11q-100tok peft.adapter.r=128)
+  # 100 optimiser steps: the fit's steady rate is over the second half, 50 steps
+  JOB=(trainer=gpu trainer.max_steps=100 data.limit.test_iid=256 data.limit.test_ood=256)
   ZERO2_ON=(trainer=deepspeed_zero2 trainer.devices=1)
 fi
 [ $CPU = 1 ] && JOB+=(data.limit.test_iid=$TEST_ROWS data.limit.test_ood=$TEST_ROWS)
-stage job7b $((400 * T)) $RUN study=sure_vqa model=llava_med model.random_weights=$BIG "${JOB[@]}" \
+# The study's own SLAKE LoRA job (conf/hparams/sure_vqa/slake_lora.yaml: rank 128, lr 3e-5) on
+# rows shaped like SLAKE's (11 questions per image).
+stage job7b $((600 * T)) $RUN study=sure_vqa hparams=sure_vqa/slake_lora \
+  dataset.questions_per_image=11 model=llava_med model.random_weights=$BIG "${JOB[@]}" \
   hydra.run.dir="$OUT/job7b"
 ZERO2="model=llava_med model.random_weights=shrunk
   peft=full data.batch_size=$ZERO2_BATCH data.limit.test_iid=$TEST_ROWS data.limit.test_ood=$TEST_ROWS
@@ -71,7 +77,7 @@ stage zero2_resume $((150 * T)) $RUN $ZERO2 trainer.max_steps=${STEPS[1]} ckpt_p
   "${ZERO2_ON[@]}"
 # The benchmark's headline row (benchmarks/gpu.py): LoRA on LLaVA-Med 7B, 8 x 2, no
 # checkpointing, compiled layers, and generation unmerged and merged, beside the job's own rates.
-stage headline $((240 * T)) $PY benchmarks/gpu.py --models llava_med --methods lora --no-mimic \
+stage headline $((420 * T)) $PY benchmarks/gpu.py --models llava_med --methods lora --no-mimic \
   "${HEADLINE[@]}" --out "$OUT/gpu_rows.jsonl"
 echo "done ${SECONDS}s" >>"$S"
 $PY benchmarks/gpu_check_table.py "$OUT"/job7b/results.json "$OUT"/zero2_first_results.json \

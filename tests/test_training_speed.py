@@ -295,6 +295,7 @@ def test_the_gpu_benchmark_runs_on_a_shrunk_shape(tmp_path: Path) -> None:
     assert rows[0]["hw_flops_s"] > rows[0]["model_flops_s"]  # recompute and full logits
     assert all(r["gen_rows_s"] > 0 and r["gen_step_ms"] == r["gen_step_ms"] for r in rows[2:])
     assert len(out.read_text().splitlines()) == 2 + len(bench.GEN_CASES)
+    assert all(r["versions"]["torch"] and "git" in r and r["argv"][0] == "--cpu" for r in rows)
 
 
 @pytest.mark.parametrize(

@@ -405,7 +405,9 @@ def _fit(
         source,
         processor,
         batch_size=batch_size,
-        eval_batch_size=eval_batch_size(cfg.data, planned),
+        # Validation runs inside the fit, beside the optimiser's state: not at the batch the plan
+        # sized for generation after it (auto: `AUTO_EVAL_BATCH`).
+        eval_batch_size=eval_batch_size(cfg.data, None),
         num_workers=cfg.data.num_workers,
         seed=int(cfg.seed),
         image_mode=str(cfg.data.train_image),

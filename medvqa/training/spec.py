@@ -78,9 +78,10 @@ class DataSchema:
     """Loader settings shared by every dataset; `limit` caps split sizes (debug runs)."""
 
     batch_size: int = 16
-    # Rows per generation batch (and per validation batch of a fit). auto: the largest of
-    # `planning.memory.EVAL_BATCHES` whose generation leaves a tenth of the GPU free where the
-    # memory plan ran (a fit on CUDA GPUs with task.check_memory); elsewhere `planning.memory.AUTO_EVAL_BATCH`.
+    # Rows per generation batch (and per validation batch of a fit). auto: for generation, the
+    # largest of `planning.memory.EVAL_BATCHES` whose generation leaves a tenth of the GPU free
+    # where the memory plan ran (a fit on CUDA GPUs with task.check_memory); for validation
+    # (beside the optimiser's state) and where no plan ran, `planning.memory.AUTO_EVAL_BATCH`.
     eval_batch_size: Any = "auto"
     # Loader processes per rank; null: from the cores the rank has (SLURM's cpus_per_task, the
     # machine's shared by the local ranks) less one, at most 8, on a GPU trainer; none on a CPU
