@@ -326,6 +326,14 @@ def test_a_fit_that_cannot_fit_the_gpus_is_refused_before_anything_loads(tmp_pat
     assert estimates["plan/train_gib"] > estimates["plan/weights_gib"] > 0
     unknown = ["model=llava_med", "model.pretrained=nobody/unknown-vlm", "trainer=gpu", *cache]
     assert check_fits(compose(unknown)) == (None, {})  # no architecture offline: a warning
+    # the GPU time task=plan estimates for the job, recorded beside what it will measure
+    slake = ["+experiment=slake_modality", "model=llava_med", "peft=lora", "trainer=gpu", *cache]
+    _, estimates = check_fits(compose(slake))
+    assert estimates["plan/wall_hours"] > 0 and estimates["plan/gpu_hours"] == pytest.approx(
+        estimates["plan/train_gpu_hours"]
+        + estimates["plan/val_gpu_hours"]
+        + estimates["plan/generate_gpu_hours"]
+    )
 
 
 def test_the_fit_trains_with_the_layout_the_plan_chose(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 import time
@@ -91,6 +92,8 @@ def test_compile_caches_live_under_the_sweeps_cache_dir_unless_exported(tmp_path
     mine = {INDUCTOR_CACHE_ENV: "/scratch/inductor"}
     assert configure_compile_cache(tmp_path, mine) == Path("/scratch/inductor")
     assert mine == {INDUCTOR_CACHE_ENV: "/scratch/inductor"}
+    # a later job of a local multirun (one process) with another cache_dir gets its own
+    assert configure_compile_cache(tmp_path / "other", env) == tmp_path / "other" / COMPILE_CACHE
 
 
 @pytest.mark.heavy
@@ -106,9 +109,14 @@ def test_the_second_job_of_a_sweep_compiles_from_the_first_ones_cache(tmp_path: 
         "f(torch.randn(8))\n"
         "print(dict(counters['inductor']))\n"
     )
+    env = {k: v for k, v in os.environ.items() if k != INDUCTOR_CACHE_ENV}  # none exported
     runs = [
         subprocess.run(
-            [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True
+            [sys.executable, "-c", code, str(tmp_path)],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=env,
         ).stdout
         for _ in range(2)
     ]

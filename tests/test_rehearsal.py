@@ -201,6 +201,8 @@ def _rehearsal(path: Path) -> None:
         "perf/generate/predictions_zero_shot/rows": 30.0,
         "perf/generate/predictions_zero_shot/seconds": 4.0,
     }
+    record["metrics"]["plan/wall_hours"] = 0.01  # the pre-flight's estimate: 36 s
+    record["duration_s"] = 45.0
     path.write_text(json.dumps(record))
 
 
@@ -219,6 +221,10 @@ def test_the_report_never_mixes_rehearsals_with_real_runs(tmp_path: Path) -> Non
     assert bool(perf.loc[2, "rehearsal"]) and not bool(perf.loc[1, "rehearsal"])
     assert perf.loc[2, "generated rows/s"] == pytest.approx(60 / 6)
     assert perf.loc[2, "samples/s"] == pytest.approx(3.2)
+    # the plan's estimate of the job beside the job's time
+    assert perf.loc[2, "plan job s"] == pytest.approx(36.0)
+    assert perf.loc[2, "job / plan"] == pytest.approx(45.0 / 36.0)
+    assert np.isnan(perf.loc[1, "job / plan"])  # no estimate recorded (a CPU job)
     assert np.isnan(perf.loc[1, "samples/s"])
     assert (tmp_path / "out" / "perf.csv").is_file()
     # the tables hold the real run's numbers only

@@ -288,17 +288,19 @@ PERF_COLUMNS = (
     ("plan GiB", "plan/train_gib"),
 )
 GENERATION = "perf/generate/"
+PLAN_WALL_HOURS = "plan/wall_hours"  # planning.cost.cost_metrics
 
 
 def perf_table(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per job: what it measured of itself (results.json `perf`), with the device it
-    ran on and the plan's memory estimate, so slow or memory-hungry jobs stand out. A figure a
+    ran on and the plan's memory and time estimates, so slow or memory-hungry jobs stand out. A figure a
     job did not record (no GPU: no peak; no known peak FLOPs: no MFU) is NaN."""
     cols = ["table", "method", "seed", "device", "rehearsal"]
     heads = [head for head, _ in PERF_COLUMNS]
     runs = frame[frame["kind"] == "run"] if not frame.empty else frame
+    extra = ["generated rows/s", "job s", "plan job s", "job / plan"]
     if runs.empty or not any(str(c).startswith("perf/") for c in runs.columns):
-        return pd.DataFrame(columns=[*cols, *heads, "generated rows/s", "job s"])
+        return pd.DataFrame(columns=[*cols, *heads, *extra])
     out = runs[cols].copy()
     for head, key in PERF_COLUMNS:
         out[head] = runs.get(key, math.nan)
@@ -307,6 +309,10 @@ def perf_table(frame: pd.DataFrame) -> pd.DataFrame:
     taken = runs[[c.removesuffix("rows") + "seconds" for c in passes]].sum(axis=1, min_count=1)
     out["generated rows/s"] = rows / taken
     out["job s"] = runs.get("duration_s", math.nan)
+    # The plan's estimate of the job's GPU time on its GPUs (task=plan, recorded at the
+    # pre-flight check: CUDA fits only), and how far the job was from it.
+    out["plan job s"] = runs.get(PLAN_WALL_HOURS, math.nan) * 3600
+    out["job / plan"] = out["job s"] / out["plan job s"]
     return out.sort_values(["table", "method", "seed"]).reset_index(drop=True)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import MutableMapping, Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
+from medvqa import CONF_DIR
 from medvqa.models.adapters import checkpoint_every, compiles_layers
 from medvqa.planning.cost import (
     Composer,
@@ -121,7 +123,31 @@ def check_fits(cfg: DictConfig) -> tuple[Setup | None, dict[str, float]]:
             + "\n(task=plan prints the whole plan; task.check_memory=false skips this check.)"
         )
     log.info("memory pre-flight: %s", headline(result))
-    return result.setup, plan_metrics(result)
+    return result.setup, {**plan_metrics(result), **job_estimate(cfg, result)}
+
+
+def job_estimate(cfg: DictConfig, result: Plan) -> dict[str, float]:
+    """The GPU time `task=plan` estimates for this job (`plan/gpu_hours`, `plan/wall_hours`
+    and per phase), recorded beside the phase times the job measures of itself (`perf/...`,
+    `duration_s`; `medvqa-report`'s speed table sets them side by side). A record, not a gate:
+    where the estimate cannot be made (`JobCost.missing`) or fails, nothing is recorded, with
+    a log line."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    name = str(HydraConfig.get().job.config_name) if HydraConfig.initialized() else "config"
+    try:
+        with ExitStack() as stack:
+            if not GlobalHydra.instance().is_initialized():  # outside run.py (scripts, tests)
+                stack.enter_context(initialize_config_dir(str(CONF_DIR), version_base="1.3"))
+            planned = (result.setup, result.fits)
+            cost = job_cost(cfg, lambda _: planned, memoized(_composer(name)))
+    except Exception as err:  # the estimate must not stop the job it describes
+        log.warning("no GPU-time estimate for this job: %r", err)
+        return {}
+    if cost.missing is not None:
+        log.info("no GPU-time estimate for this job: %s", cost.missing)
+    return cost_metrics(cost)
 
 
 def plan_cost(

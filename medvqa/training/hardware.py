@@ -146,6 +146,7 @@ def configure_cuda_allocator(setting: str | None, environ: Any = os.environ) -> 
 
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 COMPILE_CACHE = "inductor"  # under paths.cache_dir
+_SET_HERE: set[str] = set()  # the values configure_compile_cache set in this process
 
 
 def configure_compile_cache(cache_dir: str | Path, environ: Any = os.environ) -> Path:
@@ -155,10 +156,11 @@ def configure_compile_cache(cache_dir: str | Path, environ: Any = os.environ) ->
     from the cache (torch's default, a per-user folder under /tmp, is neither shared between
     nodes nor kept). A directory the user exported wins. Returns the directory in use."""
     current = environ.get(INDUCTOR_CACHE_ENV)
-    if current:
+    if current and current not in _SET_HERE:  # exported by the user
         return Path(current)
     path = Path(cache_dir).expanduser() / COMPILE_CACHE
     environ[INDUCTOR_CACHE_ENV] = str(path)
+    _SET_HERE.add(str(path))  # a later job in this process (a local multirun) sets its own
     return path
 
 
