@@ -139,17 +139,20 @@ class GenerationData(L.LightningDataModule):
             [t.frame.assign(**{TARGET: i}) for i, t in enumerate(self.targets)],
             ignore_index=True,
         )
-        self.settings = settings
-        self.mismatch_field = mismatch_field
-        # The rows the partner-image modes draw from: this whole split (not a rank's shard) or
-        # what the caller gives (`mismatched`: every test split of the job).
-        self.pool = self.targets[0].frame if pool is None else pool
-        self.prompt = prompt
-        self.source = source
-        self.processor = processor
-        self.model_id = model_id
-        self.image_mode = image_mode
+        self.settings, self.processor, self.model_id = settings, processor, model_id
         self.num_workers = num_workers
+        # A dataset of some of the rows. The partner-image modes draw from this whole split (not
+        # a rank's shard) or what the caller gives (`mismatched`: every test split of the job).
+        self._dataset = partial(
+            GenerationDataset,
+            source=source,
+            processor=processor,
+            with_answer=False,
+            image_mode=image_mode,
+            prompt=prompt,
+            pool=self.targets[0].frame if pool is None else pool,
+            mismatch_field=mismatch_field,
+        )
         self.by_id = [t.frame.set_index(R.ID) for t in self.targets]
         self.n_todo = 0
         # Fewer rows left than ranks (a resumed split, a tiny one): some ranks get none. They
@@ -200,18 +203,6 @@ class GenerationData(L.LightningDataModule):
             padding_side="left",
             collate_fn=collate,
             **loader_options(self.trainer, self.num_workers),
-        )
-
-    def _dataset(self, rows: pd.DataFrame) -> GenerationDataset:
-        return GenerationDataset(
-            rows,
-            self.source,
-            self.processor,
-            False,
-            self.image_mode,
-            self.prompt,
-            pool=self.pool,
-            mismatch_field=self.mismatch_field,
         )
 
     def records(self, answers: Sequence[tuple[Any, ...]]) -> dict[int, list[dict[str, Any]]]:
