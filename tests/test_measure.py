@@ -96,7 +96,7 @@ def test_compile_caches_live_under_the_sweeps_cache_dir_unless_exported(tmp_path
     assert configure_compile_cache(tmp_path / "other", env) == tmp_path / "other" / COMPILE_CACHE
 
 
-@pytest.mark.heavy
+@pytest.mark.slow  # two processes compiling: ~20 s
 def test_the_second_job_of_a_sweep_compiles_from_the_first_ones_cache(tmp_path: Path) -> None:
     """Two processes (two jobs) with one paths.cache_dir: the first compiles (a cache miss),
     the second loads the compiled graph (a hit)."""
