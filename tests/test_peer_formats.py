@@ -210,6 +210,27 @@ def test_xlsx_and_parquet_tables_score_as_the_same_rows_in_jsonl(tmp_path: Path)
         assert scored[".parquet"][key] == pytest.approx(value, nan_ok=True), key
 
 
+def test_binary_parquet_columns_are_read_as_their_utf8_text(tmp_path: Path) -> None:
+    """A bytes column (`b"yes"`) is its text, not "b'yes'"; one that is not UTF-8 is refused,
+    naming the file, column and row, and nothing is scored."""
+    from medvqa.evaluation.prediction_files import ScoreInputError, load_table
+
+    jsonl = tmp_path / "preds.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in TABLE))
+    binary = pd.DataFrame(TABLE)
+    binary["prediction"] = [p.encode() for p in binary["prediction"]]
+    path = tmp_path / "binary.parquet"
+    binary.to_parquet(path)
+    frame, _ = read(path)
+    expected, _ = read(jsonl)
+    assert frame["prediction"].tolist() == expected["prediction"].tolist()
+    binary.loc[3, "prediction"] = b"\xff\xfe colon"
+    bad = tmp_path / "bad.parquet"
+    binary.to_parquet(bad)
+    with pytest.raises(ScoreInputError, match=r"bad.parquet: column 'prediction', row 3: binary"):
+        load_table(bad)
+
+
 def test_parquet_candidates_and_a_vlmevalkit_parquet(
     mcq_files: dict[str, Path], tmp_path: Path
 ) -> None:

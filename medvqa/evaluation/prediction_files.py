@@ -240,13 +240,38 @@ def load_table(path: Path) -> pd.DataFrame:
         return _read_excel(path)
     if suffix == ".parquet":
         try:
-            return pd.read_parquet(path)
+            frame = pd.read_parquet(path)
         except Exception as err:  # a truncated or damaged file: pyarrow raises many kinds
             raise ScoreInputError(
                 f"{path}: the Parquet file cannot be read ({type(err).__name__}: {err}); "
                 "write it again (e.g. `frame.to_parquet(PATH)`)"
             ) from err
+        return _decoded_binary(path, frame)
     return pd.DataFrame(json_rows(path))
+
+
+def _decoded_binary(path: Path, frame: pd.DataFrame) -> pd.DataFrame:
+    """A Parquet table's binary cells as the UTF-8 text they hold: scored as bytes, b"Yes" would
+    be the text "b'Yes'". A cell that is not UTF-8 is refused, naming the column and row."""
+    for column in frame.columns:
+        values = frame[column]
+        if values.map(lambda v: isinstance(v, bytes | bytearray)).any():
+            frame[column] = [_utf8(path, column, i, v) for i, v in enumerate(values)]
+    return frame
+
+
+def _utf8(path: Path, column: Any, row: int, value: Any) -> Any:
+    """`value` decoded where it is bytes (`_decoded_binary`), else as it is."""
+    if not isinstance(value, bytes | bytearray):
+        return value
+    try:
+        return bytes(value).decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ScoreInputError(
+            f"{path}: column {column!r}, row {row}: binary data that is not UTF-8 text "
+            f"({bytes(value)[:16]!r}...); write that column as text (strings), e.g. "
+            "`frame[COL] = frame[COL].str.decode(ENCODING)` before `to_parquet`"
+        ) from err
 
 
 def _read_excel(path: Path, nrows: int | None = None) -> pd.DataFrame:
