@@ -10,23 +10,14 @@ from medvqa.models.spec import ModelSchema
 from medvqa.planning.memory import AUTO_EVAL_BATCH
 
 
-def settings(
-    model: Any,
-    processor: Any,
-    batch_size: int = AUTO_EVAL_BATCH,
-    max_new_tokens: int = ModelSchema.max_new_tokens,
-    share_image_prefix: bool = ModelSchema.share_image_prefix,
-    merge_adapters: bool = False,
-    decode: str = ModelSchema.decode,
-    compile: Any = ModelSchema.compile_decode,
-) -> GenerationSettings:
-    return resolve(
-        model,
-        processor,
-        batch_size=batch_size,
-        max_new_tokens=max_new_tokens,
-        share_image_prefix=share_image_prefix,
-        merge_adapters=merge_adapters,
-        decode=decode,
-        compile=compile,
-    )
+def settings(model: Any, processor: Any, **options: Any) -> GenerationSettings:
+    """`resolve` for `model`; `options` override the batch (`AUTO_EVAL_BATCH`), new tokens,
+    sharing, merge (false), decode engine and compilation."""
+    chosen = {
+        "batch_size": AUTO_EVAL_BATCH,
+        "max_new_tokens": ModelSchema.max_new_tokens,
+        "share_image_prefix": ModelSchema.share_image_prefix,
+        "merge_adapters": False,
+        **options,
+    }
+    return resolve(model, processor, **chosen)

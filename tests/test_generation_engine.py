@@ -234,7 +234,7 @@ def test_option_orders_share_each_images_prefix_with_the_main_answers(
     """The main answers and an option order generated together: each file holds the answers
     of its own pass generated alone (float32), and each image's prefix ran once for both."""
     from medvqa.evaluation.consistency import reordered
-    from medvqa.generation.predict import PassFiles, generate_passes, generate_splits
+    from medvqa.generation.predict import PassFiles, generate_passes
     from tests.test_shared_prefix import Counter
 
     model, processor = load_vlm(model_cfg("llava_med", cache_dir))
@@ -246,7 +246,7 @@ def test_option_orders_share_each_images_prefix_with_the_main_answers(
     options = settings(model, processor, batch_size=64, max_new_tokens=6)
     counter = Counter(monkeypatch)
     alone = [
-        generate_splits(model, processor, source, f, tmp_path / f"alone{i}.jsonl", options)
+        generate_passes(model, processor, source, [PassFiles(f, tmp_path / f"{i}.jsonl")], options)
         for i, f in enumerate((frames, orders))
     ]
     separate = sum(counter.batches)
@@ -259,7 +259,7 @@ def test_option_orders_share_each_images_prefix_with_the_main_answers(
         options,
     )
     assert together is not None and all(a is not None for a in alone)
-    for a, t in zip(alone, together, strict=True):
+    for a, t in zip([a[0] for a in alone], together, strict=True):  # type: ignore[index]
         _same(t["test"].set_index(R.ID).sort_index(), a["test"].set_index(R.ID).sort_index())
     assert sum(counter.batches) == separate // 2  # one prefix per image for both passes
     main = pd.read_json(tmp_path / "main.jsonl", lines=True)

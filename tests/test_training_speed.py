@@ -523,15 +523,14 @@ def test_every_split_is_generated_with_one_prediction_trainer(
     model, processor = load_vlm(_spec(tiny_model_dir))
     table = source.table()
     frames = {"test_iid": table.head(3), "test_ood": table.tail(3)}
-    out = generation.generate_splits(
+    out = generation.generate_passes(
         model,
         processor,
         source,
-        frames,
-        tmp_path / "p.jsonl",
+        [generation.PassFiles(frames, tmp_path / "p.jsonl")],
         settings(model, processor, batch_size=3, max_new_tokens=2),
     )
-    assert out is not None and [len(out[s]) for s in frames] == [3, 3]
+    assert out is not None and [len(out[0][s]) for s in frames] == [3, 3]
     assert len(made) == 1
 
 

@@ -293,8 +293,8 @@ PLAN_WALL_HOURS = "plan/wall_hours"  # planning.cost.cost_metrics
 
 def perf_table(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per job: what it measured of itself (results.json `perf`), with the device it
-    ran on and the plan's memory and time estimates, so slow or memory-hungry jobs stand out. A figure a
-    job did not record (no GPU: no peak; no known peak FLOPs: no MFU) is NaN."""
+    ran on and the plan's memory and time estimates, so slow or memory-hungry jobs stand out. A
+    figure a job did not record (no GPU: no peak; no known peak FLOPs: no MFU) is NaN."""
     cols = ["table", "method", "seed", "device", "rehearsal"]
     heads = [head for head, _ in PERF_COLUMNS]
     runs = frame[frame["kind"] == "run"] if not frame.empty else frame

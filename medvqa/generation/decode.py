@@ -14,9 +14,10 @@ per step, which the compiled graph does not hide. benchmarks/gpu.py measures the
 against the floor of reading the weights and the cache once (docs/gpus.md).
 
 The static cache's length is the batch's prompt length plus the new tokens, rounded up to
-`models.spec.CACHE_BUCKET` tokens so that batches of nearby lengths share one compiled graph; the positions
-past a row's tokens are masked, so in float32 the answers are the growing cache's
-(tests/test_generation_engine.py). Under `compile_decode=auto`, a model whose decoding call does
+`models.spec.CACHE_BUCKET` tokens, and never shorter than an earlier batch's (as transformers
+sizes its own static caches across `generate` calls): one shape per batch size, so one compiled
+graph. The positions past a row's tokens are masked, so in float32 the answers are the growing
+cache's (tests/test_generation_engine.py). Under `compile_decode=auto`, a model whose decoding call does
 not compile is decoded eagerly from then on, with a log line saying why.
 """
 
@@ -66,6 +67,7 @@ class Decoder:
         self.settings = settings
         self.pad_token_id = pad_token_id
         self.eager = False  # set when compiling failed under compile_decode=auto
+        self.cache_length = 0  # the longest static cache so far: later ones are as long
 
     def __call__(
         self, model: torch.nn.Module, batch: dict[str, Any], recorder: ChosenLogProbs
@@ -107,8 +109,9 @@ class Decoder:
         if self.settings.decode == "static":
             prompt = inputs["input_ids"].shape[1]
             length = decode_cache_length("static", prompt, self.settings.max_new_tokens)
+            self.cache_length = max(self.cache_length, length)
             dtype = model.get_input_embeddings().weight.dtype
-            cache = TypedStaticCache(model.config, length, dtype)
+            cache = TypedStaticCache(model.config, self.cache_length, dtype)
             options["disable_compile"] = not compiles
             if compiles and inputs["input_ids"].device.type != "cuda":
                 config = CompileConfig()
@@ -125,8 +128,10 @@ def prefill_shared(
     model: torch.nn.Module, shared: dict[str, Any], cache: TypedStaticCache | None
 ) -> Any:
     """Each group's prefix run once; its keys and values given to the group's rows: written
-    into `cache` (a static one), or, without one, the prefix's growing cache repeated over the
-    rows. Qwen-VL's remembered rotary offsets are dropped: `generate` computes the rows'."""
+    into `cache` (a static one), each prefix layer freed once copied (at most one layer of both
+    at once, as the memory plan counts), or, without one, the prefix's growing cache repeated
+    over the rows. Qwen-VL's remembered rotary offsets are dropped: `generate` computes the
+    rows'."""
     prefix = model(**shared["prefix"], use_cache=True, logits_to_keep=1).past_key_values
     rows = shared["rows"].to(shared["prefix"]["input_ids"].device)
     if cache is None:
@@ -135,6 +140,7 @@ def prefill_shared(
     else:
         for index, layer in enumerate(prefix.layers):
             cache.update(layer.keys[rows], layer.values[rows], index)
+            layer.keys = layer.values = None
     for module in model.modules():
         if getattr(module, "rope_deltas", None) is not None:
             module.rope_deltas = None

@@ -71,6 +71,7 @@ class GenerationModule(L.LightningModule):
         self.settings = settings
         pad = tokenizer.pad_token_id
         self.decoder = Decoder(settings, tokenizer.eos_token_id if pad is None else pad)
+        self.end_ids = end_token_ids(model, tokenizer)
         self._merged: ExitStack | None = None
 
     def on_predict_start(self) -> None:
@@ -91,7 +92,7 @@ class GenerationModule(L.LightningModule):
         out = self.decoder(self.model, batch, recorder)
         new = out[:, batch["input_ids"].shape[1] :]
         texts = self.tokenizer.batch_decode(new, skip_special_tokens=True)
-        confidence = recorder.per_answer(new, end_token_ids(self.model, self.tokenizer))
+        confidence = recorder.per_answer(new, self.end_ids)
         return [
             ((target, str(rid)), text.strip(), *conf)
             for (target, rid), text, conf in zip(ids, texts, confidence, strict=True)
@@ -99,7 +100,7 @@ class GenerationModule(L.LightningModule):
 
 
 class PredictionWriter(BasePredictionWriter):
-    """Each rank appends its batch's answers to its shard (`generate_predictions` merges them
+    """Each rank appends its batch's answers to its shards (`generate_targets` merges them
     once every rank is done: a rank without rows skips the loop's end hooks)."""
 
     def __init__(self) -> None:
@@ -244,23 +245,6 @@ class PassFiles:
     shared_dir: Path | None = None
 
 
-def generate_splits(
-    model: torch.nn.Module,
-    processor: Any,
-    source: VQASource,
-    frames: Mapping[str, pd.DataFrame],
-    out_path: Path,
-    settings: GenerationSettings,
-    *,
-    shared_dir: Path | None = None,
-    **options: Any,
-) -> dict[str, pd.DataFrame] | None:
-    """`generate_passes` of one pass."""
-    files = PassFiles(frames, Path(out_path), shared_dir)
-    out = generate_passes(model, processor, source, [files], settings, **options)
-    return None if out is None else out[0]
-
-
 def generate_passes(
     model: torch.nn.Module,
     processor: Any,
@@ -274,6 +258,7 @@ def generate_passes(
     num_workers: int | None = DataSchema.num_workers,
     prompt: PromptTemplate = PLAIN,
     mismatch_field: str = DataSchema.mismatch_field,
+    model_id: str | None = None,
 ) -> list[dict[str, pd.DataFrame]] | None:
     """Every split of every pass (None on ranks other than 0), with one prediction Trainer
     (`trainer`, or one made from `trainer_cfg`); the passes of one split are generated together
@@ -282,9 +267,9 @@ def generate_passes(
     A pass with a `shared_dir` shares its file between the jobs of a sweep: answers of the same
     weights to the same rows with the same prompt and settings are copied in instead of being
     generated again (the untuned base's zero-shot answers), and a complete file is published
-    there for the next job.
+    there for the next job. `model_id`: the weights' fingerprint, if the caller has it.
     """
-    model_id = weights_fingerprint(model)  # once for every split (it reads every tensor)
+    model_id = model_id or weights_fingerprint(model)  # once for every split: it reads every tensor
     shared: list[Path | None] = []
     for p in passes:
         if is_global_zero():
@@ -311,11 +296,11 @@ def generate_passes(
             log.info("reusing the answers of the same weights and prompts from %s", shared[-1])
     trainer = trainer or prediction_trainer(trainer_cfg)
     out: list[dict[str, pd.DataFrame]] = [{} for _ in passes]
+    # Another modality's image may only exist in another split (a modality shift's OoD split):
+    # one pass at a time in the partner modes.
+    pool = pd.concat(passes[0].frames.values()) if image_mode == "mismatched" else None
     for split in passes[0].frames:
         frames = [p.frames[split] for p in passes]
-        # Another modality's image may only exist in another split (a modality shift's OoD
-        # split): one pass at a time in the partner modes.
-        pool = pd.concat(passes[0].frames.values()) if image_mode == "mismatched" else None
         targets = [Target(p.out_path, split, f) for p, f in zip(passes, frames, strict=True)]
         got = generate_targets(
             model,

@@ -57,6 +57,7 @@ from medvqa.models.saving import (
     save_trainable,
     trained_before,
     verify_weights,
+    weights_fingerprint,
 )
 from medvqa.planning.memory import Setup, checkpointing_label
 from medvqa.planning.setup import eval_batch_size
@@ -252,6 +253,7 @@ def _generator(
 
     def run(model: torch.nn.Module, passes: Sequence[EvalPass]) -> dict[str, Any]:
         answers: dict[str, Any] = {}
+        model_id = weights_fingerprint(model)  # once for every group: it reads every tensor
         for group in generation_groups(passes):
             out = generate_passes(
                 model,
@@ -265,6 +267,7 @@ def _generator(
                 num_workers=cfg.data.num_workers,
                 prompt=prompt,
                 mismatch_field=str(cfg.data.mismatch_field),
+                model_id=model_id,
             )
             answers |= {p.prefix: None if out is None else out[i] for i, p in enumerate(group)}
         return answers
