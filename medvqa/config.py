@@ -72,13 +72,21 @@ JudgeSchema = schema(JudgeConfig, target=False)
 
 def check_judge_config(cfg: Any) -> None:
     """Refuse a judge config that must not run, before anything records it: a key pasted as
-    `judge.api_key_env` (it takes a variable's name) would otherwise be written to results.json
-    with the resolved config. Raises JudgeConfigError; a config without a judge passes."""
+    `judge.api_key_env` (it takes a variable's name; a juror's too) would otherwise be written to
+    results.json with the resolved config, and a jury that cannot be built would fail only after
+    the answers. Raises JudgeConfigError; a config without a judge passes."""
+    from medvqa.evaluation.judge.config import JURY_KEYS
     from medvqa.evaluation.judge.keys import check_api_key_env
 
     judge = cfg.get("judge") if hasattr(cfg, "get") else None
     if judge is not None:
         check_api_key_env(judge.get("api_key_env"))
+        node = OmegaConf.to_container(judge) if isinstance(judge, DictConfig) else dict(judge)
+        jury = {k: node[k] for k in JURY_KEYS if k in node}
+        if jury:
+            # Each juror's name, keys and key variable, and the verdict rules, refused now
+            # rather than when the judge is built after the model's answers.
+            JudgeConfig(**jury)
 
 
 # The bootstrap settings are those of `medvqa.evaluation.statistics.Bootstrap` (declared there).

@@ -12,20 +12,28 @@ that could not be judged has `judge_failed = 1`, is counted in `judge_failures` 
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from medvqa.data.records import ANSWER, ANSWER_TYPE, PREDICTION, QUESTION
+from medvqa.evaluation.families.base import ScoreInfo
 from medvqa.evaluation.judge.base import JudgeBackend
 from medvqa.evaluation.judge.cache import JudgeCache
-from medvqa.evaluation.judge.engine import JudgeEngine, JudgeItem, as_text
+from medvqa.evaluation.judge.config import JudgeConfig, JudgeConfigError, judge_config
+from medvqa.evaluation.judge.engine import COUNTERS, JudgeEngine, JudgeItem, as_text
 from medvqa.evaluation.judge.family import JudgedFamily
+from medvqa.evaluation.judge.jury import jury_verdict
 from medvqa.evaluation.judge.replies import Judgment
 from medvqa.evaluation.judge.rubrics import RUBRICS, Rubric, select_rubric
-from medvqa.evaluation.judge.selfcheck import selfcheck_items
+from medvqa.evaluation.judge.selfcheck import SELFCHECK_SPLIT, SelfCheck, selfcheck_items
 from medvqa.evaluation.statistics import mean_or_nan
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "CLOSED_KIND",
@@ -34,7 +42,11 @@ __all__ = [
     "JUDGE_REASON",
     "JUDGE_RUBRIC",
     "JUDGE_SCORE",
+    "JUROR_SEP",
+    "JudgeJury",
     "JudgeMetric",
+    "juror_column",
+    "jurors_of",
 ]
 
 CLOSED_KIND = "closed_kind"  # a record column (read, never written)
@@ -65,6 +77,14 @@ class JudgeMetric(JudgedFamily):
             raise ValueError(f"judge rubrics lack {missing}; need {list(RUBRICS)}")
         self.engine = JudgeEngine(backend, cache, on_judgment)
         self.selfcheck_floors = selfcheck_floors
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> JudgedFamily:
+        """One judge from the `judge` node, or a `JudgeJury` when it lists `jury`."""
+        config = judge_config(cfg)
+        if not config.jury:
+            return super().from_config(cfg)
+        return JudgeJury.from_judge_config(config)
 
     def selfcheck_pairs(self) -> list[tuple[JudgeItem, float]]:
         return selfcheck_items(self.rubrics)
@@ -155,3 +175,191 @@ JUDGE_RUBRIC = JudgeMetric.column("rubric")
 JUDGE_FAILED = JudgeMetric.column("failed")
 JUDGE_REASON = JudgeMetric.column("reason")
 JUDGE_LABEL_MASS = JudgeMetric.column("label_mass")  # logits mode: probability on the labels
+
+
+# Where a juror's column or score is kept beside the jury's: `judge_score@strict`.
+JUROR_SEP = "@"
+_JUROR_BASES = ("score", "failed", "reason", "label_mass")  # a juror's per-sample columns
+
+
+def juror_column(name: str, juror: str) -> str:
+    """A juror's copy of the family's column or score `name` (`judge_score` -> `...@strict`)."""
+    return f"{name}{JUROR_SEP}{juror}"
+
+
+def jurors_of(scored: pd.DataFrame) -> list[str]:
+    """The jurors whose scores a scored table keeps (`judge_score@<juror>` columns), in order."""
+    head = f"{JUDGE_SCORE}{JUROR_SEP}"
+    return [str(c).removeprefix(head) for c in scored.columns if str(c).startswith(head)]
+
+
+class JudgeJury(JudgeMetric):
+    """The answer judge as a jury (`judge.jury`): each juror is a `JudgeMetric` of its own
+    (backend, cache entries, self-check, counters); the family's unsuffixed columns and scores
+    are the jury's verdict (`judge.jury_closed` for closed rows, `judge.jury_open` for open
+    ones), each juror's are kept beside them under `@<juror>`.
+
+    A row a juror could not judge has no verdict (NaN, `judge_failed` 1, counted in
+    `judge_failures`, so the run is `incomplete`), whatever the other jurors said; a re-run
+    asks each juror only what its cache lacks."""
+
+    def __init__(
+        self,
+        jurors: Mapping[str, JudgeMetric],
+        closed_rule: str,
+        open_rule: str,
+        configs: Mapping[str, JudgeConfig] | None = None,
+    ) -> None:
+        if len(jurors) < 2:
+            raise JudgeConfigError("a jury needs two or more jurors")
+        self.jurors = dict(jurors)
+        self.rules = {"closed": closed_rule, "open": open_rule}
+        self.configs = dict(configs or {})
+        first = next(iter(self.jurors.values()))
+        self.rubrics = first.rubrics
+        self.selfcheck_floors = first.selfcheck_floors
+        ids: dict[str, str] = {}
+        for name, juror in self.jurors.items():
+            judge_id = juror.backend.judge_id
+            if judge_id in ids:
+                raise JudgeConfigError(
+                    f"judge.jury: jurors {ids[judge_id]!r} and {name!r} are the same judge "
+                    f"({judge_id}: backend, model and mode); their judgments would be the same "
+                    "cache entries. Give each juror another model or mode."
+                )
+            ids[judge_id] = name
+            if juror.rubric_ids() != first.rubric_ids():
+                raise JudgeConfigError(f"judge.jury: juror {name!r} grades with other rubrics")
+
+    @classmethod
+    def from_judge_config(cls, config: JudgeConfig) -> JudgeJury:
+        """Each juror built as a single judge from its config (`JudgeConfig.jurors`)."""
+        configs = config.jurors()
+        jurors: dict[str, JudgeMetric] = {}
+        try:
+            for name, juror in configs.items():
+                built = JudgeMetric.from_config(dataclasses.asdict(juror))
+                assert isinstance(built, JudgeMetric)
+                jurors[name] = built
+            return cls(jurors, config.jury_closed, config.jury_open, configs)
+        except BaseException:
+            for built in jurors.values():
+                built.close()
+            raise
+
+    @property
+    def backend(self) -> Any:
+        raise AttributeError("a jury has one backend per juror: JudgeJury.jurors[name].backend")
+
+    def check(self) -> None:
+        for juror in self.jurors.values():
+            juror.check()
+
+    def per_sample(self, preds: pd.DataFrame) -> pd.DataFrame:
+        """The jury's `judge_*` columns (its verdict, `judge_failed` 1 where any juror failed,
+        the jurors' scores as its reason) and each juror's `judge_*@<juror>` columns."""
+        frames = {name: juror.per_sample(preds) for name, juror in self.jurors.items()}
+        scores = np.column_stack([f[JUDGE_SCORE].to_numpy(float) for f in frames.values()])
+        is_open = (preds[ANSWER_TYPE] == "open").to_numpy()
+        verdict = np.where(
+            is_open,
+            jury_verdict(scores, self.rules["open"]),
+            jury_verdict(scores, self.rules["closed"]),
+        )
+        failed = np.column_stack([f[JUDGE_FAILED].to_numpy(float) for f in frames.values()])
+        reasons = [
+            "; ".join(
+                f"{name}: {'failed' if row_failed else f'{score:g}'}"
+                for name, score, row_failed in zip(frames, row, failed_row, strict=True)
+            )
+            for row, failed_row in zip(scores, failed, strict=True)
+        ]
+        out = pd.DataFrame(
+            {
+                JUDGE_SCORE: verdict,
+                JUDGE_RUBRIC: next(iter(frames.values()))[JUDGE_RUBRIC],
+                JUDGE_FAILED: failed.max(axis=1),
+                JUDGE_REASON: reasons,
+                JUDGE_LABEL_MASS: np.nan,  # a probability of one judge's; see each juror's
+            },
+            index=preds.index,
+        )
+        for name, frame in frames.items():
+            for base in _JUROR_BASES:
+                out[juror_column(self.column(base), name)] = frame[self.column(base)]
+        unknown = int(out[JUDGE_FAILED].sum())
+        if unknown:
+            log.warning(
+                "judge jury: %d of %d row(s) have no verdict: a juror could not judge them "
+                "(judge_failed; the run is incomplete, and a re-run asks only those jurors "
+                "those rows)",
+                unknown,
+                len(out),
+            )
+        return out
+
+    def aggregate(self, scored: pd.DataFrame) -> dict[str, float]:
+        """The jury's scores (`JudgeMetric.aggregate` of its verdicts) and each juror's own,
+        as `<score>@<juror>` (`judge_failures@strict`: the rows that juror failed)."""
+        out = super().aggregate(scored)
+        for juror in self.jurors:
+            own = {juror_column(self.column(b), juror): self.column(b) for b in _JUROR_BASES}
+            view = scored[[ANSWER_TYPE, *own]].rename(columns=own)
+            for key, value in super().aggregate(view).items():
+                out[juror_column(key, juror)] = value
+        return out
+
+    def ci_columns(self) -> dict[str, tuple[str, str]]:
+        out = super().ci_columns()
+        for juror in self.jurors:
+            for score, (column, answer_type) in super().ci_columns().items():
+                out[juror_column(score, juror)] = (juror_column(column, juror), answer_type)
+        return out
+
+    @classmethod
+    def score_info(cls, score: str) -> ScoreInfo:
+        """A juror's score is what the jury's of the same name is (`judge_failures@x` a count)."""
+        return super().score_info(score.partition(JUROR_SEP)[0])
+
+    def counters(self) -> dict[str, float]:
+        """The jury's `judge/<counter>` (summed over jurors), each juror's under
+        `judge/<juror>/`, its self-check's `judge/<juror>/selfcheck_*`; the jury's
+        `judge/selfcheck_reliable` (0 if any juror failed its check, unknown if any check is
+        unknown, else 1) and the self-check items no juror could judge as the `selfcheck`
+        split's failures."""
+        out: dict[str, float] = dict.fromkeys((f"{self.name}/{k}" for k in COUNTERS), 0.0)
+        checks: list[SelfCheck] = []
+        for name, juror in self.jurors.items():
+            for key, value in juror.engine.counters.items():
+                out[f"{self.name}/{key}"] += value
+                out[f"{self.name}/{name}/{key}"] = float(value)
+            if juror.selfcheck is not None:
+                checks.append(juror.selfcheck)
+                out.update(juror.selfcheck.counters(f"{self.name}/{name}"))
+        if checks:
+            verdicts = [c.reliable for c in checks]
+            reliable = 0.0 if False in verdicts else np.nan if None in verdicts else 1.0
+            out[f"{self.name}/selfcheck_reliable"] = reliable
+            out[f"{SELFCHECK_SPLIT}/{self.failures_key}"] = float(sum(c.failures for c in checks))
+        return out
+
+    def provenance(self) -> dict[str, Any]:
+        jurors = {}
+        for name, juror in self.jurors.items():
+            config = self.configs.get(name)
+            where = {k: getattr(config, k) for k in ("backend", "model", "base_url", "mode")}
+            jurors[name] = {**juror.provenance(), **(where if config else {})}
+        ids = ", ".join(f"{name}={juror.backend.judge_id}" for name, juror in self.jurors.items())
+        return {
+            "judge_id": f"jury({ids})",
+            "rubrics": dict(sorted(self.rubric_ids().items())),
+            "jury_verdict": dict(self.rules),
+            "jurors": jurors,
+        }
+
+    def judge(self, items: Any, what: str) -> list[Judgment]:
+        raise NotImplementedError("a jury judges through its jurors (JudgeJury.per_sample)")
+
+    def close(self) -> None:
+        for juror in self.jurors.values():
+            juror.close()

@@ -7,8 +7,9 @@ Light on purpose: `medvqa.config` imports it, so it loads neither a backend nor 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from medvqa.evaluation.judge.errors import JudgeConfigError
@@ -17,6 +18,9 @@ from medvqa.evaluation.judge.keys import DEFAULT_KEY_ENV, check_api_key_env
 __all__ = [
     "BACKENDS",
     "CONFIG_KEYS",
+    "JUROR_KEYS",
+    "JURY_KEYS",
+    "JURY_VERDICTS",
     "MODES",
     "JudgeConfig",
     "JudgeConfigError",
@@ -25,6 +29,11 @@ __all__ = [
 
 MODES = ("generate", "logits")
 BACKENDS = ("hf", "openai")
+# How a jury's verdict on an item comes from its jurors' scores (medvqa.evaluation.judge.jury).
+JURY_VERDICTS = ("majority", "median", "mean")
+# A juror's name is part of column and metric names (`judge_score@strict`), so it may not hold
+# the characters those names use as separators ("@", "/", "~", "=").
+_JUROR_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 
 
 @dataclass(frozen=True)
@@ -59,14 +68,68 @@ class JudgeConfig:
     selfcheck: bool = True
     selfcheck_min_closed_acc: float = 0.8
     selfcheck_min_open_tau: float = 0.5
+    # A jury (docs/judge.md#a-jury-of-judges): each entry is one juror, its `name` and the keys
+    # of this node it changes (backend, model, base_url, mode, ...); every other key is this
+    # node's. Empty: one judge, this node.
+    jury: tuple[Mapping[str, Any], ...] = ()
+    # The jury's verdict on an item from its jurors' scores (one of JURY_VERDICTS): closed
+    # items by majority, open 1-5 items by the median; a juror that failed the item leaves it
+    # without a verdict.
+    jury_closed: str = "majority"
+    jury_open: str = "median"
 
     def __post_init__(self) -> None:
         # Every way to build a judge goes through here: a key pasted as api_key_env stops it
         # before a request is sent (runs refuse it earlier: medvqa.config.check_judge_config).
         check_api_key_env(self.api_key_env)
+        object.__setattr__(self, "jury", tuple(dict(j) for j in self.jury or ()))
+        for key in ("jury_closed", "jury_open"):
+            if getattr(self, key) not in JURY_VERDICTS:
+                raise JudgeConfigError(
+                    f"judge.{key}={getattr(self, key)!r} is not one of {JURY_VERDICTS}"
+                )
+        if self.jury:
+            self.jurors()  # a juror that cannot be built is refused now, naming it
+
+    def jurors(self) -> dict[str, JudgeConfig]:
+        """Each juror's whole judge config, by name: this node with the juror's keys applied
+        (empty without a jury). Refuses a jury of one, a juror without a usable name or with
+        a key the node does not know, and two jurors of the same name."""
+        if not self.jury:
+            return {}
+        if len(self.jury) < 2:
+            raise JudgeConfigError(
+                "judge.jury lists one juror; a jury needs two or more (one judge is the judge "
+                "node itself: set its keys and leave judge.jury=[])"
+            )
+        out: dict[str, JudgeConfig] = {}
+        for i, entry in enumerate(self.jury):
+            name = str(entry.get("name", ""))
+            where = f"judge.jury[{i}]"
+            if not _JUROR_NAME.fullmatch(name):
+                raise JudgeConfigError(
+                    f"{where} needs a `name` of letters, digits, '_' or '-' (it names the "
+                    f"juror's columns and scores, e.g. judge_score@strict), got {name!r}"
+                )
+            if name in out:
+                raise JudgeConfigError(f"{where}: two jurors are named {name!r}; rename one")
+            unknown = sorted(set(entry) - set(JUROR_KEYS) - {"name"})
+            if unknown:
+                raise JudgeConfigError(
+                    f"{where} ({name}): unknown key(s) {unknown}; a juror sets keys of the "
+                    f"judge node: {JUROR_KEYS}"
+                )
+            settings = {k: v for k, v in entry.items() if k != "name"}
+            try:
+                out[name] = replace(self, jury=(), **settings)
+            except (TypeError, ValueError) as err:
+                raise JudgeConfigError(f"{where} ({name}): {err}") from err
+        return out
 
 
 CONFIG_KEYS = tuple(f.name for f in fields(JudgeConfig))
+JURY_KEYS = ("jury", "jury_closed", "jury_open")  # the jury's own: no juror sets them
+JUROR_KEYS = tuple(k for k in CONFIG_KEYS if k not in JURY_KEYS)
 
 
 def judge_config(cfg: Mapping[str, Any] | JudgeConfig) -> JudgeConfig:

@@ -13,6 +13,7 @@ from medvqa.evaluation.families.base import COUNT, MetricFamily, ScoreInfo
 from medvqa.evaluation.judge.backends import build_backend
 from medvqa.evaluation.judge.base import JudgeBackend
 from medvqa.evaluation.judge.cache import JudgeCache, cache_from_config
+from medvqa.evaluation.judge.config import JudgeConfigError, judge_config
 from medvqa.evaluation.judge.engine import JudgeItem
 from medvqa.evaluation.judge.replies import Judgment
 from medvqa.evaluation.judge.selfcheck import SELFCHECK_ID, SelfChecked, floors
@@ -30,6 +31,13 @@ class JudgedFamily(SelfChecked, MetricFamily):
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> JudgedFamily:
         """Backend and cache from a `judge` config group (conf/judge/default.yaml)."""
+        if judge_config(cfg).jury:
+            # Only the answer judge grades with a jury (families/judge.py); grading with the
+            # node's own judge instead would look like the jury's verdict.
+            raise JudgeConfigError(
+                f"metric={cls.name} does not grade with a jury (judge.jury); score it in a run "
+                "of its own with judge.jury=[], or drop it from `metric`"
+            )
         # Each family's constructor takes (backend, cache, ..., selfcheck_floors=...).
         backend, cache = build_backend(cfg), cache_from_config(cfg)
         return cls(backend, cache, selfcheck_floors=floors(cfg))  # type: ignore[call-arg]

@@ -159,13 +159,17 @@ def check_composed(config: DictConfig) -> None:
     """`check_api_key_env` on a composed config's `judge.api_key_env`, and on each value its
     command-line overrides give that key (a multirun's config does not hold swept values)."""
     check_api_key_env(OmegaConf.select(config, "judge.api_key_env"))  # None: no judge node
+    for juror in OmegaConf.select(config, "judge.jury", default=None) or []:
+        if "api_key_env" in juror:  # a juror without one inherits the node's, checked above
+            check_api_key_env(juror["api_key_env"])
     overrides = OmegaConf.select(config, "hydra.overrides.task", default=None) or []
     for override in overrides:
         key, _, value = str(override).partition("=")
-        if not key.lstrip("+~").endswith("api_key_env"):
+        # A juror's variable is a value inside `judge.jury=[{name:a,api_key_env:VAR}]`.
+        if not key.lstrip("+~").endswith("api_key_env") and "api_key_env" not in value:
             continue
         # A sweep (`A,B`, `choice(A,B)`) lists names; any part that looks like a key refuses.
-        parts = re.split(r"[,()\[\]\s]+", value)
+        parts = re.split(r"[,()\[\]{}:\s]+", value)
         for part in (p.strip("'\"") for p in parts):
             if part and looks_like_secret(part):
                 check_api_key_env(part)  # raises, without repeating the value
