@@ -82,6 +82,7 @@ FAMILIES: dict[str, list[str]] = {
     "text": [],
     "embedding": [],
     "kvasir_official": ["metric.kvasir_official.n_samples=50"],
+    "llava_med_eval": [],
     "closed_set": [
         "metric.closed_set.tasks=[q1,q2]",
         "metric.closed_set.primary=[q1,q2]",
@@ -275,6 +276,8 @@ def test_builtin_names_are_unchanged(server: JudgeServer, cache_dir: Path) -> No
         "embedding": {"embedding_cosine", "embedding_cosine_all", "embedding_empty_ref_n"},
         "kvasir_official": {"kvasir_bleu", "kvasir_rouge1", "kvasir_rougeL_mean",
                             "kvasir_failures", "kvasir_failed", "kvasir_empty_ref_n"},
+        "llava_med_eval": {"llava_med_eval_closed_acc", "llava_med_eval_open_recall",
+                           "llava_med_eval_open_bleu_1", "llava_med_eval_closed_hit"},
         "closed_set": {"cs_primary_macro_f1", "cs_primary_macro_f1_ci_half", "cs_q1_macro_f1",
                        "cs_q2_balanced_acc", "cs_invalid_rate", "cs_n", "cs_choice"},
         "mcq": {"mcq_acc", "mcq_acc_ci_half", "mcq_acc_strict", "mcq_random_baseline",

@@ -25,6 +25,7 @@ from hydra.utils import instantiate
 from medvqa import plugins
 from medvqa.atomic import write_file
 from medvqa.data import records as R
+from medvqa.errors import ConfigError
 from medvqa.evaluation.families.base import (
     COUNT,
     MetricFamily,
@@ -52,12 +53,23 @@ def build_families(metric_cfg: Mapping[str, Any]) -> list[MetricFamily]:
         try:
             built.append(instantiate(node, _convert_="all"))
         except Exception as err:  # a typo'd option surfaces here, before any model is loaded
+            refusal = _config_error(err)
+            if refusal is not None:  # a family refused an option: its message, as such
+                raise ConfigError(f"metric {name!r}: {refusal}") from err
             raise ValueError(f"metric {name!r}: cannot build it from its config: {err}") from err
     if not built:
         raise ValueError(
             "no metric selected; use e.g. metric=traditional or metric=[traditional,judge]"
         )
     return built
+
+
+def _config_error(err: BaseException | None) -> ConfigError | None:
+    """The ConfigError a family's constructor raised, from under Hydra's InstantiationException
+    (`medvqa-score` reports it as a refusal, exit status 2, instead of a traceback)."""
+    while err is not None and not isinstance(err, ConfigError):
+        err = err.__cause__
+    return err
 
 
 def counts(frame: pd.DataFrame) -> dict[str, float]:
