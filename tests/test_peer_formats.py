@@ -170,10 +170,10 @@ def test_a_vlmevalkit_key_naming_no_option_is_named(
 ) -> None:
     path = mcq_files["tsv"]
     written = pd.read_csv(path, sep="\t")
-    written.loc[2, "answer"] = "C"  # row 2 has options A and B only
+    written.loc[2, "answer"] = "AB"  # a multiple-answer key (an empty C: test_vlmevalkit_exact)
     written.to_csv(path, sep="\t", index=False)
     text = refused(path, tmp_path, caplog)
-    assert f"{path}: row 2 (index '1003'): answer key 'C' names none of its options" in text
+    assert f"{path}: row 2 (index '1003'): answer key 'AB' names none of its options" in text
     written.loc[2, "answer"] = np.nan  # a test split: no answers
     written.to_csv(path, sep="\t", index=False)
     text = refused(path, tmp_path, caplog)

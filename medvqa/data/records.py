@@ -19,6 +19,9 @@ ANSWER = "answer"
 ANSWER_TYPE = "answer_type"  # "open" | "closed"
 QUESTION_TYPE = "question_type"  # content type, e.g. "modality", "size"
 CANDIDATES = "candidates"  # list[str] for closed questions, None for open ones
+# Of a closed question read from a peer's file: the letter each candidate had there (VLMEvalKit's
+# option columns A-Z skip a missing option's letter); without it, A, B, C... by position.
+OPTION_LETTERS = "option_letters"
 CASE_ID = "case_id"
 IMAGE_ID = "image_id"
 SOURCE_SPLIT = "source_split"  # the dataset's own split: train | validate | test

@@ -4,8 +4,11 @@
   `.tsv` or `.json` with `PRED_FORMAT`): the dataset's TSV rows plus `prediction`. MCQ datasets
   have option columns `A`, `B`, ... (missing options empty or NaN) and `answer` the KEY letter;
   a row with options becomes a closed question whose candidates are its options in letter order
-  and whose answer is the option the key names. VQA datasets (no options) keep their answer
-  and are closed when it is yes/no.
+  (their letters kept as `option_letters`) and whose answer is the option the key names. An
+  option is missing where VLMEvalKit's own loader reads it as missing: an option written
+  "None" (or "NA", "N/A", "null") is empty to it, is never shown to the model, and a key naming
+  it is scored as VLMEvalKit scores it, wrong whatever the reply. VQA datasets (no options) keep
+  their answer and are closed when it is yes/no.
 - `llava`: the answers JSONL of LLaVA's / LLaVA-Med's `llava/eval/model_vqa.py` (and
   `model_vqa_med.py`): `{question_id, prompt, text, answer_id, model_id, metadata}`. It holds the
   reply (`text`) but not the ground truth, which is in the question file the script was given:
@@ -31,6 +34,7 @@ from medvqa.evaluation.answers import same_answer
 from medvqa.evaluation.prediction_files import (
     ScoreInputError,
     check_readable,
+    default_typed,
     is_table,
     json_rows,
     load_table,
@@ -57,12 +61,6 @@ def is_vlmevalkit(columns: set[str] | list[str]) -> bool:
     if {"A", "B"} <= columns:
         return True
     return {R.QUESTION, R.ANSWER} <= columns and not ({R.ID, R.ANSWER_TYPE} & columns)
-
-
-def _option(value: Any) -> str | None:
-    """An option cell's text; None for a missing option (NaN in .tsv/.json, empty in .xlsx)."""
-    text = text_or_none(value)
-    return text if text is not None and text.strip() else None
 
 
 def _split_as_source(frame: pd.DataFrame, path: Path, writer: str) -> pd.DataFrame:
@@ -112,9 +110,21 @@ def read_vlmevalkit(path: Path) -> pd.DataFrame:
             "(e.g. MMBench_DEV_EN), or add the answer column"
         )
     letters = [c for c in OPTION_LETTERS if c in columns]
-    rows, gaps = [], 0
+    # The options as VLMEvalKit's loader types them: what its prompt showed the model (it
+    # read the dataset TSV so) and what its scorer compares.
+    typed = default_typed(path, letters).to_dict("records") if letters else [{}] * len(frame)
+    if len(typed) != len(frame):
+        raise ScoreInputError(
+            f"{path}: {len(frame)} rows read as text but {len(typed)} as pandas reads them; "
+            "re-save the file from VLMEvalKit's own frame (its `dump`)"
+        )
+    rows, gaps, not_offered = [], 0, []
     for i, row in enumerate(frame.to_dict("records")):
-        options = {letter: text for letter in letters if (text := _option(row[letter]))}
+        options = {
+            letter: str(value)
+            for letter, value in typed[i].items()
+            if (text_or_none(value) or "").strip()
+        }
         answer = row[R.ANSWER]
         out = {k: v for k, v in row.items() if k not in (*letters, *VLMEVALKIT_DROPPED, R.ANSWER)}
         out[R.ID] = text_or_none(row[VLMEVALKIT_INDEX])
@@ -127,6 +137,9 @@ def read_vlmevalkit(path: Path) -> pd.DataFrame:
                     "score a split with answers, or drop the rows without one"
                 )
             text = _key_option(key, options)
+            if text is None and key in letters:
+                text = key  # an option VLMEvalKit's loader left empty: never offered
+                not_offered.append(out[R.ID])
             if text is None:
                 raise ScoreInputError(
                     f"{path}: row {i} (index {out[R.ID]!r}): answer key {key!r} names none of "
@@ -136,7 +149,12 @@ def read_vlmevalkit(path: Path) -> pd.DataFrame:
                 )
             gaps += list(options) != list(OPTION_LETTERS[: len(options)])
             out.update(
-                {R.ANSWER: text, R.CANDIDATES: list(options.values()), R.ANSWER_TYPE: "closed"}
+                {
+                    R.ANSWER: text,
+                    R.CANDIDATES: list(options.values()),
+                    R.OPTION_LETTERS: list(options),
+                    R.ANSWER_TYPE: "closed",
+                }
             )
         else:
             text = text_or_none(answer)
@@ -146,16 +164,25 @@ def read_vlmevalkit(path: Path) -> pd.DataFrame:
     if gaps:
         log.warning(
             "%s: %d MCQ row(s) skip an option letter (e.g. A, B, D): their candidates are the "
-            "options in order, so a reply's letter is read by position ('C' is the third option "
-            "given, 'D' none)",
+            "options in order, so medvqa's reading (metric.mcq.matching=medvqa) reads a reply's "
+            "letter by position ('C' is the third option given, 'D' none); VLMEvalKit's "
+            "(vlmevalkit_exact) keeps the file's letters",
             path,
             gaps,
         )
+    if not_offered:
+        log.warning(
+            "%s: %s: the answer key names an option the file leaves empty. VLMEvalKit's loader "
+            "reads an option written 'None', 'NA', 'N/A' or 'null' as missing, so the model was "
+            "never shown it; such a row is scored as VLMEvalKit scores it, wrong whatever the "
+            "reply. If the key is wrong instead, fix it",
+            path,
+            _ids(not_offered),
+        )
     out_frame = pd.DataFrame(rows)
-    if R.CANDIDATES in out_frame:  # VQA rows: no candidates (normalise gives closed ones theirs)
-        out_frame[R.CANDIDATES] = [
-            c if isinstance(c, list) else None for c in out_frame[R.CANDIDATES]
-        ]
+    for listed in (R.CANDIDATES, R.OPTION_LETTERS):  # VQA rows have none (NaN here)
+        if listed in out_frame:  # (normalise gives closed ones their candidates)
+            out_frame[listed] = [c if isinstance(c, list) else None for c in out_frame[listed]]
     return _split_as_source(out_frame, path, "VLMEvalKit")
 
 

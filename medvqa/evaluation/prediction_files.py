@@ -307,6 +307,22 @@ def table_columns(path: Path) -> list[str]:
     return [str(c) for c in load_table(path).columns]
 
 
+def default_typed(path: Path, columns: list[str]) -> pd.DataFrame:
+    """The cells of `columns` as pandas' default reading types them, as VLMEvalKit's `load`
+    reads its files (`pd.read_excel(f)`, `pd.read_csv(f, sep="\\t")`): empty cells and pandas'
+    NA words ("None", "NA", "N/A", "null", "nan", ...) missing, numbers typed (a column of
+    numbers with a missing cell is float: 3 is 3.0), where `load_table` keeps every cell's
+    text. JSON and Parquet have no NA words and keep their own types."""
+    suffix = path.suffix.lower()
+    if suffix == ".xlsx":
+        return pd.read_excel(path, usecols=columns)[columns]
+    if suffix in TEXT_TABLES:
+        return pd.read_csv(path, sep=TEXT_TABLES[suffix], usecols=columns, encoding="utf-8-sig")[
+            columns
+        ]
+    return load_table(path)[columns]
+
+
 def text_or_none(value: Any) -> str | None:
     """A cell as text; None for a missing one (None, NaN)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):

@@ -41,6 +41,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from medvqa.data import records as R
@@ -367,8 +368,12 @@ def normalise(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
             candidates, frame[R.QUESTION], frame[R.ANSWER], frame[R.ANSWER_TYPE], strict=True
         )
     ]
+    # A row that keeps its file's option letters had its key resolved by its reader (a letter
+    # there may name an option the row leaves empty: not the option at that position).
+    lettered = frame[R.OPTION_LETTERS] if R.OPTION_LETTERS in frame else [None] * len(frame)
     frame[R.ANSWER] = [
-        _option_of_key(a, c) for a, c in zip(frame[R.ANSWER], frame[R.CANDIDATES], strict=True)
+        a if isinstance(letters, list | tuple | np.ndarray) else _option_of_key(a, c)
+        for a, c, letters in zip(frame[R.ANSWER], frame[R.CANDIDATES], lettered, strict=True)
     ]
     repeated = frame.duplicated([SPLIT, R.ID])
     if repeated.any():

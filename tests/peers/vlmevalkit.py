@@ -10,7 +10,8 @@ e8e78f05f3080fe28154f2130321f17951c3be94:
 - `vlmeval/dataset/image_base.py`: `ImageBaseDataset.__init__`'s typing of the dataset TSV;
 - `vlmeval/inference.py`: `infer_data_job`'s rank-0 writing of the prediction file;
 - `vlmeval/utils/matching_util.py`: `can_infer_option`, `can_infer_text`, `can_infer`;
-- `vlmeval/dataset/utils/multiple_choice.py`: `build_choices`, `extract_answer_from_item`,
+- `vlmeval/dataset/utils/multiple_choice.py`: `build_choices`, `prefetch_answer`,
+  `extract_answer_from_item`,
   `eval_vanilla` and the `hit` of `mcq_vanilla_eval`, the number VLMEvalKit reports for an MCQ
   dataset under `exact_matching` (no judge model: an answer `can_infer` cannot read is wrong).
 
@@ -300,6 +301,11 @@ def build_choices(item):
         if ch in item and (not pd.isna(item[ch])):
             ret[ch] = item[ch]
     return ret
+
+
+def prefetch_answer(item):
+    choices = build_choices(item)
+    return can_infer(item['prediction'], choices)
 
 
 def extract_answer_from_item(model, item, dataset_name=None):
