@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -64,6 +64,7 @@ __all__ = [
     "ci_entries",
     "cluster_bootstrap",
     "cluster_bootstrap_replicates",
+    "cluster_statistic_ci",
     "cluster_sum_replicates",
     "paired_bootstrap_diff",
     "percentile_ci",
@@ -185,16 +186,22 @@ class _Side(NamedTuple):
     counts: np.ndarray
 
 
-def _resample(sides: Sequence[_Side], B: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Resampled (sums, counts), each (B, k), per side, following the module's draw contract."""
+def _uniforms(n_total: int, B: int, seed: int) -> Iterator[tuple[int, int, np.ndarray]]:
+    """The draw contract's uniform doubles, (start, stop, u) with u of shape
+    (stop - start, n_total) for replicates start..stop-1, in chunks that bound memory."""
     rng = np.random.default_rng(seed)
-    sizes = [s.sums.shape[0] for s in sides]
-    n_total = sum(sizes)
-    out = [(np.empty((B, s.sums.shape[1])), np.empty((B, s.sums.shape[1]))) for s in sides]
     rows = max(1, _CHUNK_ELEMENTS // max(n_total, 1))
     for start in range(0, B, rows):
         stop = min(B, start + rows)
-        u = rng.random((stop - start, n_total))
+        yield start, stop, rng.random((stop - start, n_total))
+
+
+def _resample(sides: Sequence[_Side], B: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Resampled (sums, counts), each (B, k), per side, following the module's draw contract."""
+    sizes = [s.sums.shape[0] for s in sides]
+    n_total = sum(sizes)
+    out = [(np.empty((B, s.sums.shape[1])), np.empty((B, s.sums.shape[1]))) for s in sides]
+    for start, stop, u in _uniforms(n_total, B, seed):
         offset = 0
         for side, n, (sums, counts) in zip(sides, sizes, out, strict=True):
             idx = np.minimum((u[:, offset : offset + n] * n).astype(np.intp), n - 1)
@@ -522,3 +529,42 @@ def percentile_ci(
     replicates are left out with a warning, as for every interval here)."""
     _check("mean", 1, level)
     return _interval(point, np.asarray(replicates, dtype=float), level, what or "percentile_ci")
+
+
+# --------------------------------------------------------------------------------------------
+# Any statistic of the rows (agreement coefficients): recomputed on each resample of cases
+# --------------------------------------------------------------------------------------------
+
+
+def cluster_statistic_ci(
+    statistic: Callable[[np.ndarray], float],
+    clusters: Any,
+    B: int = Bootstrap.samples,
+    seed: int = Bootstrap.seed,
+    level: float = Bootstrap.level,
+    what: str = "cluster_statistic_ci",
+) -> BootstrapCI:
+    """Point and case-clustered bootstrap CI of a statistic that is no sum of per-row values
+    (Cohen's kappa, Krippendorff's alpha): `statistic(weights)` computes it with each row
+    counted `weights[i]` times. The point is `statistic` of all ones; each replicate draws
+    cases by the module's draw contract and counts each row as often as its case was drawn.
+    NaN interval for a NaN point or fewer than two cases (as `cluster_bootstrap`)."""
+    _check("mean", B, level)
+    c = np.asarray(clusters, dtype=object).ravel()
+    if pd.isna(c).any():
+        row = int(np.flatnonzero(pd.isna(c))[0])
+        raise ValueError(
+            f"{what}: row {row} has no cluster label (case id is missing); fill the case_id "
+            "column (e.g. with the image id) so every question belongs to a case."
+        )
+    point = float(statistic(np.ones(c.size)))
+    codes, labels = pd.factorize(c, sort=False)
+    n = len(labels)
+    if math.isnan(point) or n < 2:
+        return BootstrapCI(point, *_NAN_CI)
+    reps = np.empty(int(B))
+    for start, _, u in _uniforms(n, int(B), seed):
+        idx = np.minimum((u * n).astype(np.intp), n - 1)
+        for r, drawn in enumerate(idx, start):
+            reps[r] = statistic(np.bincount(drawn, minlength=n)[codes].astype(float))
+    return _interval(point, reps, level, what)
