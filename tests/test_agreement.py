@@ -213,3 +213,52 @@ def test_agreement_needs_two_jurors_and_skips_absent_answer_types() -> None:
     assert figures["judge/agreement/test_iid/x~y/closed_kappa"] == pytest.approx(0.5)
     assert not any("open" in key for key in figures)
     assert judge_agreement(frame.drop(columns="judge_score@y")) == {}
+
+
+# -- with people (the rater study) -----------------------------------------------------------
+
+
+def test_raters_who_rate_as_one_juror_give_that_juror_kappa_one(
+    servers: dict[str, JudgeServer], tmp_path: Path
+) -> None:
+    """`medvqa-rater` on a jury's run: the sheet carries each juror's score; a rater whose
+    ratings equal the truthful juror's gives it weighted kappa, alpha and tau 1; a second rater
+    who differs on one item sets the raters' ceiling below 1."""
+    import pandas as pd
+
+    from medvqa.analysis.rater.analysis import read_items
+    from medvqa.cli.rater import main as rater_main
+
+    preds = predictions(tmp_path / "preds.csv")
+    run = tmp_path / "out"
+    assert score_main([str(preds), "--out", str(run), *jury_args(servers, tmp_path / "j")]) == 0
+    study = tmp_path / "study"
+    assert (
+        rater_main(["export", str(run), "--n", "50", "--out", str(study), "--no-text-metrics"]) == 0
+    )
+    items = read_items(study)
+    for juror in GRADERS:
+        assert f"metric:judge_score@{juror}" in items
+    sheet = pd.read_csv(study / "rating_sheet.csv", keep_default_na=False)
+    truth = items.loc[sheet["id"].astype(str), "metric:judge_score@truth"].to_numpy()
+    assert set(truth) == {1.0, 5.0}  # the truthful juror's open grades vary
+    sheet.assign(score=truth.astype(int)).to_csv(tmp_path / "as_truth.csv", index=False)
+    other = truth.astype(int).copy()
+    other[0] = 3
+    sheet.assign(score=other).to_csv(tmp_path / "other.csv", index=False)
+    out = tmp_path / "analysis"
+    ratings = [str(tmp_path / "as_truth.csv"), str(tmp_path / "other.csv")]
+    assert rater_main(["analyze", str(study), "--ratings", *ratings, "--out", str(out)]) == 0
+    table = pd.read_csv(out / "correlations.csv").set_index(["kind", "a", "b"])
+    row = table.loc[("rater_vs_metric", "as_truth", "judge_score@truth")]
+    assert row["weighted_kappa"] == pytest.approx(1.0)
+    assert row["alpha"] == pytest.approx(1.0)
+    assert row["kendall_tau_b"] == pytest.approx(1.0)
+    # a constant juror agrees with the raters no better than chance
+    assert table.loc[("rater_vs_metric", "as_truth", "judge_score@lenient"), "weighted_kappa"] == 0
+    assert np.isnan(table.loc[("rater_vs_metric", "as_truth", "bleu1"), "weighted_kappa"])
+    ceiling = table.loc[("rater_vs_rater", "as_truth", "other")]
+    assert 0 < ceiling["weighted_kappa"] < 1
+    pairs = table.xs("rater_pairs_mean", level="kind")
+    assert pairs["weighted_kappa"].iloc[0] == pytest.approx(ceiling["weighted_kappa"])
+    assert (out / "heatmap.png").is_file()

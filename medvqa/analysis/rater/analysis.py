@@ -1,6 +1,8 @@
 """The analysis half of the rater study: read the exported items and the filled sheets back
 (validated: every id known and rated once, integer scores 1–5), correlate the human scores with
-each metric and each rater with the others, and write the tables and figures."""
+each metric and each rater with the others, measure the chance-corrected agreement of each judge
+(each juror of a jury too) with the raters and of the raters with each other (the ceiling), and
+write the tables and figures."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from scipy import stats
 
@@ -20,6 +23,7 @@ from medvqa.analysis.rater.plots import figures
 from medvqa.analysis.rater.study import ITEMS, SCORE_RANGE, SHEET_CSV, RatingError, Study
 from medvqa.analysis.summary import markdown_table
 from medvqa.atomic import staged_dir
+from medvqa.evaluation.agreement import OPEN_LEVELS, agreement
 from medvqa.evaluation.prediction_files import json_lines
 
 log = logging.getLogger(__name__)
@@ -139,25 +143,60 @@ def _correlate(x: pd.Series, y: pd.Series) -> dict[str, float]:
     }
 
 
+# Chance-corrected agreement on the 1-5 scale, for a judge's scores and between raters:
+# quadratic-weighted Cohen's kappa and ordinal Krippendorff's alpha (medvqa.evaluation.agreement).
+AGREEMENT = {"weighted_kappa": "wkappa", "alpha": "alpha"}
+COLUMNS = [
+    "kind",
+    "a",
+    "b",
+    "kendall_tau_b",
+    "kendall_p",
+    "spearman_rho",
+    "spearman_p",
+    *AGREEMENT,
+    "n",
+]
+
+
+def _agree(x: pd.Series, y: pd.Series) -> dict[str, float]:
+    """Weighted kappa and alpha of two scorings of the items on the raters' 1-5 scale (a mean
+    human score or a judge's expected score at its nearest grade); NaN if either misses an
+    item (a judge that failed it): agreement over the rest would describe the survivors."""
+    pair = np.column_stack([x.to_numpy(float), y.to_numpy(float)])
+    return {
+        column: agreement(stat, pair, np.arange(len(pair)), OPEN_LEVELS).point
+        for column, stat in AGREEMENT.items()
+    }
+
+
+def _compare(x: pd.Series, y: pd.Series, on_scale: bool) -> dict[str, float]:
+    """The correlations of `x` and `y`, and their agreement when both are on the 1-5 scale."""
+    return _correlate(x, y) | (_agree(x, y) if on_scale else dict.fromkeys(AGREEMENT, math.nan))
+
+
 def correlation_table(study: Study) -> pd.DataFrame:
-    """Rows: mean human vs each metric, each rater vs each metric, each rater pair, pair mean."""
+    """Rows: mean human vs each metric, each rater vs each metric, each rater pair, pair mean.
+    The judges' scores (each juror's too) and the raters' are on one scale, so those rows also
+    carry weighted kappa and alpha; the rater pairs' are the ceiling a judge can reach."""
     rows = []
+    judges = set(study.judges)
     for metric in study.metrics:
         rows.append(
             {"kind": "human_vs_metric", "a": "human_mean", "b": metric}
-            | _correlate(study.human, study.metric(metric))
+            | _compare(study.human, study.metric(metric), metric in judges)
         )
     for rater in study.ratings.columns:
         for metric in study.metrics:
             rows.append(
                 {"kind": "rater_vs_metric", "a": rater, "b": metric}
-                | _correlate(study.ratings[rater], study.metric(metric))
+                | _compare(study.ratings[rater], study.metric(metric), metric in judges)
             )
     pairs = []
     for r1, r2 in itertools.combinations(study.ratings.columns, 2):
         pairs.append(
             {"kind": "rater_vs_rater", "a": r1, "b": r2}
-            | _correlate(study.ratings[r1], study.ratings[r2])
+            | _compare(study.ratings[r1], study.ratings[r2], True)
         )
     rows.extend(pairs)
     if pairs:
@@ -171,13 +210,11 @@ def correlation_table(study: Study) -> pd.DataFrame:
                 "kendall_p": math.nan,
                 "spearman_rho": float(frame["spearman_rho"].mean()),
                 "spearman_p": math.nan,
+                **{column: float(frame[column].mean()) for column in AGREEMENT},
                 "n": float(frame["n"].mean()),
             }
         )
-    return pd.DataFrame(
-        rows,
-        columns=["kind", "a", "b", "kendall_tau_b", "kendall_p", "spearman_rho", "spearman_p", "n"],
-    )
+    return pd.DataFrame(rows, columns=COLUMNS)
 
 
 def analyze(directory: Path, ratings: Sequence[Path], out: Path) -> pd.DataFrame:

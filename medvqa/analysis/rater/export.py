@@ -13,12 +13,23 @@ import numpy as np
 import pandas as pd
 
 from medvqa.analysis.rater.page import rating_page
-from medvqa.analysis.rater.study import ITEMS, SHEET_COLUMNS, SHEET_CSV, SHEET_HTML, RatingError
+from medvqa.analysis.rater.study import (
+    ITEMS,
+    JUDGES,
+    SHEET_COLUMNS,
+    SHEET_CSV,
+    SHEET_HTML,
+    RatingError,
+)
 from medvqa.atomic import staged_dir
 from medvqa.data import records as R
 from medvqa.data.records import SPLIT
 from medvqa.evaluation.families import traditional as M
-from medvqa.evaluation.families.judge import JUDGE_SCORE  # 1–5 open, 0/0.5/1 closed
+from medvqa.evaluation.families.judge import (  # 1–5 open, 0/0.5/1 closed
+    JUDGE_SCORE,
+    juror_column,
+    jurors_of,
+)
 from medvqa.evaluation.prediction_files import read_predictions
 from medvqa.evaluation.scoring import SCORES_FILE
 
@@ -31,7 +42,8 @@ TOKEN_METRICS: tuple[str, ...] = ("bleu1", "ref_word_precision", "f1", "precisio
 
 
 def _judge_columns(preds: pd.DataFrame, explicit: Sequence[str] | None) -> list[str]:
-    """Judge score fields: the ones named, else ``judge_score`` (medvqa.evaluation.judge) if present.
+    """Judge score fields: the ones named, else ``judge_score`` (medvqa.evaluation.judge) if
+    present, and each juror's ``judge_score@<juror>`` when a jury graded the run.
 
     Not every ``judge*`` field: ``judge_failed`` is numeric too but is not a score.
     """
@@ -43,7 +55,8 @@ def _judge_columns(preds: pd.DataFrame, explicit: Sequence[str] | None) -> list[
                 f"{sorted(preds.columns)}"
             )
         return list(explicit)
-    return [c for c in (JUDGE_SCORE,) if c in preds.columns]
+    jurors = [juror_column(JUDGE_SCORE, j) for j in jurors_of(preds)]
+    return [c for c in (JUDGE_SCORE, *jurors) if c in preds.columns]
 
 
 def _metric_scores(
@@ -147,7 +160,8 @@ def export(
     rng = np.random.default_rng(seed)
     picked = rng.permutation(len(pool))[: min(n, len(pool))]
     sample = pool.iloc[picked].reset_index(drop=True)
-    scores = _metric_scores(sample, _judge_columns(sample, judge_columns), text_metrics, embedding)
+    judges = _judge_columns(sample, judge_columns)
+    scores = _metric_scores(sample, judges, text_metrics, embedding)
 
     items = pd.DataFrame(
         {
@@ -166,6 +180,7 @@ def export(
                 item["scores"] = {
                     k: (None if pd.isna(v) else float(v)) for k, v in scores.iloc[i].items()
                 }
+                item[JUDGES] = judges  # on the raters' 1-5 scale: their kappa and alpha too
                 fh.write(json.dumps(item) + "\n")
         sheet.assign(score="").to_csv(staging / SHEET_CSV, index=False)
         (staging / SHEET_HTML).write_text(rating_page(sheet))

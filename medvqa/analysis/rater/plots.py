@@ -1,5 +1,6 @@
-"""The rater study's figures: heatmaps of the correlations (mean human and each rater vs each
-metric) and scatter plots of the human score against each metric."""
+"""The rater study's figures: heatmaps of the correlations and, for the judges, the agreement
+(mean human and each rater vs each metric, the raters' own agreement as the ceiling) and scatter
+plots of the human score against each metric."""
 
 from __future__ import annotations
 
@@ -26,13 +27,21 @@ def figures(study: Study, table: pd.DataFrame, out: Path) -> list[Path]:
     written = []
     metrics = study.metrics
     human = table.loc[table["kind"] == "human_vs_metric"].set_index("b")
-    grid = human.loc[metrics, ["kendall_tau_b", "spearman_rho"]].to_numpy(float)
+    # The judges' agreement with people is only defined on the raters' scale (n/a for the
+    # token metrics); the raters' own agreement, the last row, is the ceiling.
+    stats = ["kendall_tau_b", "spearman_rho", "weighted_kappa", "alpha"]
+    grid = human.loc[metrics, stats].to_numpy(float)
+    rows = list(metrics)
+    ceiling = table.loc[table["kind"] == "rater_pairs_mean"]
+    if not ceiling.empty:
+        grid = np.vstack([grid, ceiling[stats].to_numpy(float)[:1]])
+        rows.append("raters (ceiling)")
     written.append(
         _heatmap(
             plt,
             grid,
-            metrics,
-            ["Kendall τ-b", "Spearman ρ"],
+            rows,
+            ["Kendall τ-b", "Spearman ρ", "weighted κ", "Krippendorff α"],
             "Mean human score vs metric",
             out / "heatmap.png",
         )
