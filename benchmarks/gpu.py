@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import gc
 import json
 import logging
@@ -74,6 +75,7 @@ from medvqa.models.adapters import (  # noqa: E402
     apply_method,
     build_adapter_config,
     compiled_decoder_layers,
+    decoder_layers,
     enable_gradient_checkpointing,
     merged_adapters,
 )
@@ -94,6 +96,7 @@ from medvqa.models.flops import (  # noqa: E402
     peak_flops,
     recompute_flops,
 )
+from medvqa.models.fp8 import fp8_frozen_weights  # noqa: E402
 from medvqa.models.loading import apply_liger_kernels, roles  # noqa: E402
 from medvqa.models.prompting import IGNORE_INDEX  # noqa: E402
 from medvqa.models.spec import decode_cache_length  # noqa: E402
@@ -120,6 +123,7 @@ class Setup:
     check_finite_every: int = 32  # 1: a host sync every step
     compile_layers: bool = False  # torch.compile of each decoder layer
     lora_dropout: float | None = None  # None: the method's (SURE: 0.05); 0.0 is a method change
+    fp8: bool = False  # the frozen decoder weights' GEMMs in FP8 (model.fp8, medvqa.models.fp8)
 
 
 SETUPS: dict[str, Setup] = {
@@ -133,6 +137,8 @@ SETUPS: dict[str, Setup] = {
     "ckpt/2-8-compile": Setup(2, 8, compile_layers=True),
     "none-4-compile": Setup(0, 4, compile_layers=True),
     "none-8-compile": Setup(0, 8, compile_layers=True),
+    "none-8-fp8": Setup(0, 8, fp8=True),
+    "none-8-compile-fp8": Setup(0, 8, compile_layers=True, fp8=True),
     "ckpt/2-8-dropout0": Setup(2, 8, lora_dropout=0.0),
     "none-8-dropout0": Setup(0, 8, lora_dropout=0.0),
 }
@@ -373,7 +379,10 @@ def train_row(
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     try:
-        with compiled_decoder_layers(model, setup.compile_layers):
+        with (
+            fp8_frozen_weights(model, setup.fp8, roots=list(decoder_layers(model))),
+            compiled_decoder_layers(model, setup.compile_layers),
+        ):
             trainer.fit(module, train_dataloaders=loader(data, micro, cuda, "right"))
     finally:
         if setup.lora_dropout is not None and dropout_changed:
@@ -638,6 +647,7 @@ def rows_for(model_name: str, args: argparse.Namespace) -> Iterator[dict[str, An
             kib = float("nan")
         for data_name, size in cases:
             base = {"model": model_name, "method": method, "data": data_name, **liger}
+            base["adapter_r"] = (cfg.peft.get("adapter") or {}).get("r")  # the rank it trained
             for name in args.setups:
                 setup = SETUPS[name]
                 if setup.lora_dropout is not None and method != "lora":
@@ -708,7 +718,12 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     for col in columns:
         table.add_column(col)
     rows: list[dict[str, Any]] = []
-    made_with = {"git": git_state(), "versions": versions(), "argv": list(argv or sys.argv[1:])}
+    made_with = {
+        "date": datetime.date.today().isoformat(),
+        "git": git_state(),
+        "versions": versions(),
+        "argv": list(argv or sys.argv[1:]),
+    }
     for model_name in args.models:
         for row in rows_for(model_name, args):
             row["gpu"] = gpu

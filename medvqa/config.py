@@ -21,7 +21,7 @@ from omegaconf.errors import OmegaConfBaseException
 from omegaconf.nodes import BooleanNode
 
 from medvqa import plugins
-from medvqa.cluster import rank_log_name, slurm_gpus, slurm_mem_gb, slurm_tasks
+from medvqa.cluster import GPU_ACCELERATORS, rank_log_name, slurm_gpus, slurm_mem_gb, slurm_tasks
 from medvqa.data import records as R
 from medvqa.data.shifts import IMAGE_TRANSFORM, SPLITS, Shift
 from medvqa.errors import ConfigError
@@ -385,6 +385,7 @@ def _value_problems(cfg: DictConfig) -> list[str]:
             "merged for generation where the memory plan finds room on the GPU",
         ),
         ("model.compile_decode", "the static decode compiled on CUDA GPUs, eager elsewhere"),
+        ("model.fp8", "FP8 for the frozen weights where it was measured faster on this GPU"),
     )
     for key, meaning in words:
         value = _plain(OmegaConf.select(cfg, key))
@@ -394,6 +395,13 @@ def _value_problems(cfg: DictConfig) -> list[str]:
     engine = _plain(OmegaConf.select(cfg, "model.decode"))
     if engine is not None and engine not in DECODE_ENGINES:
         problems.append(f"model.decode={_show(engine)}: use one of {list(DECODE_ENGINES)}")
+    accelerator = _plain(OmegaConf.select(cfg, "trainer.accelerator"))
+    on_gpu = accelerator in (None, "auto", *GPU_ACCELERATORS)
+    if _plain(OmegaConf.select(cfg, "model.fp8")) is True and not on_gpu:
+        problems.append(
+            f"model.fp8=true with trainer.accelerator={accelerator}: FP8 GEMMs run on CUDA GPUs "
+            "of compute capability 8.9+ (H100, L40S); use model.fp8=auto (off here) or false"
+        )
     if _plain(OmegaConf.select(cfg, "model.liger_kernels")) and compile_layers is True:
         problems.append(
             "model.liger_kernels=true with model.compile_layers=true: torch.compile cannot trace "

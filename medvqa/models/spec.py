@@ -47,6 +47,13 @@ class ModelSchema:
     # torch's warning) where a layer does not compile; eager elsewhere. true: compiled, and a
     # layer that does not compile stops the run.
     compile_layers: Any = "auto"
+    # FP8 (e4m3, row-wise scales) for the GEMMs of the decoder layers' frozen Linears in the
+    # fit, forward and input gradient (medvqa.models.fp8): the adapters and everything trained
+    # stay in bf16, and answers never use it. Needs a CUDA GPU of compute capability 8.9+ (H100,
+    # L40S). auto: on only where a shipped measured row found it faster on this GPU
+    # (medvqa.planning.rates; none yet), else off with a log line; true: on, refused on a GPU
+    # without FP8 and with trainer.accelerator=cpu; false: off.
+    fp8: Any = "auto"
     # Fold LoRA/(IA)³ into (copies of) the base weights while generating: decoding a 7B model
     # with unmerged adapters is bound by their extra kernel launches. Costs the adapted
     # weights' bytes once more while generating; answers can differ from unmerged ones by bf16

@@ -1,24 +1,30 @@
 """GPU-hours of a job and of a sweep before either runs (`task=plan`): an estimate from the
-throughput measured on one GPU, the datasets' documented sizes and what a job runs.
+rates measured on a GPU (`medvqa.planning.rates`: the rows the package ships, each with its GPU,
+date, commit and file), the datasets' documented sizes and what a job runs.
 
 A job (`task=train_eval`, `medvqa.tasks.train_eval`) spends its GPU time in these phases:
 
+- setup: loading the weights (their bytes at an assumed read rate), and, where the fit compiles
+  its decoder layers, the compilation and warm-up a whole measured job spent (`rates.JobRow`);
 - training: epochs x train rows (`data.limit.train`, `trainer.max_steps`,
-  `trainer.limit_train_batches`), at the samples/s measured for the nearest setup (`TRAIN_ROWS`),
-  scaled to the job's model and method by the FLOPs of a sample (`medvqa.models.flops`) and to
-  the plan's layout (micro-batch, checkpointing) by the time model (`memory.step_time`);
+  `trainer.limit_train_batches`), at the samples/s measured for the nearest setup
+  (`rates.TrainRow`), scaled to the job's model and method by the FLOPs of a sample
+  (`medvqa.models.flops`) and to the plan's layout (micro-batch, checkpointing) by the time model
+  (`memory.step_time`); and the checkpoints it writes (the trained weights and AdamW's moments,
+  as `callbacks.model_checkpoint` saves them, at an assumed write rate);
 - validation: each epoch's val rows (`data.limit.val`), a forward at the eval batch: the
   training rate scaled by the forward's share of the language model's FLOPs and the time model;
 - generation over the test splits: the untuned base's answers (the zero-shot reference; the
   whole job for `peft=none`), which a sweep's jobs share (cached under `paths.cache_dir`), and the
   trained model's answers (and a pass per extra image mode and option order), at the rows/s
-  measured (`GENERATE_ROWS`).
+  measured (`rates.GenerateRow`).
 
 GPU-hours assume that the rate per GPU does not change with the number of GPUs (not measured);
-wall-clock hours are GPU-hours / GPUs. Not counted: process start, loading the weights, scoring,
-compilation and the first steps' warm-up (on an H200 the whole job's process took ~25 s beside
-its phases: benchmarks/results/gpu-check-h200-2026-11-27.jsonl). Where no measured row is close
-enough the estimate says why instead of giving a number (`JobCost.missing`).
+wall-clock hours are GPU-hours / GPUs. Not counted: process start, scoring, and compiling the
+decode (`model.compile_decode`; never timed on a GPU). A sweep's second job compiles from the
+shared inductor cache (`training.hardware.configure_compile_cache`) but is counted at the first's
+cost: the cache's saving was never measured on a GPU. Where no measured row is close enough the
+estimate says why instead of giving a number (`JobCost.missing`).
 """
 
 from __future__ import annotations
@@ -55,7 +61,8 @@ from medvqa.models.loading import (
 )
 from medvqa.planning.memory import LABELLED_TOKENS, TEXT_TOKENS, Setup, checkpointing_label
 from medvqa.planning.memory import step_time as time_model
-from medvqa.planning.setup import injectable
+from medvqa.planning.rates import GenerateRow, JobRow, Measured, TrainRow, rows
+from medvqa.planning.setup import eval_batch_size, injectable, uses_fp8
 from medvqa.training.spec import TrainerSchema
 
 # Composes one job's config from its overrides (Hydra's compose API, as run.py composes it).
@@ -86,101 +93,14 @@ MAX_FLOP_SCALE = 2.0
 TRAIN_EVAL = "medvqa.tasks.train_eval.train_eval"
 
 
-@dataclass(frozen=True)
-class Measured:
-    """Where a table of rates was measured: the estimate's label names it."""
-
-    gpu: str
-    date: str
-    file: str
-
-    @property
-    def label(self) -> str:
-        return f"estimate, from {self.gpu} measured {self.date}"
-
-
-H100 = Measured(
-    "NVIDIA H100 80GB HBM3", "2026-11-26", "benchmarks/results/gpu-h100-2026-11-26.jsonl"
-)
 LLAVA_MED = "chaoyinshe/llava-med-v1.5-mistral-7b-hf"
 QWEN25_VL_7B = "Qwen/Qwen2.5-VL-7B-Instruct"
-
-
-@dataclass(frozen=True)
-class TrainRow:
-    """One measured training rate (`benchmarks/gpu.py`: steady state, bf16 autocast, random
-    weights of the shipped architecture, batches shaped like `data`'s)."""
-
-    preset: str  # conf/model/<preset>.yaml, as the benchmark composed it
-    pretrained: str  # the architecture it built (a hub id with a shipped config)
-    method: str  # conf/peft/<method>.yaml with its defaults (LoRA: r 16, dropout 0.05)
-    data: str  # the dataset its batches were shaped like
-    micro_batch: int
-    checkpoint_every: int  # 0: off; n: every n-th decoder layer
-    samples_per_s: float
-    kernels: str = "eager"  # "compiled" (model.compile_layers) or "liger" (model.liger_kernels)
-    measured: Measured = H100
-
-    @property
-    def name(self) -> str:
-        kernels = "" if self.kernels == "eager" else f", {self.kernels}"
-        return (
-            f"{self.preset} {self.method}, {self.data}-shaped batches, micro-batch "
-            f"{self.micro_batch}, checkpointing {checkpointing_label(self.checkpoint_every)}"
-            f"{kernels}: {self.samples_per_s:.1f} samples/s"
-        )
-
-
-@dataclass(frozen=True)
-class GenerateRow:
-    """One measured generation rate: batch 64, 16 new tokens, greedy, bf16 autocast, LoRA
-    unmerged or merged into the weights (`model.merge_adapters`)."""
-
-    preset: str
-    pretrained: str
-    data: str
-    merged: bool
-    rows_per_s: float
-    new_tokens: int = 16
-    measured: Measured = H100
-
-    @property
-    def name(self) -> str:
-        how = "merged" if self.merged else "unmerged"
-        return (
-            f"{self.preset} answers, {self.data}-shaped, LoRA {how}: {self.rows_per_s:.1f} rows/s"
-        )
-
-
-# From benchmarks/results/gpu-h100-2026-11-26.jsonl (docs/gpus.md#speed-measured-on-an-h100).
-# LLaVA-Med's eager rows are the first session's, to which the time model was fitted
-# (memory.MICRO_BATCH_COST); measured again later that day, micro-batch 8 without checkpointing
-# gave 13.8 (5 % less) and 16 with every 2nd layer 8.6 (not explained). Rows that change the
-# method (LoRA dropout 0) or failed are left out.
-TRAIN_ROWS = (
-    TrainRow("llava_med", LLAVA_MED, "lora", "slake", 16, 1, 10.72),
-    TrainRow("llava_med", LLAVA_MED, "lora", "slake", 16, 2, 12.66),
-    TrainRow("llava_med", LLAVA_MED, "lora", "slake", 8, 2, 11.28),
-    TrainRow("llava_med", LLAVA_MED, "lora", "slake", 4, 0, 12.68),
-    TrainRow("llava_med", LLAVA_MED, "lora", "slake", 8, 0, 14.47),
-    TrainRow("llava_med", LLAVA_MED, "lora", "slake", 8, 0, 23.47, kernels="compiled"),
-    TrainRow("llava_med", LLAVA_MED, "lora", "slake", 16, 2, 13.98, kernels="liger"),
-    TrainRow("llava_med", LLAVA_MED, "lora", "slake", 8, 0, 16.24, kernels="liger"),
-    TrainRow("qwen2_5_vl", QWEN25_VL_7B, "lora", "slake", 16, 1, 9.40),
-    TrainRow("qwen2_5_vl", QWEN25_VL_7B, "lora", "slake", 8, 2, 9.77),
-    TrainRow("qwen2_5_vl", QWEN25_VL_7B, "lora", "slake", 4, 0, 10.38),
-    TrainRow("qwen2_5_vl", QWEN25_VL_7B, "lora", "slake", 4, 0, 12.34, kernels="compiled"),
-    TrainRow("qwen2_5_vl", QWEN25_VL_7B, "lora", "mimic_cxr_vqa", 16, 1, 7.41),
-    TrainRow("qwen2_5_vl", QWEN25_VL_7B, "lora", "mimic_cxr_vqa", 8, 2, 7.97),
-    TrainRow("qwen2_5_vl", QWEN25_VL_7B, "lora", "mimic_cxr_vqa", 4, 0, 7.78),
-)
-GENERATE_ROWS = (
-    GenerateRow("llava_med", LLAVA_MED, "slake", False, 25.28),
-    GenerateRow("llava_med", LLAVA_MED, "slake", True, 39.47),
-    GenerateRow("qwen2_5_vl", QWEN25_VL_7B, "slake", False, 18.20),
-    GenerateRow("qwen2_5_vl", QWEN25_VL_7B, "slake", True, 20.07),
-    GenerateRow("qwen2_5_vl", QWEN25_VL_7B, "mimic_cxr_vqa", False, 13.02),
-)
+# Reading the weights and writing checkpoints: assumed, not measured (a node's local NVMe; a
+# network file system can be slower). The estimate's basis says so where it uses them.
+READ_GIB_PER_S = 2.0
+WRITE_GIB_PER_S = 1.0
+# AdamW's two moments in float32 per trained parameter, in every Lightning checkpoint.
+ADAM_BYTES = 8
 
 # SURE-VQA's shifts after cleaning: dataset, train / test i.i.d. / test OoD rows as published
 # (docs/shifts.md#the-papers-shifts; SLAKE's checked on the real files, tests/test_real_data.py).
@@ -215,11 +135,17 @@ class Sizes:
         return int(getattr(self, name))
 
 
+# A job's kinds of phase; "load", "compile" and "checkpoint" are what a job spends beside its
+# samples and rows (`OVERHEADS`).
+PHASE_KINDS = ("load", "compile", "train", "checkpoint", "val", "generate")
+OVERHEADS = ("load", "compile", "checkpoint")
+
+
 @dataclass(frozen=True)
 class Phase:
     """One phase of a job: `items` samples or rows at `per_s` per GPU."""
 
-    kind: str  # "train", "val" or "generate"
+    kind: str  # one of PHASE_KINDS
     name: str
     items: float
     per_s: float
@@ -246,11 +172,16 @@ class JobCost:
 
     @property
     def gpu_hours(self) -> float:
-        return self.hours("train", "val", "generate")
+        return self.hours(*PHASE_KINDS)
 
     @property
     def wall_hours(self) -> float:
         return self.gpu_hours / self.gpus
+
+    @property
+    def sources(self) -> list[str]:
+        """Each measured row the estimate used: file:line and commit."""
+        return sorted({m.cited for m in self.measured})
 
     @property
     def label(self) -> str:
@@ -261,9 +192,12 @@ class JobCost:
 
 
 def label(measured: Iterable[Measured]) -> str:
-    """'estimate, from <GPU> measured <date>' for each table the figures come from."""
-    labels = sorted({m.label for m in measured})
-    return "; ".join(labels) if labels else "no estimate"
+    """'estimate, from <GPU> measured <dates>' for each GPU the figures come from."""
+    dates: dict[str, set[str]] = {}
+    for m in measured:
+        dates.setdefault(m.gpu, set()).add(m.date)
+    labels = [f"estimate, from {gpu} measured {', '.join(sorted(d))}" for gpu, d in dates.items()]
+    return "; ".join(sorted(labels)) if labels else "no estimate"
 
 
 # -- sizes ----------------------------------------------------------------------------------------
@@ -391,7 +325,7 @@ def _kernels(cfg: DictConfig) -> str:
     return "liger" if bool(model_option(cfg.model, "liger_kernels")) else "eager"
 
 
-def _row_family(row: TrainRow | GenerateRow) -> str:
+def _row_family(row: TrainRow | GenerateRow | JobRow) -> str:
     return str(load_architecture(row.pretrained)[0].model_type)
 
 
@@ -446,10 +380,18 @@ def training_rate(
             abs(math.log(layout(row))),
         )
 
-    rows = [r for r in TRAIN_ROWS if r.kernels == kernels and _row_family(r) == family]
-    if not rows:
-        return f"no training row was measured for {family} models with {kernels} kernels"
-    row = min(rows, key=order)
+    fp8 = uses_fp8(job.model, job.trainer.accelerator, planning=True)
+    found = [
+        r
+        for r in rows(TrainRow)
+        if r.kernels == kernels and r.fp8 == fp8 and _row_family(r) == family
+    ]
+    if not found:
+        return (
+            f"no training row was measured for {family} models with {kernels} kernels"
+            + " and FP8 (model.fp8)" * fp8
+        )
+    row = min(found, key=order)
     row_cfg = _row_config(compose, row.preset, row.pretrained, row.method)
     flops = _flop_factor(row_cfg, job, True, _images(job, "train"), text_tokens)
     if isinstance(flops, str):
@@ -483,10 +425,10 @@ def generation_rate(
     def order(row: GenerateRow) -> tuple[bool, bool, bool]:
         return row.pretrained != pretrained, row.merged != merged, row.data != data
 
-    rows = [r for r in GENERATE_ROWS if _row_family(r) == family]
-    if not rows:
+    found = [r for r in rows(GenerateRow) if _row_family(r) == family]
+    if not found:
         return f"no generation row was measured for {family} models"
-    row = min(rows, key=order)
+    row = min(found, key=order)
     basis, rate = [row.name], row.rows_per_s
     images = _images(job, "eval")
     if row.pretrained != pretrained or not images:
@@ -605,6 +547,7 @@ def _job_cost(
 
     phases: list[Phase] = []
     measured: list[Measured] = []
+    compiled: Phase | str | None = None
     if fit and setup.strategy == "zero2":
         return JobCost(gpus=gpus, missing="no training row was measured under DeepSpeed ZeRO-2")
     if fit:
@@ -617,16 +560,23 @@ def _job_cost(
         name = f"training, {samples / train:g} x {train} rows" if train else "training"
         phases.append(Phase("train", name, samples, per_s, basis))
         measured.append(table)
+        compiled = compile_phase(job, setup)
+        if isinstance(compiled, Phase):
+            phases.insert(len(phases) - 1, compiled)
+            measured.append(compile_row(job).measured)  # type: ignore[union-attr]
+        phases.extend(checkpoint_phases(job, setup, samples, epochs))
         every = job.trainer.get("check_val_every_n_epoch")
         validations = epochs // int(every) if every else 0
         rows = val_rows(job, capped(sizes.val, limit.get(R.VAL)), setup)
         flops = sample_flops(job.model, job.peft, _images(job, "train"), text_tokens)
         if validations and rows and flops is not None:
-            at_eval = dataclasses.replace(setup, micro_batch=setup.eval_batch, checkpoint_every=0)
+            # the fit validates at the batch train_eval gives it (auto: not the plan's pick)
+            batch = eval_batch_size(job.data, None)
+            at_eval = dataclasses.replace(setup, micro_batch=batch, checkpoint_every=0)
             factor = flops.forward_share * time_model(at_eval) / time_model(setup)
             why = (
                 f"the training rate x {1 / factor:.2f}: a forward ({flops.forward_share:.2f} "
-                f"of the FLOPs) at batch {setup.eval_batch} (time model)"
+                f"of the FLOPs) at batch {batch} (time model)"
             )
             phases.append(
                 Phase(
@@ -647,13 +597,78 @@ def _job_cost(
         at = 0 if i == 0 and zero_shot else len(phases)  # the job's phases in their order
         phases.insert(at, Phase("generate", name, test, rate[0], rate[1], shared))
         measured.append(rate[2])
-    note = ""
-    if fit and _kernels(job) == "compiled":
-        note = (
-            "not counted: the first steps compile the layers (an H200 job's fit of 1,024 "
-            "samples took 147 s, ~100 s more than the H100 row's steady rate gives)"
-        )
+    phases.insert(0, load_phase(setup))
+    note = compiled if isinstance(compiled, str) else ""
     return JobCost(tuple(phases), gpus, sizes.source, tuple(measured), note=note)
+
+
+def _gib(n_bytes: float) -> float:
+    return n_bytes / 2**30
+
+
+def load_phase(setup: Setup) -> Phase:
+    """Each GPU reads the model's weights once (assumed rate, `READ_GIB_PER_S`)."""
+    gib = _gib(setup.params * setup.dtype_bytes)
+    return Phase(
+        "load", f"loading the weights, {gib:.1f} GiB per GPU", gib * setup.world_size,
+        READ_GIB_PER_S, f"assumed {READ_GIB_PER_S:g} GiB/s read (not measured)",
+    )  # fmt: skip
+
+
+def compile_row(job: DictConfig) -> JobRow | None:
+    """The measured whole job of the same checkpoint (else family) and kernels."""
+    kernels, family = _kernels(job), _family(job.model)
+    found = [r for r in rows(JobRow) if r.kernels == kernels and _row_family(r) == family]
+    pretrained = resolve_pretrained(job.model)
+    return min(found, key=lambda r: r.pretrained != pretrained) if found else None
+
+
+def compile_phase(job: DictConfig, setup: Setup) -> Phase | str | None:
+    """The seconds a measured job's fit spent beyond its steady rate (compiling the decoder
+    layers, warming up), on every GPU; None for eager layers, a note where none was measured."""
+    if _kernels(job) != "compiled":
+        return None
+    row = compile_row(job)
+    if row is None:
+        return f"not counted: no whole job with compiled layers was measured for {job.model.name}"
+    return Phase(  # items: the seconds on every GPU
+        "compile", "compiling the decoder layers, first steps (s)",
+        row.compile_s * setup.world_size, 1.0,
+        f"{row.compile_s:.0f} s beyond the steady rate in {row.preset}'s measured job "
+        f"({row.measured.cited})",
+    )  # fmt: skip
+
+
+def checkpoint_phases(job: DictConfig, setup: Setup, samples: float, epochs: int) -> list[Phase]:
+    """The fit's checkpoints as `callbacks.model_checkpoint` saves them (every epoch, or every
+    `every_n_train_steps` optimiser steps; a top-k file and last.ckpt each time), each holding
+    the trained weights and AdamW's moments, and the trained weights saved at the end; written
+    while every GPU waits (assumed rate, `WRITE_GIB_PER_S`)."""
+    saver = (job.get("callbacks") or {}).get("model_checkpoint")
+    trained = _gib(setup.trainable * setup.trainable_bytes)
+    out = [
+        Phase(
+            "checkpoint", f"saving the trained weights, {trained:.2f} GiB",
+            trained * setup.world_size, WRITE_GIB_PER_S,
+            f"assumed {WRITE_GIB_PER_S:g} GiB/s write (not measured)",
+        )
+    ]  # fmt: skip
+    if saver is None:
+        return out
+    every = saver.get("every_n_train_steps")
+    saves = int(samples // setup.global_batch) // int(every) if every else epochs
+    files = int(saver.get("save_top_k", 1) != 0) + int(bool(saver.get("save_last")))
+    each = _gib(setup.trainable * (setup.trainable_bytes + ADAM_BYTES))
+    if saves * files:
+        out.insert(
+            0,
+            Phase(
+                "checkpoint", f"checkpoints, {saves} x {files} files of {each:.2f} GiB",
+                saves * files * each * setup.world_size, WRITE_GIB_PER_S,
+                f"assumed {WRITE_GIB_PER_S:g} GiB/s write (not measured)",
+            ),
+        )  # fmt: skip
+    return out
 
 
 def cost_metrics(cost: JobCost) -> dict[str, float]:
@@ -666,6 +681,7 @@ def cost_metrics(cost: JobCost) -> dict[str, float]:
         "plan/train_gpu_hours": cost.hours("train"),
         "plan/val_gpu_hours": cost.hours("val"),
         "plan/generate_gpu_hours": cost.hours("generate"),
+        "plan/overhead_gpu_hours": cost.hours(*OVERHEADS),
     }
 
 
@@ -676,6 +692,7 @@ def describe_cost(cost: JobCost) -> dict[str, Any]:
     return {
         "label": cost.label,
         "measured": sorted({m.file for m in cost.measured}),
+        "rows": cost.sources,
         "sizes": cost.sizes,
         "gpus": cost.gpus,
         "note": cost.note,
@@ -754,6 +771,11 @@ class SweepCost:
     def label(self) -> str:
         return label(m for g in self.groups for m in g.cost.measured)
 
+    @property
+    def sources(self) -> list[str]:
+        """Each measured row any job's estimate used: file:line and commit."""
+        return sorted({s for g in self.groups for s in g.cost.sources})
+
 
 def sweep_cost(
     jobs: Sequence[Sequence[str]],
@@ -806,6 +828,7 @@ def describe_sweep(sweep: SweepCost) -> dict[str, Any]:
         "without_estimate": sweep.without_estimate,
         "gpu_hours": sweep.gpu_hours,
         "shared_gpu_hours_counted_once": sweep.shared_s / 3600,
+        "rows": sweep.sources,
         "groups": [
             {"overrides": list(g.overrides), "jobs": g.jobs, **describe_cost(g.cost)}
             for g in sweep.groups

@@ -4,7 +4,8 @@
 trainer's sharding, batch and sequence sizes, the measured layer activations); `estimate` turns
 it into a `Plan`. The terms, per GPU, for a step of training:
 
-- weights: frozen parameters in the model's dtype, trained ones in float32 (`apply_method`);
+- weights: frozen parameters in the model's dtype, trained ones in float32 (`apply_method`),
+  and one byte per frozen decoder weight while the fit runs them in FP8 (`model.fp8`);
   under DeepSpeed every parameter in the model's dtype (it casts the module);
 - gradients: float32 per trained parameter (DDP adds its float32 bucket copies); ZeRO-2 keeps
   1/N of them plus its reduce buckets;
@@ -103,6 +104,8 @@ class Setup:
     # Generation runs each image's prompt prefix once (`medvqa.generation.prefix`).
     shared_prefix: bool = False
     decode: str = ModelSchema.decode  # the engine sizes the cache (`decode_cache_length`)
+    # Frozen weights copied to FP8 for the fit (`model.fp8`): one byte each while it trains.
+    fp8_params: int = 0
 
     @property
     def checkpointing(self) -> bool:
@@ -172,7 +175,7 @@ def estimate(s: Setup) -> Plan:
         )
         optimizer = 0.0 if s.offload_optimizer else s.trainable * (4 + 8) / s.world_size
     else:
-        weights = frozen * s.dtype_bytes + s.trainable * s.trainable_bytes
+        weights = frozen * s.dtype_bytes + s.trainable * s.trainable_bytes + s.fp8_params
         buckets = s.trainable * 4 if s.strategy == "ddp" and s.world_size > 1 else 0
         gradients = s.trainable * 4 + buckets
         optimizer = s.trainable * 8.0

@@ -20,6 +20,7 @@ from omegaconf import DictConfig
 
 from medvqa.atomic import write_file
 from medvqa.cluster import GPU_ACCELERATORS, device_count
+from medvqa.errors import ConfigError
 from medvqa.evaluation.lengths import generation_length
 from medvqa.generation.prefix import family_refusal
 from medvqa.hashing import Hasher
@@ -29,11 +30,14 @@ from medvqa.models.adapters import (
     build_adapter_config,
     checkpoint_every,
     count_parameters,
+    decoder_layers,
     mergeable_layers,
     on_meta,
 )
 from medvqa.models.architectures import image_tokens, meta_model
+from medvqa.models.fp8 import fp8_params, fp8_supported
 from medvqa.models.loading import architecture, roles, torch_dtype
+from medvqa.models.spec import ModelSchema
 from medvqa.planning.activations import LayerActivations, measure_layer
 from medvqa.planning.memory import (
     AUTO_EVAL_BATCH,
@@ -44,6 +48,7 @@ from medvqa.planning.memory import (
     fastest_layout,
     merge_if_fits,
 )
+from medvqa.planning.rates import fp8_faster
 from medvqa.training.spec import TrainerSchema
 from medvqa.training.strategies import is_deepspeed
 
@@ -72,7 +77,7 @@ def build_setup(
     deepspeed = is_deepspeed(cfg.trainer.strategy)
     dtype = torch_dtype(cfg.model)
     trainable_dtype = dtype if deepspeed else torch.float32
-    trainable, total, mergeable = _counts(config, cfg, images, trainable_dtype)
+    trainable, total, mergeable, fp8 = _counts(config, cfg, images, trainable_dtype)
     peft = cfg.peft
 
     text = config.get_text_config(decoder=True)
@@ -114,6 +119,7 @@ def build_setup(
         merged=mergeable if merges_adapters(cfg.model, None) else 0,  # auto: decided below
         shared_prefix=bool(cfg.model.share_image_prefix) and family_refusal(config) is None,
         decode=str(cfg.model.decode),
+        fp8_params=fp8 if uses_fp8(cfg.model, cfg.trainer.accelerator, planning=True) else 0,
     )
     if every is None:
         setup = fastest_layout(setup)
@@ -132,6 +138,33 @@ def eval_batch_size(data_cfg: Any, planned: Setup | None) -> int:
     if value == AUTO:
         return planned.eval_batch if planned is not None else AUTO_EVAL_BATCH
     return int(value)
+
+
+def uses_fp8(model_cfg: Any, accelerator: str, planning: bool = False) -> bool:
+    """Whether the fit runs the frozen weights' GEMMs in FP8 (`model.fp8`, medvqa.models.fp8):
+    true on a CUDA GPU with FP8 (refused elsewhere, except by a plan made on another machine:
+    `planning`); auto only where a shipped measured row found it faster on this GPU
+    (`rates.fp8_faster`), off with a log line otherwise; false never."""
+    value = model_cfg.get("fp8", ModelSchema.fp8)
+    if value is False or value is None:
+        return False
+    on_gpu = str(accelerator) in GPU_ACCELERATORS
+    why = fp8_supported() if on_gpu else f"trainer.accelerator={accelerator}"
+    if value == AUTO:
+        if why is None:
+            gpu = torch.cuda.get_device_name()
+            if fp8_faster(gpu):
+                return True
+            why = f"no shipped row measured it faster on {gpu} (benchmarks/gpu.py --fp8)"
+        if not planning:
+            log.info("model.fp8=auto: off (%s)", why)
+        return False
+    if why is not None and not (planning and on_gpu):
+        raise ConfigError(
+            f"model.fp8=true: {why}; FP8 GEMMs need a CUDA GPU of compute capability 8.9+ "
+            "(H100, L40S): use model.fp8=auto or false"
+        )
+    return True
 
 
 def merges_adapters(model_cfg: Any, planned: Setup | None) -> bool:
@@ -153,10 +186,10 @@ def gpu_capacity_gib() -> float:
 
 def _counts(
     config: Any, cfg: DictConfig, images: bool, trainable_dtype: torch.dtype
-) -> tuple[int, int, int]:
-    """(trained, total, mergeable) parameters of the model with the run's method applied, on
-    meta; mergeable: the base weights of the adapted layers (`model.merge_adapters` copies
-    them while generating)."""
+) -> tuple[int, int, int, int]:
+    """(trained, total, mergeable, fp8) parameters of the model with the run's method applied,
+    on meta; mergeable: the base weights of the adapted layers (`model.merge_adapters` copies
+    them while generating); fp8: the decoder layers' frozen weights `model.fp8` copies."""
     method, _ = on_meta(cfg.peft)
     model = meta_model(config, torch_dtype(cfg.model))
     with torch.device("meta"):  # adapters are created where the weights are: nowhere
@@ -166,7 +199,8 @@ def _counts(
         for layer in mergeable_layers(model)
         for p in layer.get_base_layer().parameters(recurse=False)
     )
-    return (*count_parameters(model), mergeable)
+    fp8 = fp8_params(model, list(decoder_layers(model)))
+    return (*count_parameters(model), mergeable, fp8)
 
 
 def injectable(adapter: Any) -> bool:

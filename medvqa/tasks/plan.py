@@ -230,7 +230,8 @@ def print_job_cost(cost: JobCost, console: Console | None = None) -> None:
         "from",
         caption=f"{cost.gpu_hours:.2f} GPU-hours, {cost.wall_hours:.2f} h on {cost.gpus} GPU(s) "
         f"(the rate per GPU assumed the same on more GPUs) · rows: {cost.sizes}"
-        + (f" · {cost.note}" if cost.note else ""),
+        + (f" · {cost.note}" if cost.note else "")
+        + f" · measured rows used: {'; '.join(cost.sources)}",
     )
     for p in cost.phases:
         view.add_row(p.name, f"{p.items:,.0f}", f"{p.per_s:.1f}", f"{p.gpu_s / 3600:.2f}", p.basis)
@@ -245,6 +246,7 @@ def print_sweep_cost(sweep: SweepCost, name: str, console: Console | None = None
         "jobs",
         ("n", "GPU-h each", "GPU-h"),
         "training from",
+        caption=f"measured rows used: {'; '.join(sweep.sources)}" if sweep.sources else None,
     )
     for g in sweep.groups:
         c = g.cost

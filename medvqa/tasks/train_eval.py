@@ -46,9 +46,11 @@ from medvqa.models.adapters import (
     checkpoint_every,
     compiled_decoder_layers,
     compiles_layers,
+    decoder_layers,
     enable_gradient_checkpointing,
 )
 from medvqa.models.flops import fit_rates
+from medvqa.models.fp8 import fp8_frozen_weights
 from medvqa.models.loading import load_vlm, roles
 from medvqa.models.saving import (
     TRAINED_DIR,
@@ -60,7 +62,7 @@ from medvqa.models.saving import (
     weights_fingerprint,
 )
 from medvqa.planning.memory import Setup, checkpointing_label
-from medvqa.planning.setup import eval_batch_size
+from medvqa.planning.setup import eval_batch_size, uses_fp8
 from medvqa.provenance import add_metrics, add_model, add_trained
 from medvqa.record import config_fingerprint
 from medvqa.tasks.common import TRAIN, prepare_splits, report_run
@@ -434,14 +436,15 @@ def _fit(
         plugins=[AtomicCheckpointIO()],  # DeepSpeed writes its own (atomically: strategies.py)
     )
     compiled = compiles_layers(cfg.model, cfg.trainer.accelerator)
+    fp8 = uses_fp8(cfg.model, cfg.trainer.accelerator)
     with (
         stage("fit", trainer),
         measure.measured("fit", "samples") as phase,
+        fp8_frozen_weights(model, fp8, roots=list(decoder_layers(model))) as fp8_layers,
         compiled_decoder_layers(model, compiled, fallback=cfg.model.compile_layers == "auto"),
     ):
         trainer.callbacks.append(SampleCounter(phase))
         trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
-    measure.note(
-        "fit", {**fit_rates(model, roles_, phase, trainer.world_size), "compiled_layers": compiled}
-    )
+    rates = fit_rates(model, roles_, phase, trainer.world_size)
+    measure.note("fit", {**rates, "compiled_layers": compiled, "fp8_layers": fp8_layers})
     return int(trainer.global_step)
