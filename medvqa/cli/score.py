@@ -5,6 +5,7 @@ metric families, breakdowns and intervals, as a run would."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import math
 import os
@@ -20,7 +21,7 @@ from medvqa.atomic import OutputDirError, staged_dir
 from medvqa.data.records import SPLIT
 from medvqa.errors import ConfigError
 from medvqa.evaluation.passes import mode_prefix, order_prefix, prediction_path
-from medvqa.evaluation.readers import READERS, ScoreInputError, read
+from medvqa.evaluation.readers import READERS, ReadLimits, ScoreInputError, read
 from medvqa.evaluation.reliance import COUNTERFACTUAL_MODES
 from medvqa.record import RunRecord
 
@@ -60,12 +61,14 @@ def score_file(
     questions: Path | None = None,
     image_modes: Mapping[str, Path] | None = None,
     orders: Mapping[int, Path] | None = None,
+    limits: ReadLimits | None = None,
 ) -> dict[str, float]:
     """Score a predictions file and run the views its answers allow (`evaluation.views`, as a
     run does); write results.json, scores.parquet and summary.md to out_dir. `questions`: the
     question file a LLaVA answers file was made from (its ground truth); `image_modes`: the same
     questions answered under a counterfactual image (mode -> file: image reliance and the
-    deltas); `orders`: with the closed options reordered (k -> file: option-order flips)."""
+    deltas); `orders`: with the closed options reordered (k -> file: option-order flips);
+    `limits`: how far an .xlsx or .parquet file may unpack before it is refused."""
     from medvqa.config import check_config, check_judge_config
     from medvqa.evaluation.scoring import Scoring, failed_items, scores_path, write_scores
     from medvqa.evaluation.views import score_job
@@ -77,7 +80,8 @@ def score_file(
     # Sizes and levels as a run checks them; the file, not a dataset, has the columns, so a
     # breakdown field it lacks is skipped below with a warning instead.
     check_config(cfg, fields=False)
-    frame, fmt = read(Path(predictions), fmt, questions)
+    limits = limits or ReadLimits()
+    frame, fmt = read(Path(predictions), fmt, questions, limits)
     unknown = sorted(set(image_modes or {}) - set(COUNTERFACTUAL_MODES))
     if unknown:
         raise ScoreInputError(
@@ -86,7 +90,9 @@ def score_file(
         )
     others = {mode_prefix(m): path for m, path in (image_modes or {}).items()}
     others |= {order_prefix(k): path for k, path in (orders or {}).items()}
-    frames = {"": frame} | {p: read(Path(path), fmt, questions)[0] for p, path in others.items()}
+    frames = {"": frame} | {
+        p: read(Path(path), fmt, questions, limits)[0] for p, path in others.items()
+    }
     # Built before anything is written: a bad metric option leaves no files behind. Written
     # into a hidden sibling and swapped in whole: a rescoring killed midway leaves the earlier
     # one as it was.
@@ -105,6 +111,7 @@ def score_file(
                 "questions": None if questions is None else str(Path(questions).resolve()),
                 "also": {p: str(Path(path).resolve()) for p, path in others.items()},
                 "format": fmt,
+                "read_limits": dataclasses.asdict(limits),
                 **{
                     key: OmegaConf.to_container(cfg[key], resolve=True)
                     for key in ("metric", "evaluation", "judge")
@@ -212,6 +219,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the same questions with their closed options reordered (a run's "
         "predictions_order<k>.jsonl): option-order flips",
     )
+    parser.add_argument(
+        "--max-rows",
+        type=int,
+        default=ReadLimits.max_rows,
+        help="refuse an .xlsx or .parquet file with more rows, before reading it "
+        "(default %(default)s)",
+    )
+    parser.add_argument(
+        "--max-bytes",
+        type=int,
+        default=ReadLimits.max_bytes,
+        help="refuse an .xlsx or .parquet file that unpacks to more bytes, before reading it "
+        "(default %(default)s)",
+    )
     parser.add_argument("overrides", nargs="*", help="config overrides (metric=..., ...)")
     args = parser.parse_intermixed_args(argv)
     try:
@@ -223,6 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.questions,
             _pairs(args.image_mode, "--image-mode", str),
             _pairs(args.order, "--order", int),
+            ReadLimits(args.max_rows, args.max_bytes),
         )
     except (ScoreInputError, ConfigError, OutputDirError) as err:
         log.error("%s", err)

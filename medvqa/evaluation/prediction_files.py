@@ -9,7 +9,9 @@ mean. A file is one of:
 - anything else binary (a PDF, a zip, a pickle, an old `.xls`, ...), refused up front as an
   unsupported format with the supported ones listed, instead of a misleading "not UTF-8".
 
-Excel and CSV cells are read as the text they hold (see `load_table`).
+Excel and CSV cells are read as the text they hold (see `load_table`). A workbook or Parquet
+file is measured before it is parsed (`ReadLimits`): a few kilobytes can unpack to millions of
+rows, which would run for minutes and end in a MemoryError.
 """
 
 from __future__ import annotations
@@ -17,8 +19,11 @@ from __future__ import annotations
 import json
 import logging
 import math
+import posixpath
+import re
 import zipfile
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +83,30 @@ SNIFFED = 1 << 16  # bytes looked at for NUL bytes (text never has them; UTF-16 
 # Byte-order marks and the encoding they mark, as `iconv -f` names it (it reads the mark).
 BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"),
         (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16"))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ReadLimits:
+    """How far a binary table (.xlsx, .parquet) may unpack before it is refused, unread: its
+    rows (a sheet's, the header included; a Parquet file's) and its bytes once decompressed
+    (an .xlsx's zip members as declared, which is all zipfile will inflate them to; a Parquet
+    file's column chunks). `medvqa-score --max-rows / --max-bytes` set them."""
+
+    max_rows: int = 1_000_000
+    max_bytes: int = 1 << 30
+
+    def __post_init__(self) -> None:
+        for name, option in (("max_rows", "--max-rows"), ("max_bytes", "--max-bytes")):
+            if getattr(self, name) < 1:
+                raise ScoreInputError(f"{option} {getattr(self, name)}: give a positive number")
+
+
+def _over(path: Path, found: str, limit: int, option: str) -> ScoreInputError:
+    return ScoreInputError(
+        f"{path}: {found}, over the limit of {limit:,} ({option}); nothing was read. If the "
+        f"file is genuine, pass a larger {option}; a small file that unpacks this far is more "
+        "likely a zip bomb"
+    )
 
 
 def _unsupported(path: Path, what: str) -> ScoreInputError:
@@ -140,9 +169,10 @@ def _check_binary(path: Path, head: bytes) -> bool:
     return False
 
 
-def check_readable(path: Path) -> None:
-    """Refuse an empty file, a binary file of an unsupported format, and a text file that is
-    not UTF-8 (the encoding every text reader assumes) with the place of the first bad byte."""
+def check_readable(path: Path, limits: ReadLimits | None = None) -> None:
+    """Refuse an empty file, a binary file of an unsupported format, a binary table past
+    `limits` (default `ReadLimits()`), and a text file that is not UTF-8 (the encoding every
+    text reader assumes) with the place of the first bad byte."""
     data = path.read_bytes()
     if not data.strip():
         raise ScoreInputError(
@@ -150,6 +180,11 @@ def check_readable(path: Path) -> None:
             "(a header and one row per question for CSV/TSV, one record per line for JSONL)"
         )
     if _check_binary(path, data[:SNIFFED]):
+        limits = limits or ReadLimits()
+        if path.suffix.lower() == ".xlsx":
+            _check_workbook(path, limits)
+        else:
+            _check_parquet(path, limits)
         return
     try:
         data.decode("utf-8")
@@ -159,6 +194,116 @@ def check_readable(path: Path) -> None:
             f"{path}: byte {err.start} (line {line}) is {data[err.start : err.start + 1]!r}, "
             f"not UTF-8; {_likely_encoding(data)}"
         ) from err
+
+
+# Where a worksheet's XML opens a row or a formula (`<row r="2">`, `<x:f>`); a tag holds no "<".
+_ROW_TAG = re.compile(rb"<(?:[A-Za-z_][\w.-]*:)?row[\s/>]")
+_FORMULA_TAG = re.compile(rb"<(?:[A-Za-z_][\w.-]*:)?f[\s/>]")
+_CHUNK = 1 << 20
+_MAIN_NS = "{http://schemas.openxmlformats.org/spreadsheetml/2006/main}"
+_REL_NS = "{http://schemas.openxmlformats.org/officeDocument/2006/relationships}"
+SHOWN_CELLS = 10  # formula cells named in the warning
+
+
+def _first_sheet(archive: zipfile.ZipFile) -> str:
+    """The zip member of the workbook's first sheet, the one `pd.read_excel` reads (the
+    workbook's first `<sheet>`, through its relationship); sheet1.xml where that is unclear."""
+    from defusedxml import ElementTree
+
+    try:
+        book = ElementTree.fromstring(archive.read("xl/workbook.xml"))
+        sheet = book.find(f"{_MAIN_NS}sheets/{_MAIN_NS}sheet")
+        rels = ElementTree.fromstring(archive.read("xl/_rels/workbook.xml.rels"))
+        rid = sheet.get(f"{_REL_NS}id") if sheet is not None else None
+        target = next(r.get("Target") for r in rels if r.get("Id") == rid)
+    except (KeyError, StopIteration, ElementTree.ParseError):
+        return "xl/worksheets/sheet1.xml"
+    return target.lstrip("/") if target.startswith("/") else posixpath.join("xl", target)
+
+
+def _scan_sheet(archive: zipfile.ZipFile, member: str, max_rows: int) -> tuple[int, bool]:
+    """(rows, whether any cell holds a formula) of a worksheet, inflated a chunk at a time and
+    left as soon as it passes `max_rows`: a bomb is refused in seconds, unparsed."""
+    rows, formulas, carry = 0, False, b""
+    with archive.open(member) as sheet:
+        while chunk := sheet.read(_CHUNK):
+            text = carry + chunk
+            cut = text.rfind(b"<")  # a tag cut by the chunk's end is read with the next one
+            cut = len(text) if cut < 0 else cut
+            rows += len(_ROW_TAG.findall(text, 0, cut))
+            formulas = formulas or _FORMULA_TAG.search(text, 0, cut) is not None
+            carry = text[cut:]
+            if rows > max_rows:
+                break
+    return rows + len(_ROW_TAG.findall(carry)), formulas or bool(_FORMULA_TAG.search(carry))
+
+
+def _formulas_without_value(archive: zipfile.ZipFile, member: str) -> list[str]:
+    """The references of a worksheet's formula cells that store no value: openpyxl reads them
+    as empty (formulas are never evaluated here)."""
+    from defusedxml.ElementTree import iterparse
+
+    cells = []
+    with archive.open(member) as sheet:
+        for _, cell in iterparse(sheet, events=("end",)):
+            if cell.tag.rsplit("}", 1)[-1] != "c":
+                continue
+            parts = {child.tag.rsplit("}", 1)[-1]: child for child in cell}
+            value = parts.get("v", parts.get("is"))
+            if "f" in parts and (value is None or not "".join(value.itertext())):
+                cells.append(cell.get("r") or "?")
+            cell.clear()
+    return cells
+
+
+def _check_workbook(path: Path, limits: ReadLimits) -> None:
+    """Refuse a workbook past `limits` before it is parsed, and warn about formula cells
+    without a stored value (which would otherwise be scored as empty without a word)."""
+    with zipfile.ZipFile(path) as archive:
+        unpacked = sum(member.file_size for member in archive.infolist())
+        if unpacked > limits.max_bytes:
+            found = f"its zip members unpack to {unpacked:,} bytes (as declared)"
+            raise _over(path, found, limits.max_bytes, "--max-bytes")
+        sheet = _first_sheet(archive)
+        if sheet not in archive.namelist():
+            return  # not a sheet we can measure: openpyxl's own error says what is wrong
+        rows, formulas = _scan_sheet(archive, sheet, limits.max_rows)
+        if rows > limits.max_rows:
+            found = f"its first sheet ({sheet}) has {rows:,} rows or more (header included)"
+            raise _over(path, found, limits.max_rows, "--max-rows")
+        empty = _formulas_without_value(archive, sheet) if formulas else []
+    if empty:
+        shown = ", ".join(empty[:SHOWN_CELLS]) + (", ..." if len(empty) > SHOWN_CELLS else "")
+        log.warning(
+            "%s: %d formula cell(s) store no value (%s) and are read as empty: formulas are "
+            "never evaluated. Open the workbook in Excel or LibreOffice and save it (which "
+            "stores each formula's value), or paste the values over the formulas",
+            path,
+            len(empty),
+            shown,
+        )
+
+
+def _check_parquet(path: Path, limits: ReadLimits) -> None:
+    """Refuse a Parquet file whose metadata declares more rows or unpacked bytes than
+    `limits`, before any column is read."""
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.ParquetFile(path).metadata
+    except Exception:  # damaged: load_table gives the full message
+        return
+    if meta.num_rows > limits.max_rows:
+        found = f"its metadata declares {meta.num_rows:,} rows"
+        raise _over(path, found, limits.max_rows, "--max-rows")
+    unpacked = sum(
+        meta.row_group(g).column(c).total_uncompressed_size
+        for g in range(meta.num_row_groups)
+        for c in range(meta.num_columns)
+    )
+    if unpacked > limits.max_bytes:
+        found = f"its column chunks unpack to {unpacked:,} bytes (as declared)"
+        raise _over(path, found, limits.max_bytes, "--max-bytes")
 
 
 def _likely_encoding(data: bytes) -> str:

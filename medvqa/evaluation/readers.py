@@ -51,6 +51,7 @@ from medvqa.data.shifts import SPLITS
 from medvqa.evaluation.answers import key_option, same_answer
 from medvqa.evaluation.peer_readers import is_llava, is_vlmevalkit, read_llava, read_vlmevalkit
 from medvqa.evaluation.prediction_files import (
+    ReadLimits,
     ScoreInputError,
     check_readable,
     is_table,
@@ -61,7 +62,7 @@ from medvqa.evaluation.prediction_files import (
 )
 from medvqa.evaluation.prediction_files import text_or_none as _text
 
-__all__ = ["READERS", "ScoreInputError", "detect_format", "normalise", "read"]
+__all__ = ["READERS", "ReadLimits", "ScoreInputError", "detect_format", "normalise", "read"]
 
 log = logging.getLogger(__name__)
 
@@ -388,13 +389,19 @@ def normalise(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
     return frame.reset_index(drop=True)
 
 
-def read(path: Path, fmt: str = "auto", questions: Path | None = None) -> tuple[pd.DataFrame, str]:
+def read(
+    path: Path,
+    fmt: str = "auto",
+    questions: Path | None = None,
+    limits: ReadLimits | None = None,
+) -> tuple[pd.DataFrame, str]:
     """The file's rows, normalised, and the format they were read as; `questions` is the
-    question file a `llava` answers file is joined with (it holds their ground truth)."""
+    question file a `llava` answers file is joined with (it holds their ground truth);
+    `limits`: how far a binary table may unpack (default `ReadLimits()`)."""
     path = Path(path)
     if not path.is_file():
         raise ScoreInputError(f"{path}: no such file")
-    check_readable(path)
+    check_readable(path, limits)
     if fmt not in ("auto", *READERS):
         raise ScoreInputError(f"--format {fmt!r}: choose from {['auto', *READERS]}")
     if fmt == "auto":
