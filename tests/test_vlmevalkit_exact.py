@@ -17,6 +17,7 @@ from medvqa.cli.score import main
 from medvqa.evaluation import vlmevalkit_matching
 from medvqa.evaluation.families.mcq import McqMetric
 from medvqa.evaluation.readers import read
+from medvqa.evaluation.statistics import Bootstrap
 from tests.peers import vlmevalkit
 
 # (index, options A-D, key, reply): the replies the two readings disagree on (issue 49), the
@@ -190,4 +191,36 @@ def test_the_port_agrees_on_generated_replies(
 
 def test_an_unknown_matching_is_refused() -> None:
     with pytest.raises(ValueError, match=r"matching must be one of \('medvqa', 'vlmevalkit_exact'"):
-        McqMetric(bootstrap={"samples": 0}, matching="vlmevalkit")
+        McqMetric(bootstrap=Bootstrap(samples=0), matching="vlmevalkit")
+
+
+def test_the_readings_keys_are_classed_as_their_medvqa_namesakes() -> None:
+    """Relative robustness and deltas apply to the same scores under either reading."""
+    from medvqa.evaluation.families.base import COUNT, ERROR_RATE, REFERENCE
+
+    for reading in ("mcq_", "mcq_vlmevalkit_exact_"):
+        assert McqMetric.score_info(f"test_ood/{reading}invalid_rate") == ERROR_RATE
+        assert McqMetric.score_info(f"test_ood/{reading}n_valid") == COUNT
+        assert McqMetric.score_info(f"all/{reading}random_baseline") == REFERENCE
+        assert McqMetric.score_info(f"all/{reading}acc_strict").performance
+
+
+def test_option_letters_that_do_not_fit_their_options_are_refused() -> None:
+    table = pd.DataFrame(
+        {
+            "prediction": ["B"],
+            "answer": ["MRI"],
+            "answer_type": ["closed"],
+            "candidates": [["CT", "MRI"]],
+            "option_letters": [["A"]],
+        },
+        index=["q7"],
+    )
+    metric = McqMetric(bootstrap=Bootstrap(samples=0), matching="vlmevalkit_exact")
+    with pytest.raises(ValueError, match=r"row 'q7' has option letters \['A'\] for the options"):
+        metric.per_sample(table)
+    table["option_letters"] = [["A", "C"]]  # B left empty in the file: 'B' reads as no option
+    scored = metric.per_sample(table)
+    assert scored["mcq_vlmevalkit_exact_invalid"].tolist() == [1.0]
+    table["prediction"] = ["C"]
+    assert metric.per_sample(table)["mcq_vlmevalkit_exact_correct"].tolist() == [1.0]

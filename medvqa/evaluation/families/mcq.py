@@ -196,7 +196,7 @@ class McqMetric(MetricFamily):
         }
 
 
-# The `mcq` family's per-sample columns (a family writes `self.column(base)`).
+# The `mcq` family's per-sample columns under matching=medvqa (it writes `self.key(base)`).
 MCQ_CHOICE = McqMetric.column("choice")
 MCQ_CORRECT = McqMetric.column("correct")
 MCQ_INVALID = McqMetric.column("invalid")
