@@ -87,9 +87,7 @@ class _Run:
 
     def bootstrap(self) -> dict[str, Any] | None:
         """The run's `evaluation.bootstrap` as paired-bootstrap options (None: turned off)."""
-        evaluation = (self.record().get("config") or {}).get("evaluation") or {}
-        recorded = evaluation.get("bootstrap") or {}
-        return Bootstrap.of({**dataclasses.asdict(Bootstrap()), **recorded}).options()
+        return recorded_bootstrap(self.record())
 
     def families(self) -> list[Any]:
         """The recorded per-sample-mean scores, plus the families of the recorded config
@@ -125,6 +123,14 @@ class _Run:
         return self._families
 
 
+def recorded_bootstrap(record: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A record's `evaluation.bootstrap` as bootstrap options (B, seed, level; None: off),
+    the defaults for the keys it lacks."""
+    evaluation = (record.get("config") or {}).get("evaluation") or {}
+    recorded = evaluation.get("bootstrap") or {}
+    return Bootstrap.of({**dataclasses.asdict(Bootstrap()), **recorded}).options()
+
+
 def scored_table(source: str, name: str = SCORES_FILE) -> pd.DataFrame | None:
     """The scored table `name` next to a local results.json (None for W&B runs or older runs);
     `scores_zero_shot.parquet` for the zero-shot base's."""
@@ -134,11 +140,11 @@ def scored_table(source: str, name: str = SCORES_FILE) -> pd.DataFrame | None:
     return pd.read_parquet(path.parent / name)
 
 
-def _split(scored: pd.DataFrame, split: str) -> pd.DataFrame:
+def split_rows(scored: pd.DataFrame, split: str) -> pd.DataFrame:
     return scored[scored[R.SPLIT] == split] if R.SPLIT in scored else scored.iloc[0:0]
 
 
-def _same_questions(a: pd.DataFrame, b: pd.DataFrame) -> bool:
+def same_questions(a: pd.DataFrame, b: pd.DataFrame) -> bool:
     """Whether two runs' rows of a split are the same questions (record ids, each once)."""
     if a.empty or R.ID not in a or R.ID not in b or a[R.ID].duplicated().any():
         return False
@@ -191,8 +197,8 @@ def paired_differences(frame: pd.DataFrame) -> pd.DataFrame:
                 if score not in a.headlines() or score not in b.headlines():
                     continue
                 for split in SPLITS:
-                    rows_a, rows_b = _split(a.scored, split), _split(b.scored, split)
-                    if not _same_questions(rows_a, rows_b):
+                    rows_a, rows_b = split_rows(a.scored, split), split_rows(b.scored, split)
+                    if not same_questions(rows_a, rows_b):
                         continue
                     boot = reference.bootstrap()
                     if boot is None:

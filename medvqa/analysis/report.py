@@ -30,6 +30,7 @@ import pandas as pd
 
 from medvqa.analysis import figures as figs
 from medvqa.analysis.aggregate import SKIPPED, rehearsals
+from medvqa.analysis.judges import JudgeSensitivity, judge_figure, judge_sensitivity
 from medvqa.analysis.paired import paired_differences
 from medvqa.analysis.tables import (
     FOOTNOTE,
@@ -67,6 +68,8 @@ class Report:
     # Why rehearsal runs (random weights) are or are not in the tables ("" when there are none).
     rehearsal: str = ""
     views: dict[str, dict[str, pd.DataFrame]] = field(default_factory=dict)
+    # RR, rankings and conclusions under each judge of a jury (medvqa.analysis.judges)
+    judges: JudgeSensitivity = field(default_factory=JudgeSensitivity)
     figures: dict[str, Path] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
     files: dict[str, Path] = field(default_factory=dict)
@@ -120,6 +123,8 @@ def build(runs: pd.DataFrame, out_dir: Path | str) -> Report:
     paired = paired_differences(placed)
     paired.to_csv(out_dir / "paired_differences.csv", index=False)
     files["paired_csv"] = out_dir / "paired_differences.csv"
+    judges = judge_sensitivity(placed)
+    files.update(judges.write(out_dir))
     perf = perf_table(usable)  # rehearsals too: their speed is what they are for
     perf.to_csv(out_dir / "perf.csv", index=False)
     files["perf_csv"] = out_dir / "perf.csv"
@@ -133,6 +138,7 @@ def build(runs: pd.DataFrame, out_dir: Path | str) -> Report:
         issues=issues,
         provenance=provenance,
         paired=paired,
+        judges=judges,
         ranks=figs.ranks(long) if not long.empty else pd.DataFrame(),
         variance=figs.variance_split(long) if not long.empty else pd.DataFrame(),
         files=files,
@@ -158,6 +164,7 @@ def build(runs: pd.DataFrame, out_dir: Path | str) -> Report:
             **figs.reliance_quadrants(placed, fig_dir),
             **figs.subgroup_forest(placed, fig_dir),
             **figs.calibration_curves(placed, fig_dir),
+            **judge_figure(judges, fig_dir),
         }
         if not long.empty
         else {"all figures": "no record could be placed in a table (see the issues)"}
@@ -316,6 +323,7 @@ def write_html(report: Report) -> Path:
             "is not a per-row mean (paired_differences.csv).</p>"
         )
         parts.append(_frame_html(report.paired))
+    parts += _judges_html(report.judges)
     parts.append("<h2>Provenance</h2>")
     if report.provenance.empty:
         parts.append("<p>No run recorded its provenance.</p>")
@@ -349,6 +357,35 @@ def write_html(report: Report) -> Path:
     path = report.out_dir / "report.html"
     path.write_text("\n".join(parts), encoding="utf-8")
     return path
+
+
+def _judges_html(judges: JudgeSensitivity) -> list[str]:
+    """The section on the conclusions under each judge of a jury (none without a jury)."""
+    if judges.empty:
+        return []
+    flagged = judges.flagged
+    n = len(judges.conclusions.drop_duplicates(["table", "seed", "score", "higher", "lower"]))
+    parts = [
+        "<h2>Conclusions under each judge</h2>",
+        "<p class='note'>The runs were graded by a jury (judge.jury). Each conclusion "
+        "“A's RR is above B's” that a judge supports with a paired case-bootstrap interval "
+        "excluding zero, and what becomes of it under every other judge: it holds, loses "
+        "significance (interval holding zero), flips (the other sign) or is unknown (an item "
+        "that judge could not score). Rankings by RR under each judge and Kendall's τ between "
+        "them: judge_ranks.csv, judge_rank_tau.csv; every comparison: judge_conclusions.csv; "
+        "the figure rr_under_each_judge.</p>",
+    ]
+    if flagged.empty:
+        parts.append(f"<p>All {n} significant pairwise conclusion(s) hold under every judge.</p>")
+    else:
+        parts.append(
+            f"<p class='bad'>{len(flagged)} case(s) of a conclusion that does not hold under "
+            f"another judge ({n} significant pairwise conclusion(s) in all):</p>"
+        )
+        parts.append(_frame_html(flagged))
+    if not judges.tau.empty:
+        parts.append(_frame_html(judges.tau, "{:.2f}"))
+    return parts
 
 
 def log_report(report: Report, loggers: Sequence[Any]) -> int:

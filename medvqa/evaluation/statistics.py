@@ -67,6 +67,7 @@ __all__ = [
     "cluster_statistic_ci",
     "cluster_sum_replicates",
     "paired_bootstrap_diff",
+    "paired_rr_diff",
     "percentile_ci",
     "rr_ci",
 ]
@@ -458,6 +459,58 @@ def rr_ci(
         level=level,
         what="rr_ci",
     )
+
+
+def paired_rr_diff(
+    iid_a: Any,
+    iid_b: Any,
+    iid_clusters: Any,
+    ood_a: Any,
+    ood_b: Any,
+    ood_clusters: Any,
+    *,
+    stat: str = "mean",
+    B: int = Bootstrap.samples,
+    seed: int = Bootstrap.seed,
+    level: float = Bootstrap.level,
+) -> BootstrapCI:
+    """CI of RR_a - RR_b: two methods (or one method under two judges) scored on the same
+    questions of both test splits, RR = mean_OoD / mean_iid. The i.i.d. and OoD splits are
+    different cases, resampled independently (as `rr_ci`); within a split one draw of cases
+    serves both a and b (as `paired_bootstrap_diff`), so what the two share cancels out. NaN
+    (point and interval) if a value is NaN (an item that could not be scored: no difference
+    of the survivors'); NaN interval with fewer than two cases in a split."""
+    _check(stat, B, level)
+    sides, points = [], []
+    for a, b, clusters, what in (
+        (iid_a, iid_b, iid_clusters, "i.i.d."),
+        (ood_a, ood_b, ood_clusters, "OoD"),
+    ):
+        va, vb = np.asarray(a, dtype=float).ravel(), np.asarray(b, dtype=float).ravel()
+        c = np.asarray(clusters, dtype=object).ravel()
+        if not va.size == vb.size == c.size:
+            raise ValueError(
+                f"paired_rr_diff ({what}): {va.size} and {vb.size} values for {c.size} cluster "
+                "labels; pass both sides' scores of the same rows, one case id per row."
+            )
+        if va.size == 0 or np.isnan(va).any() or np.isnan(vb).any():
+            return BootstrapCI(math.nan, *_NAN_CI)
+        _valid_rows(va, c, f"paired_rr_diff ({what})")  # a missing case id is refused
+        codes, labels = pd.factorize(c, sort=False)
+        sa, na = _totals(va, codes, len(labels), stat)
+        sb, nb = _totals(vb, codes, len(labels), stat)
+        sides.append(_Side(np.stack([sa, sb], axis=1), np.stack([na, nb], axis=1)))
+        points.append((_point(sa, na), _point(sb, nb)))
+    (iid_pa, iid_pb), (ood_pa, ood_pb) = points
+    point = float(_ratio(np.float64(ood_pa), np.float64(iid_pa))) - float(
+        _ratio(np.float64(ood_pb), np.float64(iid_pb))
+    )
+    if math.isnan(point) or min(side.sums.shape[0] for side in sides) < 2:
+        return BootstrapCI(point, *_NAN_CI)
+    (i_s, i_c), (o_s, o_c) = _resample(sides, int(B), seed)
+    iid, ood = _ratio(i_s, i_c), _ratio(o_s, o_c)
+    reps = _ratio(ood[:, 0], iid[:, 0]) - _ratio(ood[:, 1], iid[:, 1])
+    return _interval(point, reps, level, "paired_rr_diff")
 
 
 def ci_entries(
