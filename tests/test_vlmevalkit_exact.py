@@ -189,9 +189,17 @@ def test_the_port_agrees_on_generated_replies(
     assert vlmevalkit_matching.can_infer(reply, choices) == theirs
 
 
-def test_an_unknown_matching_is_refused() -> None:
+def test_an_unknown_matching_is_refused(
+    files: dict[str, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """By medvqa-score too: exit status 2, the accepted values, nothing written."""
     with pytest.raises(ValueError, match=r"matching must be one of \('medvqa', 'vlmevalkit_exact'"):
         McqMetric(bootstrap=Bootstrap(samples=0), matching="vlmevalkit")
+    out = tmp_path / "refused"
+    args = [str(files["tsv"]), "--out", str(out), "metric=[mcq]", "metric.mcq.matching=exact"]
+    assert main(args) == 2
+    assert "matching must be one of ('medvqa', 'vlmevalkit_exact'), got 'exact'" in caplog.text
+    assert "Traceback" not in caplog.text and not out.exists()
 
 
 def test_the_readings_keys_are_classed_as_their_medvqa_namesakes() -> None:
