@@ -62,20 +62,22 @@ def _dataset(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def files(tmp_path: Path) -> dict[str, Path]:
-    """The prediction file of each PRED_FORMAT their dump writes, and one whose options keep
-    the text "None" (a file re-saved by a tool that does not read it as missing)."""
+    """The prediction file of each PRED_FORMAT their dump writes, and a .tsv and an .xlsx whose
+    options keep the text "None" (re-saved by a tool that does not read it as missing)."""
     pytest.importorskip("xlsxwriter")  # their dump_xlsx's engine (a dev dependency)
     dataset = _dataset(tmp_path)
     out = {
         fmt: vlmevalkit.write_predictions(dataset, REPLIES, tmp_path / fmt, fmt)
-        for fmt in ("tsv", "xlsx")
+        for fmt in ("tsv", "xlsx", "json")
     }
     texts = pd.read_csv(dataset, sep="\t", keep_default_na=False).drop(columns="image")
     texts["prediction"] = [REPLIES[i] for i in texts["index"]]
-    out["none_text"] = tmp_path / "none_text" / "MedVLM_MedMCQ.tsv"
-    out["none_text"].parent.mkdir()
-    vlmevalkit.dump(texts, str(out["none_text"]))
-    assert "None" in out["none_text"].read_text()
+    for suffix in ("tsv", "xlsx"):
+        out[f"none_text_{suffix}"] = tmp_path / f"none_{suffix}" / f"MedVLM_MedMCQ.{suffix}"
+        out[f"none_text_{suffix}"].parent.mkdir()
+        vlmevalkit.dump(texts, str(out[f"none_text_{suffix}"]))
+    assert "None" in out["none_text_tsv"].read_text()
+    assert (pd.read_excel(out["none_text_xlsx"], keep_default_na=False)["C"] == "None").any()
     return out
 
 
@@ -85,7 +87,7 @@ def _score(out: Path, path: Path, *overrides: str) -> tuple[dict, pd.DataFrame]:
     return record["metrics"], pd.read_parquet(out / "scores.parquet")
 
 
-@pytest.mark.parametrize("fmt", ["tsv", "xlsx", "none_text"])
+@pytest.mark.parametrize("fmt", ["tsv", "xlsx", "json", "none_text_tsv", "none_text_xlsx"])
 def test_vlmevalkit_exact_equals_their_scorer_row_for_row(
     fmt: str, files: dict[str, Path], tmp_path: Path
 ) -> None:
