@@ -154,3 +154,22 @@ def test_a_formula_with_a_stored_value_is_read_as_that_value(
     caplog.clear()
     assert read(path)[0]["prediction"].tolist() == ["yes"]
     assert "formula cell" not in caplog.text
+
+
+def test_a_workbook_declaring_entities_is_refused(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An XML entity (the stuff of billion-laughs bombs) in the workbook: refused, unread."""
+    plain, path = tmp_path / "plain.xlsx", tmp_path / "entities.xlsx"
+    pd.DataFrame([dict(zip(HEADER, ("Is it?", "yes", "yes"), strict=True))]).to_excel(
+        plain, index=False
+    )
+    with zipfile.ZipFile(plain) as src, zipfile.ZipFile(path, "w") as dst:
+        for member in src.infolist():
+            data = src.read(member)
+            if member.filename == "xl/workbook.xml":
+                head, _, body = data.partition(b"?>")
+                data = head + b'?><!DOCTYPE w [<!ENTITY lol "lol">]>' + body
+            dst.writestr(member, data)
+    text = _refused(path, tmp_path, caplog)
+    assert f"{path}: the workbook's XML declares entities or a DTD" in text

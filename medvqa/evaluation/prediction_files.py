@@ -259,6 +259,18 @@ def _formulas_without_value(archive: zipfile.ZipFile, member: str) -> list[str]:
 def _check_workbook(path: Path, limits: ReadLimits) -> None:
     """Refuse a workbook past `limits` before it is parsed, and warn about formula cells
     without a stored value (which would otherwise be scored as empty without a word)."""
+    from defusedxml import DefusedXmlException
+
+    try:
+        _measure_workbook(path, limits)
+    except DefusedXmlException as err:  # entities or a DTD: what XML bombs are made of
+        raise ScoreInputError(
+            f"{path}: the workbook's XML declares entities or a DTD ({err}), which Excel never "
+            "writes; it is not read. Re-save it from Excel or LibreOffice as .xlsx, or as CSV"
+        ) from err
+
+
+def _measure_workbook(path: Path, limits: ReadLimits) -> None:
     with zipfile.ZipFile(path) as archive:
         unpacked = sum(member.file_size for member in archive.infolist())
         if unpacked > limits.max_bytes:
