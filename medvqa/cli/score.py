@@ -96,11 +96,10 @@ def score_file(
     # Built before anything is written: a bad metric option leaves no files behind. Written
     # into a hidden sibling and swapped in whole: a rescoring killed midway leaves the earlier
     # one as it was.
-    try:
-        scoring = Scoring.from_config(cfg.metric, cfg.evaluation)
-    except ValueError as err:  # a metric option no type rules out (metric.mcq.matching=foo)
-        raise ConfigError(str(err)) from err
-    with scoring, staged_dir(out_dir, "medvqa-score") as staging:
+    with (
+        Scoring.from_config(cfg.metric, cfg.evaluation) as scoring,
+        staged_dir(out_dir, "medvqa-score") as staging,
+    ):
         breakdown = [f for f in cfg.evaluation.breakdown if f in frame]
         skipped = [f for f in cfg.evaluation.breakdown if f not in frame]
         if skipped:

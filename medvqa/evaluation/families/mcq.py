@@ -45,6 +45,7 @@ from medvqa.data.records import (
     OPTION_LETTERS,
     PREDICTION,
 )
+from medvqa.errors import ConfigError
 from medvqa.evaluation import vlmevalkit_matching
 from medvqa.evaluation.answers import key_option, resolve_prediction
 from medvqa.evaluation.families.base import (
@@ -101,7 +102,7 @@ class McqMetric(MetricFamily):
         matching: Matching = "medvqa",
     ) -> None:
         if matching not in MCQ_MATCHINGS:
-            raise ValueError(
+            raise ConfigError(
                 f"{self.name}: matching must be one of {MCQ_MATCHINGS}, got {matching!r}; "
                 "e.g. metric.mcq.matching=vlmevalkit_exact for VLMEvalKit's exact matching."
             )
