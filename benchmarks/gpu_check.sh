@@ -48,13 +48,13 @@ RUN="$PY run.py +experiment=synthetic_modality logger=csv trainer.enable_progres
 # The dry run: the shrunk architecture for the job too, trainer=cpu in float32, a few rows and steps;
 # ZeRO-2 through DeepSpeed's CPU test strategy. T scales the stages' time limits.
 if [ $CPU = 1 ]; then
-  BIG=shrunk T=3 TEST_ROWS=4 STEPS=(2 3) ZERO2_BATCH=2 EVERY=1
+  BIG=shrunk T=3 TEST_ROWS=4 STEPS=(2 3) ZERO2_BATCH=2 EVERY=1 PROFILE_START=0 PROFILE_STEPS=1
   HEADLINE=(--cpu --setups none-8 --warmup 1 --steps 1)
   JOB=(trainer=cpu model.dtype=float32 trainer.max_steps=2 data.batch_size=4 data.eval_batch_size=8 data.limit.val=4)
   ZERO2_ON=(trainer.precision=bf16-mixed data.limit.val=4
     "trainer.strategy={_target_: tests.zero2_cpu.CPUZero2Strategy, exclude_frozen_parameters: true}")
 else
-  BIG=true T=1 TEST_ROWS=64 STEPS=(6 9) ZERO2_BATCH=8 EVERY=3
+  BIG=true T=1 TEST_ROWS=64 STEPS=(6 9) ZERO2_BATCH=8 EVERY=3 PROFILE_START=45 PROFILE_STEPS=3
   HEADLINE=(--setups none-8-compile --warmup 10 --steps 8 --gen-batch 256 --gen-cases
     gen-dynamic-11q gen-static-11q gen-static-merged-11q gen-static-merged-1q
     gen-static-merged-11q-100tok peft.adapter.r=128)
@@ -65,8 +65,12 @@ fi
 [ $CPU = 1 ] && JOB+=(data.limit.test_iid=$TEST_ROWS data.limit.test_ood=$TEST_ROWS)
 # The study's own SLAKE LoRA job (conf/hparams/sure_vqa/slake_lora.yaml: rank 128, lr 3e-5) on
 # rows shaped like SLAKE's (11 questions per image).
+# It profiles 3 optimiser steps once the compiled layers are warm, before the steady window
+# (medvqa.training.profiling: job7b/profile/summary.md, perf/profile/...).
 stage job7b $((600 * T)) $RUN study=sure_vqa hparams=sure_vqa/slake_lora \
   dataset.questions_per_image=11 model=llava_med model.random_weights=$BIG "${JOB[@]}" \
+  +callbacks.step_profile._target_=medvqa.training.profiling.StepProfile \
+  +callbacks.step_profile.start=$PROFILE_START +callbacks.step_profile.steps=$PROFILE_STEPS \
   hydra.run.dir="$OUT/job7b"
 ZERO2="model=llava_med model.random_weights=shrunk
   peft=full data.batch_size=$ZERO2_BATCH data.limit.test_iid=$TEST_ROWS data.limit.test_ood=$TEST_ROWS
@@ -82,6 +86,7 @@ stage headline $((420 * T)) $PY benchmarks/gpu.py --models llava_med --methods l
 echo "done ${SECONDS}s" >>"$S"
 $PY benchmarks/gpu_check_table.py "$OUT"/job7b/results.json "$OUT"/zero2_first_results.json \
   "$OUT"/zero2/results.json >"$OUT/tables.md" 2>>"$S"
+cat "$OUT/job7b/profile/summary.md" >>"$OUT/tables.md" 2>/dev/null
 tail -n 30 "$OUT/headline.out" >>"$OUT/tables.md" 2>/dev/null
 cat "$S" "$OUT/tables.md"
 exit $FAILED

@@ -48,3 +48,5 @@ def test_the_gpu_check_runs_every_stage_on_the_cpu(tmp_path: Path) -> None:
     assert any(json.loads(r).get("setup") == "none-8" for r in rows)
     tables = (tmp_path / "out" / "tables.md").read_text()
     assert tables.count("| fit |") == 3
+    # the job profiled its step (medvqa.training.profiling), recorded and quoted in the tables
+    assert job["perf"]["perf/profile/steps"] == 1 and "| gemm |" in tables
