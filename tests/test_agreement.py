@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from medvqa.cli.score import main as score_main
 from medvqa.evaluation.agreement import (
@@ -262,3 +264,47 @@ def test_raters_who_rate_as_one_juror_give_that_juror_kappa_one(
     pairs = table.xs("rater_pairs_mean", level="kind")
     assert pairs["weighted_kappa"].iloc[0] == pytest.approx(ceiling["weighted_kappa"])
     assert (out / "heatmap.png").is_file()
+
+
+# -- against another implementation, and properties ------------------------------------------
+
+
+@pytest.mark.skipif(
+    __import__("importlib").util.find_spec("sklearn") is None, reason="scikit-learn not installed"
+)
+@pytest.mark.parametrize("quadratic", [False, True])
+def test_cohen_kappa_equals_scikit_learns(quadratic: bool) -> None:
+    """scikit-learn's `cohen_kappa_score` (installed with a dependency, not one of medvqa's) as
+    a second implementation, on random 1-5 ratings."""
+    from sklearn.metrics import cohen_kappa_score
+
+    rng = np.random.default_rng(11)
+    for _ in range(20):
+        a = rng.integers(1, 6, 40).astype(float)
+        b = np.clip(a + rng.integers(-2, 3, 40), 1, 5)
+        theirs = cohen_kappa_score(
+            a, b, labels=OPEN_LEVELS, weights="quadratic" if quadratic else None
+        )
+        assert cohen_kappa(a, b, OPEN_LEVELS, quadratic) == pytest.approx(theirs)
+
+
+@given(
+    st.lists(
+        st.lists(st.sampled_from([0.0, 0.5, 1.0, NAN]), min_size=3, max_size=3),
+        min_size=1,
+        max_size=20,
+    )
+)
+def test_a_verdict_exists_exactly_where_every_juror_answered(rows: list[list[float]]) -> None:
+    from medvqa.evaluation.judge.jury import jury_verdict
+
+    scores = np.array(rows)
+    for rule in ("majority", "median", "mean"):
+        verdict = jury_verdict(scores, rule)
+        np.testing.assert_array_equal(np.isnan(verdict), np.isnan(scores).any(axis=1))
+        done = ~np.isnan(verdict)
+        assert (verdict[done] >= scores[done].min(axis=1)).all()
+        assert (verdict[done] <= scores[done].max(axis=1)).all()
+    binary = scores[~np.isnan(scores).any(axis=1) & np.isin(scores, [0.0, 1.0]).all(axis=1)]
+    if len(binary):  # a jury of three on 0/1 verdicts: the majority is the median
+        assert (jury_verdict(binary, "majority") == np.median(binary, axis=1)).all()

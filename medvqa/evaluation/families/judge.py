@@ -287,6 +287,13 @@ class JudgeJury(JudgeMetric):
         for name, frame in frames.items():
             for base in _JUROR_BASES:
                 out[juror_column(self.column(base), name)] = frame[self.column(base)]
+        for name, juror in self.jurors.items():
+            log.info(
+                "judge jury: juror %s (%s): %s",
+                name,
+                juror.backend.judge_id,
+                ", ".join(f"{k} {v}" for k, v in juror.engine.counters.items()),
+            )
         unknown = int(out[JUDGE_FAILED].sum())
         if unknown:
             log.warning(
