@@ -12,10 +12,10 @@ that could not be judged has `judge_failed = 1`, is counted in `judge_failures` 
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any
+from dataclasses import asdict
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -238,9 +238,8 @@ class JudgeJury(JudgeMetric):
         jurors: dict[str, JudgeMetric] = {}
         try:
             for name, juror in configs.items():
-                built = JudgeMetric.from_config(dataclasses.asdict(juror))
-                assert isinstance(built, JudgeMetric)
-                jurors[name] = built
+                # A juror's config has no jury: `from_config` builds a single judge.
+                jurors[name] = cast(JudgeMetric, JudgeMetric.from_config(asdict(juror)))
             return cls(jurors, config.jury_closed, config.jury_open, configs)
         except BaseException:
             for built in jurors.values():
