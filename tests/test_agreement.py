@@ -308,3 +308,35 @@ def test_a_verdict_exists_exactly_where_every_juror_answered(rows: list[list[flo
     binary = scores[~np.isnan(scores).any(axis=1) & np.isin(scores, [0.0, 1.0]).all(axis=1)]
     if len(binary):  # a jury of three on 0/1 verdicts: the majority is the median
         assert (jury_verdict(binary, "majority") == np.median(binary, axis=1)).all()
+
+
+def test_the_mean_verdict_is_medhelms_jury_where_every_juror_answered() -> None:
+    """MedHELM's `LLMJuryMetric` (tests/peers/medhelm_jury.py) averages its jurors' scores;
+    `judge.jury_open=mean` gives the same number row for row where every juror answered. Where
+    one did not, MedHELM averages the others (and scores 0 when none answered): medvqa gives
+    no verdict, since the survivors' mean is not the jury's."""
+    from medvqa.evaluation.judge.jury import jury_verdict
+    from tests.peers.medhelm_jury import LLMJuryMetric
+
+    jurors = ("gpt", "claude", "llama")
+    peer = LLMJuryMetric("jury_score", "vqa", dict.fromkeys(jurors))
+    rng = np.random.default_rng(2)
+    rows = rng.integers(1, 6, (30, 3)).astype(float)
+    rows[[4, 9], 1] = NAN  # a juror that did not answer
+    rows[12] = NAN  # nobody answered
+    theirs = [
+        peer.evaluate_generation(
+            {
+                "vqa": {
+                    j: None if math.isnan(v) else {"accuracy": {"score": int(v)}}
+                    for j, v in zip(jurors, row, strict=True)
+                }
+            }
+        )
+        for row in rows
+    ]
+    ours = jury_verdict(rows, "mean")
+    complete = ~np.isnan(rows).any(axis=1)
+    np.testing.assert_allclose(ours[complete], np.array(theirs)[complete])
+    assert np.isnan(ours[~complete]).all()
+    assert theirs[4] == np.nanmean(rows[4]) and theirs[12] == 0.0  # the survivors' mean; 0
