@@ -189,6 +189,7 @@ def test_a_jury_run_records_the_jurors_agreement_with_intervals(
         assert metrics[f"{base}/lenient~strict/open_wkappa"] == pytest.approx(0.0)
         for stat in ("jury/closed_fleiss_kappa", "jury/open_alpha", "lenient~truth/open_wkappa"):
             assert f"{base}/{stat}_ci_lo" in metrics and f"{base}/{stat}_ci_half" in metrics
+        assert metrics[f"{base}/n_closed"] == metrics[f"{base}/n_open"] == 3
         # per question type too
         assert f"{base}/question_type=presence/jury/closed_fleiss_kappa" in metrics
     # the report shows the overall figures (the view's presentation matches their keys)
@@ -215,6 +216,33 @@ def test_agreement_needs_two_jurors_and_skips_absent_answer_types() -> None:
     assert figures["judge/agreement/test_iid/x~y/closed_kappa"] == pytest.approx(0.5)
     assert not any("open" in key for key in figures)
     assert judge_agreement(frame.drop(columns="judge_score@y")) == {}
+
+
+def test_rows_no_judge_read_add_no_agreement() -> None:
+    """Exact matches get the maximum from every juror without a call (the shortcut): the
+    agreement is over the rows the judges read."""
+    import pandas as pd
+
+    from medvqa.evaluation.judge.engine import SHORTCUT_REASON
+
+    read = pd.DataFrame(
+        {
+            "split": ["test_iid"] * 4,
+            "case_id": ["a", "a", "b", "b"],
+            "answer_type": ["closed"] * 4,
+            "judge_score@x": [1.0, 0.0, 1.0, 1.0],
+            "judge_score@y": [1.0, 0.0, 0.0, 1.0],
+            "judge_reason@x": "scripted",
+            "judge_reason@y": "scripted",
+        }
+    )
+    exact = read.iloc[[0] * 6].assign(
+        **{"judge_reason@x": SHORTCUT_REASON, "judge_reason@y": SHORTCUT_REASON}
+    )
+    both = judge_agreement(pd.concat([read, exact], ignore_index=True))
+    assert both == judge_agreement(read)
+    assert both["judge/agreement/test_iid/n_closed"] == 4
+    assert both["judge/agreement/test_iid/x~y/closed_kappa"] == pytest.approx(0.5)
 
 
 # -- with people (the rater study) -----------------------------------------------------------

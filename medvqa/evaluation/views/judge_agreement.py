@@ -10,8 +10,14 @@ type by default), over the rows each statistic applies to:
   Krippendorff's alpha on the open scores (`open_alpha`);
 
 each with a case-clustered bootstrap interval (`evaluation.bootstrap`), recorded as
-`judge/agreement/<split>/[<field>=<value>/]<juror>~<juror>|jury/<stat>[_ci_lo|_ci_hi|_ci_half]`.
-A set of rows one of its jurors failed on has NaN agreement (`medvqa.evaluation.agreement`).
+`judge/agreement/<split>/[<field>=<value>/]<juror>~<juror>|jury/<stat>[_ci_lo|_ci_hi|_ci_half]`,
+and the rows compared as `.../n_closed`, `.../n_open`. A set of rows one of its jurors failed on
+has NaN agreement (`medvqa.evaluation.agreement`).
+
+Rows the judges did not read are left out: a prediction equal to the ground truth after
+normalisation gets the rubric's maximum from every juror without a call (the engine's
+shortcut), so it would add agreement no judge made (as the rater study leaves exact matches
+out of its correlations).
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ import pandas as pd
 from medvqa.data import records as R
 from medvqa.evaluation.agreement import agreement, levels_for
 from medvqa.evaluation.families.base import breakdown_prefix, field_groups
-from medvqa.evaluation.families.judge import JUDGE_SCORE, juror_column, jurors_of
+from medvqa.evaluation.families.judge import JUDGE_REASON, JUDGE_SCORE, juror_column, jurors_of
+from medvqa.evaluation.judge.engine import SHORTCUT_REASON
 from medvqa.evaluation.views.base import JobRows, Presentation, View
 
 PREFIX = "judge/agreement"
@@ -50,6 +57,9 @@ def judge_agreement(
     out: dict[str, float] = {}
     if len(jurors) < 2:
         return out
+    reasons = [juror_column(JUDGE_REASON, j) for j in jurors]
+    if all(r in scored for r in reasons):
+        scored = scored.loc[~(scored[reasons] == SHORTCUT_REASON).all(axis=1)]
     for split, rows in scored.groupby(R.SPLIT, sort=False):
         groups: list[tuple[str, pd.DataFrame]] = [("", rows)]
         for field in breakdown:
@@ -61,6 +71,7 @@ def judge_agreement(
                 typed = group.loc[group[R.ANSWER_TYPE] == answer_type]
                 if typed.empty:
                     continue
+                out[f"{base}n_{answer_type}"] = float(len(typed))
                 levels = levels_for(answer_type)
                 clusters = typed[R.CASE_ID].to_numpy(object)
                 columns = [juror_column(JUDGE_SCORE, j) for j in jurors]
