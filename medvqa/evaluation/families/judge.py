@@ -215,9 +215,7 @@ class JudgeJury(JudgeMetric):
         self.jurors = dict(jurors)
         self.rules = {"closed": closed_rule, "open": open_rule}
         self.configs = dict(configs or {})
-        first = next(iter(self.jurors.values()))
-        self.rubrics = first.rubrics
-        self.selfcheck_floors = first.selfcheck_floors
+        self.rubrics = next(iter(self.jurors.values())).rubrics  # every juror's (from_config)
         ids: dict[str, str] = {}
         for name, juror in self.jurors.items():
             judge_id = juror.backend.judge_id
@@ -228,8 +226,6 @@ class JudgeJury(JudgeMetric):
                     "cache entries. Give each juror another model or mode."
                 )
             ids[judge_id] = name
-            if juror.rubric_ids() != first.rubric_ids():
-                raise JudgeConfigError(f"judge.jury: juror {name!r} grades with other rubrics")
 
     @classmethod
     def from_judge_config(cls, config: JudgeConfig) -> JudgeJury:
