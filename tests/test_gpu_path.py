@@ -333,6 +333,7 @@ def test_a_fit_that_cannot_fit_the_gpus_is_refused_before_anything_loads(tmp_pat
         estimates["plan/train_gpu_hours"]
         + estimates["plan/val_gpu_hours"]
         + estimates["plan/generate_gpu_hours"]
+        + estimates["plan/overhead_gpu_hours"]  # loading, compiling, checkpoints
     )
 
 

@@ -279,22 +279,26 @@ def test_a_batch_is_counted_on_the_host_as_the_flops_need_it() -> None:
     }  # fmt: skip
 
 
+@pytest.mark.slow  # every generation case too: ~40 s (make test-slow)
 def test_the_gpu_benchmark_runs_on_a_shrunk_shape(tmp_path: Path) -> None:
     bench = _bench()
     out = tmp_path / "rows.jsonl"
     rows = bench.main(
         ["--cpu", "--models", "llava_med", "--methods", "lora", "--setups", "before", "none-4",
-         "--steps", "1", "--warmup", "1", "--out", str(out)]
+         "none-8-fp8", "--steps", "1", "--warmup", "1", "--out", str(out)]
     )  # fmt: skip
-    assert [r["setup"] for r in rows] == ["before", "none-4", *bench.GEN_CASES]
+    assert [r["setup"] for r in rows] == ["before", "none-4", "none-8-fp8", *bench.GEN_CASES]
     assert all("error" not in r for r in rows), rows
-    for row in rows[:2]:
+    # what task=plan's rates need of a row: its date, commit and LoRA rank (medvqa.planning.rates)
+    assert rows[0]["adapter_r"] == 16 and rows[0]["date"] and "commit" in rows[0]["git"]
+    assert rows[2]["setup_fields"]["fp8"] is True
+    for row in rows[:3]:
         assert row["samples_s"] > 0 and row["timed_samples"] == 2
         assert row["tflop_sample"] > 0 and 500 < row["tokens_per_sample"] < 700
         assert row["hw_flops_s"] >= row["model_flops_s"]
     assert rows[0]["hw_flops_s"] > rows[0]["model_flops_s"]  # recompute and full logits
-    assert all(r["gen_rows_s"] > 0 and r["gen_step_ms"] == r["gen_step_ms"] for r in rows[2:])
-    assert len(out.read_text().splitlines()) == 2 + len(bench.GEN_CASES)
+    assert all(r["gen_rows_s"] > 0 and r["gen_step_ms"] == r["gen_step_ms"] for r in rows[3:])
+    assert len(out.read_text().splitlines()) == 3 + len(bench.GEN_CASES)
     assert all(r["versions"]["torch"] and "git" in r and r["argv"][0] == "--cpu" for r in rows)
 
 

@@ -159,7 +159,7 @@ def check_composed(config: DictConfig) -> None:
     """`check_api_key_env` on a composed config's `judge.api_key_env`, and on each value its
     command-line overrides give that key (a multirun's config does not hold swept values)."""
     check_api_key_env(OmegaConf.select(config, "judge.api_key_env"))  # None: no judge node
-    for juror in OmegaConf.select(config, "judge.jury", default=None) or []:
+    for juror in OmegaConf.select(config, "judge.jury") or []:  # None: no judge node
         if "api_key_env" in juror:  # a juror without one inherits the node's, checked above
             check_api_key_env(juror["api_key_env"])
     overrides = OmegaConf.select(config, "hydra.overrides.task", default=None) or []
