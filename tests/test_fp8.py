@@ -3,7 +3,7 @@
 and the adapters and never the frozen weight, nothing changed outside the fit, the option
 resolved (auto off where nothing was measured, true refused without an FP8 GPU) and the plan's
 memory counting the copy. Its speed and its numerics on a real fit are GPU work
-(benchmarks/gpu.py --fp8; docs/gpus.md#fp8)."""
+(benchmarks/gpu.py's fp8 setups; docs/gpus.md)."""
 
 from __future__ import annotations
 

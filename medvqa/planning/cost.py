@@ -93,8 +93,6 @@ MAX_FLOP_SCALE = 2.0
 TRAIN_EVAL = "medvqa.tasks.train_eval.train_eval"
 
 
-LLAVA_MED = "chaoyinshe/llava-med-v1.5-mistral-7b-hf"
-QWEN25_VL_7B = "Qwen/Qwen2.5-VL-7B-Instruct"
 # Reading the weights and writing checkpoints: assumed, not measured (a node's local NVMe; a
 # network file system can be slower). The estimate's basis says so where it uses them.
 READ_GIB_PER_S = 2.0

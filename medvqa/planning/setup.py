@@ -148,14 +148,16 @@ def uses_fp8(model_cfg: Any, accelerator: str, planning: bool = False) -> bool:
     value = model_cfg.get("fp8", ModelSchema.fp8)
     if value is False or value is None:
         return False
-    on_gpu = str(accelerator) in GPU_ACCELERATORS
+    on_gpu = str(accelerator) in GPU_ACCELERATORS or (
+        str(accelerator) == "auto" and torch.cuda.is_available()
+    )
     why = fp8_supported() if on_gpu else f"trainer.accelerator={accelerator}"
     if value == AUTO:
         if why is None:
             gpu = torch.cuda.get_device_name()
             if fp8_faster(gpu):
                 return True
-            why = f"no shipped row measured it faster on {gpu} (benchmarks/gpu.py --fp8)"
+            why = f"no shipped row measured it faster on {gpu} (benchmarks/gpu.py --setups none-8-compile-fp8)"
         if not planning:
             log.info("model.fp8=auto: off (%s)", why)
         return False
