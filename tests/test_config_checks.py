@@ -318,6 +318,27 @@ def test_medvqa_score_refuses_a_negative_size(tmp_path: Path) -> None:
     assert not (out / "results.json").exists()
 
 
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        (["metric=[closed_set]", "metric.closed_set.labels=all"], "metric.closed_set.labels='all'"),
+        (["metric=[calibration]", "metric.calibration.bins=0"], "metric.calibration.bins=0"),
+        (["metric=[embedding]", "metric.embedding.batch_size=0"], "metric.embedding.batch_size=0"),
+    ],
+)
+def test_medvqa_score_refuses_a_metric_option_out_of_range_without_a_traceback(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, overrides: list[str], named: str
+) -> None:
+    """A family's option checked when it is built is a ConfigError: exit status 2, the key and
+    value named, no traceback, nothing written."""
+    from medvqa.cli.score import main
+
+    out = tmp_path / "scored"
+    assert main([str(_predictions(tmp_path)), "--out", str(out), *overrides]) == 2
+    assert named in caplog.text and "Traceback" not in caplog.text
+    assert not out.exists()
+
+
 def test_medvqa_score_still_skips_a_breakdown_column_the_file_lacks(tmp_path: Path) -> None:
     """The file, not a dataset, is the truth about columns there: a warning, as before."""
     from medvqa.cli.score import main

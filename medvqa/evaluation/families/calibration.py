@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from medvqa.data import records as R
+from medvqa.errors import ConfigError
 from medvqa.evaluation.families.base import COUNT, MetricFamily, ScoreInfo
 from medvqa.evaluation.families.traditional import binary_correct, per_sample_scores
 
@@ -104,18 +105,18 @@ class CalibrationMetric(MetricFamily):
         min_rows: int = 10,
     ) -> None:
         if confidence not in CONFIDENCES:
-            raise ValueError(
+            raise ConfigError(
                 f"metric.calibration.confidence={confidence!r}: choose one of {CONFIDENCES}"
             )
         if int(bins) < 1:
-            raise ValueError(f"metric.calibration.bins={bins}: needs a whole number >= 1")
+            raise ConfigError(f"metric.calibration.bins={bins}: needs a whole number >= 1")
         if isinstance(min_rows, bool) or int(min_rows) != min_rows or min_rows < 1:
-            raise ValueError(
+            raise ConfigError(
                 f"metric.calibration.min_rows={min_rows}: needs a whole number >= 1 (10)"
             )
         bad = [c for c in coverages if not 0 < float(c) <= 1]
         if bad:
-            raise ValueError(
+            raise ConfigError(
                 f"metric.calibration.coverages={list(coverages)}: each must be in (0, 1], "
                 "e.g. [0.5, 0.8]"
             )

@@ -46,6 +46,7 @@ import numpy as np
 import pandas as pd
 
 from medvqa.data.records import ANSWER, ANSWER_TYPE, CANDIDATES, CASE_ID, ID, PREDICTION
+from medvqa.errors import ConfigError
 from medvqa.evaluation.answers import closed_choice
 from medvqa.evaluation.families.base import (
     COUNT,
@@ -193,7 +194,9 @@ class ClosedSetMetric(MetricFamily):
         cluster_field: str = CASE_ID,
     ) -> None:
         if labels not in LABEL_SETS:
-            raise ValueError(f"{self.name}: labels must be one of {LABEL_SETS}, got {labels!r}.")
+            raise ConfigError(
+                f"metric.{self.name}.labels={labels!r}: labels must be one of {LABEL_SETS}"
+            )
         self.tasks = [str(q) for q in tasks] if tasks is not None else []
         self.primary = [str(q) for q in primary] if primary is not None else None
         self.labels = labels

@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from medvqa.data.records import ANSWER, ANSWER_TYPE, PREDICTION
+from medvqa.errors import ConfigError
 from medvqa.evaluation.families.base import COUNT, MetricFamily, ScoreInfo
 from medvqa.evaluation.statistics import mean_or_nan
 
@@ -95,7 +96,7 @@ class EmbeddingMetric(MetricFamily):
         self, model_path: str | None = None, batch_size: int = 64, device: str = "cpu"
     ) -> None:
         if batch_size < 1:
-            raise ValueError(f"metric.embedding.batch_size={batch_size} must be at least 1")
+            raise ConfigError(f"metric.embedding.batch_size={batch_size} must be at least 1")
         self.model_path = str(model_path) if model_path else str(default_model_path())
         self.batch_size = batch_size
         self.device = device

@@ -56,6 +56,7 @@ import pandas as pd
 from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
 from medvqa.data.records import ANSWER, ANSWER_TYPE, PREDICTION
+from medvqa.errors import ConfigError
 from medvqa.evaluation.families.base import COUNT, MetricFamily, ScoreInfo
 from medvqa.evaluation.wordnet import meteor_synonyms, resolve_wordnet
 
@@ -144,7 +145,7 @@ class KvasirOfficial(MetricFamily):
         cache_dir: str | None = None,
     ) -> None:
         if n_samples <= 0:
-            raise ValueError(f"metric.{self.name}.n_samples must be positive, got {n_samples}")
+            raise ConfigError(f"metric.{self.name}.n_samples must be positive, got {n_samples}")
         self.seed = seed
         self.n_samples = n_samples
         self.wordnet = resolve_wordnet(wordnet, cache_dir, f"metric.{self.name}.wordnet")
