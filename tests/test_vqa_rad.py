@@ -138,7 +138,7 @@ def test_paraphrase_groups_never_straddle_source_splits(rad) -> None:
         ({"phrase_type": "draft"}, "malformed", "'phrase_type' is 'draft'"),
         ({"image_organ": "LEG"}, "malformed", "'image_organ' is 'LEG'"),
         ({"image_name": "../../etc/passwd"}, "path_escape", "escapes the dataset root"),
-        ({"qid": 1}, "duplicate", "qid '1' occurs more than once"),
+        ({"qid": 1}, "duplicate_id", "qid '1' occurs more than once"),
     ],
 )
 def test_bad_rows_error_or_skip(rad, change, kind, message) -> None:

@@ -56,6 +56,10 @@ _REPORT_FILE = "report.json"
 _EXAMPLES_KEPT = 5
 
 
+# What can be wrong with a row, as splits.json counts bad rows (one name per kind, every source).
+BAD_ROW_KINDS = ("malformed", "wrong_type", "duplicate_id", "path_escape", "unreadable_image")
+
+
 class BadRows:
     """Collects rows that cannot be used: raise at the first one, or count them and go on."""
 
@@ -69,6 +73,8 @@ class BadRows:
 
     def __call__(self, kind: str, where: str, reason: str) -> None:
         """Report one bad row; `where` names the file and row, `reason` what is wrong."""
+        if kind not in BAD_ROW_KINDS:  # a source's own name would split one kind's count
+            raise ValueError(f"bad row kind {kind!r} is not one of {BAD_ROW_KINDS}")
         message = f"{self.source}: {where}: {reason}"
         if self.policy == "error":
             raise DataError(

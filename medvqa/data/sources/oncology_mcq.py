@@ -226,7 +226,7 @@ class OncologyMcq(AnnotatedSource):
             qid = str(qid) if qid not in (None, "") else f"row{i}"
             record_id = f"{MANIFEST_SPLITS[split]}/{qid}"
             if record_id in seen:
-                bad("duplicate", where, f"question id {qid!r} occurs more than once in {split}")
+                bad("duplicate_id", where, f"question id {qid!r} occurs more than once in {split}")
                 continue
             image = self.image_ref(str(row["image"]), where, bad)
             if image is None:

@@ -184,7 +184,7 @@ class RoboSurgVqa(AnnotatedSource):
                 continue
             rid = str(row["record_id"])
             if rid in frames:
-                bad("duplicate", where, f"record_id {rid!r} occurs more than once")
+                bad("duplicate_id", where, f"record_id {rid!r} occurs more than once")
                 continue
             image = self.image_ref(str(row["image_path"]), where, bad)
             if image is None:
@@ -214,7 +214,7 @@ class RoboSurgVqa(AnnotatedSource):
                 bad("malformed", where, f"record_id {rid!r} is not a frame of {MANIFEST_FILE}")
                 continue
             if row["qa_id"] in seen:
-                bad("duplicate", where, f"qa_id {row['qa_id']!r} occurs more than once")
+                bad("duplicate_id", where, f"qa_id {row['qa_id']!r} occurs more than once")
                 continue
             frame = frames[rid]
             problem = self._mismatch(row, frame, questions[task], role)

@@ -258,7 +258,7 @@ class VqaRad(AnnotatedSource):
                 continue
             qid = str(row["qid"]).strip()
             if qid in seen:
-                bad("duplicate", where, f"qid {qid!r} occurs more than once")
+                bad("duplicate_id", where, f"qid {qid!r} occurs more than once")
                 continue
             ref = self.image_ref(f"{self.image_dir}/{str(row['image_name']).strip()}", where, bad)
             if ref is None:
