@@ -186,13 +186,14 @@ def test_a_key_pasted_for_a_juror_is_refused_at_hydra_start() -> None:
 
 
 def test_medvqa_score_refuses_a_bad_jury_before_writing_anything(
-    servers: dict[str, JudgeServer], tmp_path: Path
+    servers: dict[str, JudgeServer], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Exit status 2 with the message (no traceback), nothing written, no juror asked."""
     preds = predictions(tmp_path / "preds.csv")
     twins = {"a": servers["truth"]}
     args = jury_args(twins, tmp_path / "judgments", first=["{name:a,model:other}"])
-    with pytest.raises(JudgeConfigError, match="two jurors are named 'a'"):
-        score_main([str(preds), "--out", str(tmp_path / "out"), *args])
+    assert score_main([str(preds), "--out", str(tmp_path / "out"), *args]) == 2
+    assert "two jurors are named 'a'" in caplog.text and "Traceback" not in caplog.text
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
     assert servers["truth"].count == 0
 

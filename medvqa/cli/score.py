@@ -20,6 +20,7 @@ from medvqa import CONF_DIR
 from medvqa.atomic import OutputDirError, staged_dir
 from medvqa.data.records import SPLIT
 from medvqa.errors import ConfigError
+from medvqa.evaluation.judge.errors import JudgeConfigError
 from medvqa.evaluation.passes import mode_prefix, order_prefix, prediction_path
 from medvqa.evaluation.readers import READERS, ReadLimits, ScoreInputError, read
 from medvqa.evaluation.reliance import COUNTERFACTUAL_MODES
@@ -246,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _pairs(args.order, "--order", int),
             ReadLimits(args.max_rows, args.max_bytes),
         )
-    except (ScoreInputError, ConfigError, OutputDirError) as err:
+    except (ScoreInputError, ConfigError, JudgeConfigError, OutputDirError) as err:
         log.error("%s", err)
         return 2
     return 0
