@@ -57,7 +57,14 @@ _EXAMPLES_KEPT = 5
 
 
 # What can be wrong with a row, as splits.json counts bad rows (one name per kind, every source).
-BAD_ROW_KINDS = ("malformed", "wrong_type", "duplicate_id", "path_escape", "unreadable_image")
+BAD_ROW_KINDS = (
+    "malformed",
+    "wrong_type",
+    "duplicate_id",
+    "path_escape",
+    "missing_image",
+    "unreadable_image",
+)
 
 
 class BadRows:
