@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -27,10 +26,12 @@ from medvqa.evaluation.agreement import (
 from medvqa.evaluation.statistics import cluster_bootstrap, cluster_statistic_ci
 from medvqa.evaluation.views import presented
 from medvqa.evaluation.views.judge_agreement import judge_agreement
+from tests import test_jury
 from tests.judge_server import JudgeServer
 from tests.test_jury import GRADERS, jury_args, predictions
 
 NAN = math.nan
+servers = test_jury.servers  # the scripted jurors' servers: the jury tests' fixture
 
 # -- published worked examples ----------------------------------------------------------------
 
@@ -155,14 +156,6 @@ def test_agreement_intervals_resample_cases_not_items() -> None:
 
 
 # -- between the jurors of a run -------------------------------------------------------------
-
-
-@pytest.fixture
-def servers() -> Iterator[dict[str, JudgeServer]]:
-    started = {name: JudgeServer(score_fn=fn).start() for name, fn in GRADERS.items()}
-    yield started
-    for server in started.values():
-        server.stop()
 
 
 def test_a_jury_run_records_the_jurors_agreement_with_intervals(

@@ -97,20 +97,7 @@ ROW_LISTS = {
 def write_llava_med(folder: Path, rows: list = ROWS) -> tuple[Path, Path, Path]:
     """test.json, train_open_answers.json and the answers model_vqa_med.py writes for them."""
     folder.mkdir(parents=True, exist_ok=True)
-    test_json = [
-        {
-            "id": qid,
-            "image": f"synpic{qid}.jpg",
-            "conversations": [
-                {"from": "human", "value": f"<image>\n{question}"},
-                {"from": "gpt", "value": answer},
-            ],
-            "answer_type": answer_type,
-        }
-        for qid, question, answer, answer_type, _ in rows
-    ]
-    questions = folder / "test.json"
-    questions.write_text(json.dumps(test_json))
+    questions = llava.med_v1_test_json(folder / "test.json", [row[:4] for row in rows])
     candidates = folder / "train_open_answers.json"
     candidates.write_text(json.dumps({"0": CANDIDATES}))
     replies = {qid: reply for qid, *_, reply in rows}

@@ -309,24 +309,12 @@ def test_llava_answers_join_their_question_file(tmp_path: Path) -> None:
 def test_llava_med_v1_conversation_question_file(tmp_path: Path) -> None:
     """LLaVA-Med v1.0's VQA-RAD test.json (conversation format, `id`, OPEN/CLOSED), the file its
     model_vqa_med.py reads and its run_eval.py scores against."""
-    test_json = [
-        {
-            "id": qid,
-            "image": f"synpic{qid}.jpg",
-            "conversations": [
-                {"from": "human", "value": f"<image>\n{question}"},
-                {"from": "gpt", "value": answer},
-            ],
-            "answer_type": answer_type,
-        }
-        for qid, question, answer, answer_type in [
-            (101, "Is there a fracture?", "yes", "CLOSED"),
-            (102, "Is the lung clear?", "no", "CLOSED"),
-            (103, "Where is the lesion?", "left lobe", "OPEN"),
-        ]
+    rows = [
+        (101, "Is there a fracture?", "yes", "CLOSED"),
+        (102, "Is the lung clear?", "no", "CLOSED"),
+        (103, "Where is the lesion?", "left lobe", "OPEN"),
     ]
-    questions = tmp_path / "test.json"
-    questions.write_text(json.dumps(test_json))
+    questions = llava.med_v1_test_json(tmp_path / "test.json", rows)
     replies = {101: "Yes, there is a fracture.", 102: "Yes", 103: "in the left lobe"}
     answers = llava.model_vqa_med_v1(questions, tmp_path / "vqa_rad" / "answer.jsonl", replies)
     assert json.loads(answers.read_text().splitlines()[0])["prompt"].endswith("\n<image>")

@@ -149,7 +149,7 @@ def test_another_layout_method_and_kernels_are_scaled_from_the_nearest_row(
     assert 0.9 < flops < 1.0 and f"x {flops:.2f} FLOPs (lora as configured)" in basis
     layout = step_time(setup(micro_batch=4)) / step_time(s)
     assert per_s == pytest.approx(row.samples_per_s * flops * layout)
-    assert measured.label == "estimate, from NVIDIA H100 80GB HBM3 measured 2026-11-26"
+    assert cost.label([measured]) == "estimate, from NVIDIA H100 80GB HBM3 measured 2026-11-26"
 
     # compiled layers: the newest compiled row (2026-11-28's 22.9, not 2026-11-26's 23.5), and
     # the compilation and warm-up the measured whole job spent beyond its steady rate

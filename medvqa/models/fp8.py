@@ -96,8 +96,12 @@ class Fp8FrozenLinear(nn.Linear):
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
     def train(self, mode: bool = True) -> Fp8FrozenLinear:
-        # validation and generation use the weights as they are: no copy beside them
-        self._fp8 = quantize_tensor(self.weight) if mode else None
+        # validation and generation use the weights as they are: no copy beside them; the
+        # weight is frozen, so a copy made once serves until then
+        if not mode:
+            self._fp8 = None
+        elif self._fp8 is None:
+            self._fp8 = quantize_tensor(self.weight)
         return super().train(mode)
 
 
@@ -136,6 +140,7 @@ def fp8_frozen_weights(
     layers = frozen_linears(model, roots) if enabled else []
     for layer in layers:
         layer.__class__ = Fp8FrozenLinear
+        layer._fp8 = None  # type: ignore[attr-defined]
         layer.train(layer.training)  # the copy, where it trains now
     if layers:
         log.info("model.fp8: %d frozen Linear layers run their GEMMs in FP8 (e4m3)", len(layers))

@@ -545,7 +545,7 @@ def _job_cost(
 
     phases: list[Phase] = []
     measured: list[Measured] = []
-    compiled: Phase | str | None = None
+    compiled: tuple[Phase, Measured] | str | None = None
     if fit and setup.strategy == "zero2":
         return JobCost(gpus=gpus, missing="no training row was measured under DeepSpeed ZeRO-2")
     if fit:
@@ -559,9 +559,9 @@ def _job_cost(
         phases.append(Phase("train", name, samples, per_s, basis))
         measured.append(table)
         compiled = compile_phase(job, setup)
-        if isinstance(compiled, Phase):
-            phases.insert(len(phases) - 1, compiled)
-            measured.append(compile_row(job).measured)  # type: ignore[union-attr]
+        if isinstance(compiled, tuple):
+            phases.insert(len(phases) - 1, compiled[0])
+            measured.append(compiled[1])
         phases.extend(checkpoint_phases(job, setup, samples, epochs))
         every = job.trainer.get("check_val_every_n_epoch")
         validations = epochs // int(every) if every else 0
@@ -613,28 +613,26 @@ def load_phase(setup: Setup) -> Phase:
     )  # fmt: skip
 
 
-def compile_row(job: DictConfig) -> JobRow | None:
-    """The measured whole job of the same checkpoint (else family) and kernels."""
-    kernels, family = _kernels(job), _family(job.model)
-    found = [r for r in rows(JobRow) if r.kernels == kernels and _row_family(r) == family]
-    pretrained = resolve_pretrained(job.model)
-    return min(found, key=lambda r: r.pretrained != pretrained) if found else None
-
-
-def compile_phase(job: DictConfig, setup: Setup) -> Phase | str | None:
+def compile_phase(job: DictConfig, setup: Setup) -> tuple[Phase, Measured] | str | None:
     """The seconds a measured job's fit spent beyond its steady rate (compiling the decoder
-    layers, warming up), on every GPU; None for eager layers, a note where none was measured."""
-    if _kernels(job) != "compiled":
+    layers, warming up), on every GPU, and where it was measured: the whole job of the same
+    checkpoint (else family) and kernels. None for eager layers, a note where none was
+    measured."""
+    kernels, family = _kernels(job), _family(job.model)
+    if kernels != "compiled":
         return None
-    row = compile_row(job)
-    if row is None:
+    found = [r for r in rows(JobRow) if r.kernels == kernels and _row_family(r) == family]
+    if not found:
         return f"not counted: no whole job with compiled layers was measured for {job.model.name}"
-    return Phase(  # items: the seconds on every GPU
+    pretrained = resolve_pretrained(job.model)
+    row = min(found, key=lambda r: r.pretrained != pretrained)
+    phase = Phase(  # items: the seconds on every GPU
         "compile", "compiling the decoder layers, first steps (s)",
         row.compile_s * setup.world_size, 1.0,
         f"{row.compile_s:.0f} s beyond the steady rate in {row.preset}'s measured job "
         f"({row.measured.cited})",
     )  # fmt: skip
+    return phase, row.measured
 
 
 def checkpoint_phases(job: DictConfig, setup: Setup, samples: float, epochs: int) -> list[Phase]:

@@ -28,17 +28,13 @@ _DATE = re.compile(r"(\d{4}-\d{2}-\d{2})")
 
 @dataclass(frozen=True)
 class Measured:
-    """Where a rate was measured: the estimate's label names the GPU and date; `source` the
-    file and line, `commit` the checkout (None: the row predates recording it)."""
+    """Where a rate was measured: the estimate's label (`cost.label`) names the GPU and date;
+    `source` the file and line, `commit` the checkout (None: the row predates recording it)."""
 
     gpu: str
     date: str
     source: str
     commit: str | None = None
-
-    @property
-    def label(self) -> str:
-        return f"estimate, from {self.gpu} measured {self.date}"
 
     @property
     def file(self) -> str:

@@ -187,6 +187,7 @@ class StepProfile(L.Callback):
             )
         self.start, self.steps, self.dirpath = start, steps, dirpath
         self._profiler: torch.profiler.profile | None = None
+        self._first = 0  # the optimiser step the profile began at
         self.summary: ProfileSummary | None = None
 
     def _out(self, trainer: L.Trainer) -> Path:

@@ -128,3 +128,23 @@ def model_vqa_med_v1(
     ans_file.close()
     # fmt: on
     return Path(answers_file)
+
+
+def med_v1_test_json(path: Path, rows: list[tuple[object, str, str, str]]) -> Path:
+    """LLaVA-Med v1.0's conversation-format `test.json` (what `model_vqa_med_v1` reads and
+    run_eval.py scores against) for rows of (id, question, answer, answer_type); not copied
+    code: the layout of the released VQA-RAD/SLAKE/PathVQA files."""
+    test_json = [
+        {
+            "id": qid,
+            "image": f"synpic{qid}.jpg",
+            "conversations": [
+                {"from": "human", "value": f"<image>\n{question}"},
+                {"from": "gpt", "value": answer},
+            ],
+            "answer_type": answer_type,
+        }
+        for qid, question, answer, answer_type in rows
+    ]
+    Path(path).write_text(json.dumps(test_json))
+    return Path(path)
