@@ -18,7 +18,8 @@ def _names(text: str, kind: str) -> list[str]:
     for line in lines[start + 1 :]:
         if not line.startswith("  "):
             break
-        entries.append(line.split()[0])
+        if not line.startswith("   "):  # deeper: a description wrapped under its entry
+            entries.append(line.split()[0])
     return entries
 
 
@@ -34,6 +35,7 @@ def test_every_registered_plugin_and_shipped_option_is_listed(
     ):
         assert _names(text, kind) == sorted(plugins.registered(registry)), kind
     for kind, group in (
+        ("tasks", "task"),
         ("shifts", "shift"),
         ("methods", "peft"),
         ("models", "model"),
@@ -47,6 +49,21 @@ def test_every_registered_plugin_and_shipped_option_is_listed(
     # each line says what the entry is (its module's or file's first sentence)
     assert "SLAKE (English part) in its native layout" in text
     assert "lora" in _names(text, "methods") and "LoRA on every linear layer" in text
+
+
+def test_whole_first_sentences_not_cut_at_an_abbreviation() -> None:
+    """ "i.i.d." and "e.g." end no sentence; a long one wraps whole, under its entry."""
+    from medvqa.cli.catalog import WIDTH, _first_sentence
+
+    text = catalog(["shifts", "tasks"])
+    flat = " ".join(text.split())
+    assert "i.i.d. = age >= 60, OoD = age < 40; ages 40-59 are the gap." in flat
+    assert "Evaluate a finished run's trained weights without training." in flat
+    assert "..." not in text and all(len(line) <= WIDTH for line in text.splitlines())
+    assert _first_sentence("Uses e.g. SLAKE, cf. Fig. 2. Then more.") == (
+        "Uses e.g. SLAKE, cf. Fig. 2."
+    )
+    assert _first_sentence("The i.i.d. split. Then more.") == "The i.i.d. split."
 
 
 def test_one_kind_and_an_unknown_kind(capsys: pytest.CaptureFixture[str]) -> None:

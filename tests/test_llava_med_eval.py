@@ -135,11 +135,11 @@ def peer_and_medvqa(tmp_path_factory: pytest.TempPathFactory) -> tuple:
     cand = f"metric.llava_med_eval.candidate_file={candidates}"
     metrics = medvqa_score(folder / "scored", answers, questions, cand)
     scored = pd.read_parquet(folder / "scored" / "scores.parquet")
-    return peer, metrics, scored
+    return peer, metrics, scored, folder
 
 
 def test_every_figure_is_run_evals_own(peer_and_medvqa: tuple) -> None:
-    (table, figures, _), metrics, _ = peer_and_medvqa
+    (table, figures, _), metrics, _, _ = peer_and_medvqa
     for label, score in FIGURES.items():
         assert metrics[f"all/{score}"] == figures[label], (label, score)
     # What the script prints: the same table from medvqa's figures, times 100.
@@ -153,8 +153,18 @@ def test_every_figure_is_run_evals_own(peer_and_medvqa: tuple) -> None:
     assert (metrics["all/n_closed"], metrics["all/n_open"]) == (8, 14)
 
 
+def test_the_summary_shows_the_papers_figures(peer_and_medvqa: tuple) -> None:
+    """`metric=[llava_med_eval]` alone: summary.md holds its yes/no accuracy and open recall
+    (the paper's table), not the token metrics nobody selected."""
+    _, metrics, _, folder = peer_and_medvqa
+    summary = (folder / "scored" / "summary.md").read_text()
+    for score in ("llava_med_eval_closed_acc", "llava_med_eval_open_recall"):
+        assert score in summary and f"{metrics[f'all/{score}']:.3f}" in summary
+    assert "open_f1 " not in summary and "nan" not in summary
+
+
 def test_every_row_is_run_evals_own(peer_and_medvqa: tuple) -> None:
-    (_, _, rows), _, scored = peer_and_medvqa
+    (_, _, rows), _, scored, _ = peer_and_medvqa
     by_id = scored.set_index("id")
     for (group, key), column in ROW_LISTS.items():
         ids = [str(q) for q in rows[group]["q_id"]]
@@ -166,7 +176,7 @@ def test_every_row_is_run_evals_own(peer_and_medvqa: tuple) -> None:
 
 def test_the_quirks_are_in_the_figures(peer_and_medvqa: tuple) -> None:
     """The fixture's rows do what docs/metrics.md says, so the equality above is not vacuous."""
-    _, _, scored = peer_and_medvqa
+    _, _, scored, _ = peer_and_medvqa
     row = scored.set_index("id")
     hit = row["llava_med_eval_closed_hit"]
     # "no" inside "normal"/"nodules", "not"; the hedge; case: credited. CT, empty: not.

@@ -1,6 +1,6 @@
 """`medvqa-list`: what this installation has, one line each, read from the registries and the
 shipped configs themselves, so a plug-in (`MEDVQA_PLUGINS`, an entry point) or a new YAML file
-appears without being listed anywhere: datasets, metric families, model families and views
+appears without being listed anywhere: tasks, datasets, metric families, model families and views
 (classes, found as a run finds them), and the config groups a run composes (shifts, methods,
 models, experiments, sweeps, studies, baselines)."""
 
@@ -8,19 +8,30 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import re
 import sys
+import textwrap
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from medvqa import CONF_DIR, plugins
 
 WIDTH = 100
+# Words ending in a full stop that end no sentence ("i.i.d. test", "e.g. SLAKE", "et al. 2021").
+_ABBREVIATIONS = {"e.g", "i.e", "vs", "cf", "al", "fig", "no", "approx", "etc"}
+_STOP = re.compile(r"\.\s+(?=[A-Z(`'\"*])")
 
 
 def _first_sentence(text: str) -> str:
-    """The first sentence of `text`, on one line, cut to fit a terminal line."""
-    line = " ".join(text.split()).split(". ", 1)[0]
-    return line if len(line) <= WIDTH - 20 else line[: WIDTH - 23].rstrip() + "..."
+    """The whole first sentence of `text`, on one line: it ends at a full stop before a
+    capital, not at an abbreviation's (`i.i.d.`, `e.g.`)."""
+    line = " ".join(text.split())
+    for stop in _STOP.finditer(line):
+        word = line[: stop.start()].rsplit(" ", 1)[-1].lower()
+        if word in _ABBREVIATIONS or re.fullmatch(r"(?:[a-z]\.)+[a-z]", word):
+            continue
+        return line[: stop.start() + 1]
+    return line
 
 
 def _classes(kind: str) -> Iterator[tuple[str, str]]:
@@ -33,17 +44,19 @@ def _classes(kind: str) -> Iterator[tuple[str, str]]:
 
 
 def _yaml_comment(path: Path) -> str:
-    """The first comment paragraph at the top of a config file (what it is), else its keys."""
+    """The first comment paragraph at the top of a config file (what it is, up to an
+    indented example line), else its keys."""
     lines = []
     for line in path.read_text().splitlines():
         text = line.strip()
         if text.startswith("# @package"):
             continue
-        if not text.startswith("#"):
+        if not text.startswith("#") or text.startswith("#  "):
             break
         lines.append(text.lstrip("#").strip())
-    if lines:
-        return _first_sentence(" ".join(lines))
+    if lines:  # "... without training:" before its example reads as a sentence
+        sentence = _first_sentence(" ".join(lines))
+        return sentence[:-1] + "." if sentence.endswith(":") else sentence
     from omegaconf import OmegaConf
 
     node = OmegaConf.load(path)
@@ -61,6 +74,7 @@ def _group(name: str) -> Callable[[], Iterator[tuple[str, str]]]:
 
 # What is listed, in order: kind -> (how a run picks one, where the entries come from).
 KINDS: dict[str, tuple[str, Callable[[], Iterator[tuple[str, str]]]]] = {
+    "tasks": ("task=<name>", _group("task")),
     "datasets": ("dataset=<name>", lambda: _classes("dataset")),
     "shifts": ("shift=<name>", _group("shift")),
     "methods": ("peft=<name>", _group("peft")),
@@ -83,7 +97,11 @@ def catalog(kinds: Sequence[str] = ()) -> str:
         rows = list(entries())
         out.append(f"{kind} ({how}): {len(rows)}")
         width = max((len(name) for name, _ in rows), default=0)
-        out += [f"  {name:<{width}}  {what}".rstrip() for name, what in rows]
+        indent = " " * (width + 4)  # a long description wraps under itself, whole
+        out += [
+            textwrap.fill(f"  {name:<{width}}  {what}".rstrip(), WIDTH, subsequent_indent=indent)
+            for name, what in rows
+        ]
         out.append("")
     return "\n".join(out)
 
@@ -92,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `medvqa-list`."""
     parser = argparse.ArgumentParser(
         prog="medvqa-list",
-        description="List what this installation has: datasets, shifts, methods, models, model "
+        description="List what this installation has: tasks, datasets, shifts, methods, models, model "
         "and metric families, views, experiments, sweeps, studies and baselines (plug-ins "
         "included).",
     )

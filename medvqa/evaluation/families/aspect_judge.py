@@ -158,6 +158,10 @@ class AspectJudgeMetric(JudgedFamily):
             index=preds.index,
         )
 
+    def headline(self) -> dict[str, str]:
+        """Accuracy over every (row, aspect) pair (open answers' aspects)."""
+        return {"open": self.column("acc")}
+
     def aggregate(self, scored: pd.DataFrame) -> dict[str, float]:
         """`aspect_acc` over every (row, aspect) pair, `aspect_acc_<class>` for each class
         present in `scored`, and `aspect_failures` (pairs that could not be judged). A mean

@@ -180,6 +180,13 @@ class MetricFamily(Plugin, ABC):
         they get case-bootstrap intervals and paired deltas."""
         return {}
 
+    def headline(self) -> dict[str, str]:
+        """Answer type (`closed`, `open`) -> the score that sums the family up on it: what a
+        summary shows, and the headline (RR) where `evaluation.primary_*` names no score of
+        the selected families (`metric=[mcq]` alone: mcq_acc). Empty: no such score (a view
+        of calibration or subgroups, not a performance)."""
+        return {}
+
     def provenance(self) -> dict[str, Any]:
         """What identifies the scores beyond the family's config (the judge: its model and
         rubric hashes), for the `provenance` of results.json."""

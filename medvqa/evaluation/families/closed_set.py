@@ -299,6 +299,10 @@ class ClosedSetMetric(MetricFamily):
             "invalid_rate": _safe_div(bad, rows) + none,
         }
 
+    def headline(self) -> dict[str, str]:
+        """Macro-F1 averaged over the primary tasks (module docstring)."""
+        return {"closed": self.column("primary_macro_f1")}
+
     def aggregate(self, scored: pd.DataFrame) -> dict[str, float]:
         """Flat ``cs_*`` scores of any subset of scored rows (closed rows only)."""
         self._require(

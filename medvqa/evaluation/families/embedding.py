@@ -152,6 +152,9 @@ class EmbeddingMetric(MetricFamily):
             self.column("empty_ref_n"): float(sum(not _text(ref) for ref in scored[ANSWER])),
         }
 
+    def headline(self) -> dict[str, str]:
+        return {"open": self.column("cosine")}
+
     def ci_columns(self) -> dict[str, tuple[str, str]]:
         """Aggregate name -> (per-sample column, answer type it averages over), for CIs."""
         return {self.column("cosine"): (self.column("cosine"), "open")}

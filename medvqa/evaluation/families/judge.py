@@ -160,6 +160,10 @@ class JudgeMetric(JudgedFamily):
             self.failures_key: float(scored[self.column("failed")].sum()),
         }
 
+    def headline(self) -> dict[str, str]:
+        """SURE-VQA's "Mistral accuracy" and "Mistral score" (its raw 1-5 scale)."""
+        return {"closed": self.column("closed_acc"), "open": self.column("open_score")}
+
     def ci_columns(self) -> dict[str, tuple[str, str]]:
         """Aggregate name -> (per-sample column, answer type it averages over), for CIs: the
         headline judge scores, the open one on its raw 1-5 scale as RR uses it."""

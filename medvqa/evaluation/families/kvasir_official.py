@@ -228,6 +228,10 @@ class KvasirOfficial(MetricFamily):
         out[self.column("failed")] = failed.astype(float)
         return out
 
+    def headline(self) -> dict[str, str]:
+        """The challenge's first-listed figure: corpus BLEU."""
+        return {"open": self.column("bleu")}
+
     def aggregate(self, scored: pd.DataFrame) -> dict[str, float]:
         """Corpus BLEU, bootstrap-median and mean ROUGE, mean METEOR, the failure count and the
         number of (scored) rows with an empty reference.

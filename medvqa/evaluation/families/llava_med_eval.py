@@ -456,6 +456,10 @@ class LlavaMedEval(MetricFamily):
             out[score] = left_to_right_mean(values) if values else math.nan
         return out
 
+    def headline(self) -> dict[str, str]:
+        """The paper's table: yes/no accuracy, and open-set recall."""
+        return {"closed": self.column("closed_acc"), "open": self.column("open_recall")}
+
     def ci_columns(self) -> dict[str, tuple[str, str]]:
         """Every figure is a mean of per-row values: intervals and paired deltas apply."""
         return {

@@ -116,6 +116,10 @@ class McqMetric(MetricFamily):
         """The name of this family's column or score `base` under its reading."""
         return f"{self.key_prefix}{base}"
 
+    def headline(self) -> dict[str, str]:
+        """Accuracy over the multiple-choice rows, under this family's matching."""
+        return {"closed": self.key("acc")}
+
     def per_sample(self, preds: pd.DataFrame) -> pd.DataFrame:
         """``mcq_choice`` (None = invalid) and float ``mcq_correct`` (NaN if invalid),
         ``mcq_invalid``, ``mcq_chance`` per row."""

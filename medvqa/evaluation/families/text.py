@@ -181,6 +181,9 @@ class TextMetric(MetricFamily):
         out[self.empty_refs] = float(sum(not normalize_answer(r) for r in refs))
         return out
 
+    def headline(self) -> dict[str, str]:
+        return {"open": self.column("rouge_l")}
+
     def ci_columns(self) -> dict[str, tuple[str, str]]:
         """Aggregate name -> (per-sample column, answer type it averages over), for CIs."""
         return {c: (c, "open") for c in self.columns}

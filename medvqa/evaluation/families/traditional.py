@@ -361,6 +361,10 @@ class TraditionalMetric(MetricFamily):
             out.pop(self.column(count))
         return out
 
+    def headline(self) -> dict[str, str]:
+        """SURE-VQA's: closed accuracy and open token F1 (LLaVA-Med's counting)."""
+        return {"closed": self.column("closed_acc"), "open": self.column("open_f1")}
+
     def ci_columns(self) -> dict[str, tuple[str, str]]:
         """Aggregate name -> (per-sample column, answer type it averages over), for CIs."""
         open_ = {
