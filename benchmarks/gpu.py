@@ -101,7 +101,7 @@ from medvqa.models.loading import apply_liger_kernels, roles  # noqa: E402
 from medvqa.models.prompting import IGNORE_INDEX  # noqa: E402
 from medvqa.models.spec import decode_cache_length  # noqa: E402
 from medvqa.planning.activations import measure_layer  # noqa: E402
-from medvqa.provenance import git_state, versions  # noqa: E402
+from medvqa.provenance import git_state, gpus, versions  # noqa: E402
 from medvqa.training.datamodule import collate  # noqa: E402
 from medvqa.training.module import VQAModule  # noqa: E402
 from medvqa.training.strategies import ResidentSingleDevice  # noqa: E402
@@ -665,7 +665,8 @@ def rows_for(model_name: str, args: argparse.Namespace) -> Iterator[dict[str, An
                     gc.collect()  # an out-of-memory row's trainer and optimizer state
                     torch.cuda.empty_cache()
             for name in args.gen_cases if args.gen_batches else ():
-                gen = {**base, "setup": name, "gen_batch": args.gen_batch}
+                case = dataclasses.asdict(GEN_CASES[name])  # docs/measurements.md reads it
+                gen = {**base, "setup": name, "gen_batch": args.gen_batch, "gen_case": case}
                 try:
                     gen.update(generation_row(model, config, pre, args, size, GEN_CASES[name]))
                 except torch.OutOfMemoryError:
@@ -722,6 +723,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         "date": datetime.date.today().isoformat(),
         "git": git_state(),
         "versions": versions(),
+        "gpus": gpus(),  # name, NVIDIA driver, memory (nvidia-smi)
         "argv": list(argv or sys.argv[1:]),
     }
     for model_name in args.models:

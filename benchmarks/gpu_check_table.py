@@ -40,10 +40,16 @@ def _percent(whole: float | None, steady: float | None) -> str:
     return f"{_fmt(100 * whole)} %, {_fmt(100 * steady) if steady is not None else '–'} %"
 
 
-def table(path: Path) -> str:
-    record = json.loads(path.read_text())
-    both = {**record.get("metrics", {}), **record.get("perf", {})}  # the scores, the perf/ timings
-    m = {k: (float("nan") if v is None else v) for k, v in both.items()}
+HEADER = (
+    "phase", "s", "items", "per s", "steady per s", "MFU, steady", "peak allocated GiB",
+    "peak reserved GiB", "plan GiB",
+)  # fmt: skip
+
+
+def phase_cells(metrics: dict[str, float | None]) -> list[list[str]]:
+    """One row of cells per phase a job measured (its `perf/<phase>/...` metrics), in the order
+    the job runs them; docs/measurements.md's job tables use it too."""
+    m = {k: (float("nan") if v is None else v) for k, v in metrics.items()}
     phases = sorted(
         {
             k.split("/")[1] if k.count("/") == 2 else "/".join(k.split("/")[1:3])
@@ -52,35 +58,42 @@ def table(path: Path) -> str:
         },
         key=lambda p: (ORDER.index(p) if p in ORDER else len(ORDER), p),
     )
-    lines = [
-        f"{path} ({record.get('status')}, {record.get('provenance', {}).get('device', '?')}, "
-        f"allocator {record.get('provenance', {}).get('cuda_alloc_conf')})",
-        "",
-        "| phase | s | items | per s | steady per s | MFU, steady | peak allocated GiB "
-        "| peak reserved GiB | plan GiB |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+    rows = []
     for phase in phases:
         key = f"perf/{phase}"
         unit = next((u for u in UNITS if f"{key}/{u}" in m), None)
         plan = PLANNED.get(phase.split("/")[0])
-        lines.append(
-            "| "
-            + " | ".join(
-                [
-                    phase,
-                    _fmt(m.get(f"{key}/seconds")),
-                    f"{int(m[f'{key}/{unit}'])} {unit}" if unit else "",
-                    _fmt(m.get(f"{key}/{unit}_per_s"), 2) if unit else "",
-                    _fmt(m.get(f"{key}/steady_{unit}_per_s"), 2) if unit else "",
-                    _percent(m.get(f"{key}/mfu"), m.get(f"{key}/steady_mfu")),
-                    _fmt(m.get(f"{key}/peak_allocated_gib")),
-                    _fmt(m.get(f"{key}/peak_reserved_gib")),
-                    _fmt(m.get(plan)) if plan else "",
-                ]
-            )
-            + " |"
+        rows.append(
+            [
+                phase,
+                _fmt(m.get(f"{key}/seconds")),
+                f"{int(m[f'{key}/{unit}'])} {unit}" if unit else "",
+                _fmt(m.get(f"{key}/{unit}_per_s"), 2) if unit else "",
+                _fmt(m.get(f"{key}/steady_{unit}_per_s"), 2) if unit else "",
+                _percent(m.get(f"{key}/mfu"), m.get(f"{key}/steady_mfu")),
+                _fmt(m.get(f"{key}/peak_allocated_gib")),
+                _fmt(m.get(f"{key}/peak_reserved_gib")),
+                _fmt(m.get(plan)) if plan else "",
+            ]
         )
+    return rows
+
+
+def markdown_row(cells: list[str] | tuple[str, ...]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def table(path: Path) -> str:
+    record = json.loads(path.read_text())
+    both = {**record.get("metrics", {}), **record.get("perf", {})}  # the scores, the perf/ timings
+    lines = [
+        f"{path} ({record.get('status')}, {record.get('provenance', {}).get('device', '?')}, "
+        f"allocator {record.get('provenance', {}).get('cuda_alloc_conf')})",
+        "",
+        markdown_row(HEADER),
+        "|" + "---|" * len(HEADER),
+    ]
+    lines += [markdown_row(cells) for cells in phase_cells(both)]
     return "\n".join(lines)
 
 

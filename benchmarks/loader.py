@@ -1,6 +1,6 @@
 """How fast the training loader prepares examples on this machine's CPUs (a benchmark, not a test).
 
-The GPU trains ~10-15 LLaVA-Med samples/s on one H100 (docs/gpus.md); every one of them is
+The GPU trains ~10-15 LLaVA-Med samples/s on one H100 (docs/measurements.md); every one is
 first decoded, resized and tokenised on the host by `VQADataset` (the image read by the
 dataset's `load_image`, the prompt rendered and tokenised, the image through the processor) and
 padded by the project's collate function. This times exactly that path, through `make_loader`,

@@ -29,6 +29,36 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 
+# What group and world may never do to a folder or file medvqa makes: cache entries hold compiled
+# code and model builds, run and report folders hold records other commands read. Removed from
+# the process umask by every entry point (`restrict_umask`), and from the modes of the folders
+# made here (`make_dir`), whatever umask the user runs with.
+NO_GROUP_WORLD_WRITE = 0o022
+DIR_MODE = 0o755
+
+
+def restrict_umask() -> int:
+    """Add group and world write to the process umask (a stricter one is kept), before anything
+    is made: whatever medvqa, Hydra, Lightning or torch creates from here on is writable by its
+    owner alone. Returns the umask now in force."""
+    current = os.umask(0)
+    os.umask(current | NO_GROUP_WORLD_WRITE)
+    return current | NO_GROUP_WORLD_WRITE
+
+
+def make_dir(path: Path) -> Path:
+    """`path` and its missing parents, with `DIR_MODE` (never group- or world-writable, whatever
+    the umask)."""
+    missing, folder = [], Path(path)
+    while not folder.exists() and folder != folder.parent:  # mkdir(parents=True) ignores mode
+        missing.append(folder)
+        folder = folder.parent
+    for folder in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # made meanwhile by another process
+            folder.mkdir(mode=DIR_MODE)
+    return Path(path)
+
+
 class CacheWriteError(OSError):
     """The cache location cannot be written; the message says which setting to change."""
 
@@ -37,7 +67,7 @@ def write_file(path: Path, write: Callable[[Path], None]) -> Path:
     """Write `path` through `write(tmp)` into a sibling, then rename it into place: a reader
     (or a crash) never sees a half-written file."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dir(path.parent)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         write(tmp)
@@ -74,7 +104,7 @@ def hold_lock(path: Path, wait: bool = True) -> Iterator[None]:
     with `flock` mounted have it.)
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dir(path.parent)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
@@ -211,7 +241,8 @@ def staged_dir(
             "another output folder, or empty or remove this one."
         )
     staging = _sibling(target, "building")
-    staging.mkdir(parents=True)
+    make_dir(staging.parent)
+    staging.mkdir(mode=DIR_MODE)
     try:
         yield staging
         (staging / OUTPUT_MARKER).write_text(tool + "\n")
@@ -263,8 +294,8 @@ def build_once(
         return False
     lock = target.with_name(f".{target.name}.lock")
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        lock.touch()
+        make_dir(target.parent)
+        lock.touch(mode=0o644)
     except OSError as err:
         raise _unwritable(what, target, err) from err
     with hold_lock(lock):  # another process building it: wait, then reuse its copy

@@ -29,6 +29,7 @@ from medvqa.evaluation.judge.config import JudgeConfig
 from medvqa.evaluation.statistics import Bootstrap
 from medvqa.hashing import content_hash
 from medvqa.models.spec import DECODE_ENGINES, ModelSchema, random_weights_kind
+from medvqa.progress import WHEN, ProgressSettings
 from medvqa.training.hardware import cuda_allocator_problem
 
 # PeftSchema, DataSchema and TrainerSchema sit with the training code that reads their defaults.
@@ -128,6 +129,8 @@ class Config:
     trainer: TrainerSchema = MISSING
     logger: Any = None
     callbacks: Any = None
+    # Progress lines in the log where stdout is not a terminal (medvqa.progress).
+    progress: ProgressSettings = dataclasses.field(default_factory=ProgressSettings)
     paths: PathsSchema = MISSING
     data: DataSchema = dataclasses.field(default_factory=DataSchema)
     seed: int = 0
@@ -263,6 +266,13 @@ _RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ),
     ("trainer.num_nodes", _at_least(1), "needs a whole number >= 1 (trainer.num_nodes=1)"),
     ("trainer.log_every_n_steps", _at_least(1), "needs a whole number >= 1"),
+    ("progress.when", lambda v: v in WHEN, f"needs one of {', '.join(WHEN)}"),
+    ("progress.every_n_steps", _at_least(1), "needs a whole number >= 1 (optimiser steps)"),
+    (
+        "progress.every_s",
+        lambda v: _non_negative_number(v) and v > 0,
+        "needs a number of seconds > 0",
+    ),
     ("trainer.check_val_every_n_epoch", _at_least(1, None), "needs a whole number >= 1, or null"),
     (
         "trainer.num_sanity_val_steps",
@@ -359,6 +369,39 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _served_problems(cfg: DictConfig) -> list[str]:
+    """What `model=served` cannot run with: a method that would train (a served model is asked,
+    never trained here), an endpoint or model left unset, a key pasted where the name of its
+    variable belongs, numbers that cannot work."""
+    from medvqa.evaluation.judge.errors import JudgeConfigError
+    from medvqa.evaluation.judge.keys import check_api_key_env
+
+    if OmegaConf.select(cfg, "model.served") is None:
+        return []
+    keys = ("base_url", "model", "api_key_env", "timeout", "concurrency", "retries", "backoff")
+    served = {key: _plain(OmegaConf.select(cfg, f"model.served.{key}")) for key in keys}
+    method = _plain(OmegaConf.select(cfg, "peft.name"))
+    problems = []
+    if method != "none":
+        problems.append(
+            f"model=served with peft={method}: a served model is evaluated as it is served, never "
+            "trained here; add peft=none (to evaluate weights trained here behind a server, "
+            "export them first: medvqa-export, docs/export.md)"
+        )
+    for key in ("base_url", "model"):
+        if served[key] in (None, ""):
+            problems.append(f"model.served.{key}: not set; e.g. model.served.{key}=...")
+    try:
+        check_api_key_env(served["api_key_env"], "model.served.api_key_env")
+    except JudgeConfigError as err:
+        problems.append(str(err))
+    for key, low in (("timeout", 0), ("concurrency", 1), ("retries", 0), ("backoff", 0)):
+        value = served[key]
+        if not (_number(value) and value >= low) or (key == "timeout" and value == 0):
+            problems.append(f"model.served.{key}={_show(value)}: needs a number >= {low}")
+    return problems
+
+
 def _value_problems(cfg: DictConfig) -> list[str]:
     """The numeric and choice keys whose value cannot work."""
     problems = []
@@ -368,6 +411,7 @@ def _value_problems(cfg: DictConfig) -> list[str]:
             continue  # a key this config has no node for (a partial config) is not checked
         if not ok(value):
             problems.append(f"{key}={_show(value)}: {need}")
+    problems += _served_problems(cfg)
     r = _plain(OmegaConf.select(cfg, "peft.adapter.r"))
     if r is not None and not (_whole(r) and r >= 1):
         problems.append(f"peft.adapter.r={_show(r)}: needs a LoRA rank >= 1 (peft.adapter.r=16)")

@@ -1,6 +1,6 @@
 """What a run measures of itself: per phase its wall time, the items it processed and this
 rank's peak GPU memory, so a researcher can tell from results.json whether their cluster runs
-as it should (docs/gpus.md has measured figures to compare with).
+as it should (docs/measurements.md has measured figures to compare with).
 
 Phases are named by the code that runs them (`plan`, `data`, `load`, `fit`,
 `generate/<file stem>`, `score`);

@@ -185,6 +185,21 @@ def target_of(cls: type) -> str:
     return f"{_path(cls)}.{factory}" if factory else _path(cls)
 
 
+def registered_class(kind: str, target: str) -> type | None:
+    """The registered plug-in of `kind` that `target` (a `_target_` string, read as a name and
+    never imported) constructs, where one does: its own `target_of`, or that name re-exported
+    by a package above its module (`medvqa.data.sources.synthetic.SyntheticVQA`)."""
+    for cls in registered(kind).values():
+        own = target_of(cls)
+        if target == own:
+            return cls
+        tail = own[len(cls.__module__) + 1 :]  # the class (and its factory), after the module
+        head = target[: -len(tail) - 1]
+        if target.endswith(f".{tail}") and cls.__module__.startswith(f"{head}."):
+            return cls
+    return None
+
+
 def parameters(cls: type) -> dict[str, inspect.Parameter]:
     """The constructor's named parameters (its config keys), in order."""
     func = constructor(cls)

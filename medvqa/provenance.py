@@ -76,6 +76,29 @@ def device() -> str:
     return f"cpu: {platform.processor() or platform.machine()}"
 
 
+# What nvidia-smi reports of each GPU beside its name (torch knows neither).
+SMI_FIELDS = ("name", "driver_version", "memory.total")
+
+
+def gpus() -> list[dict[str, str]] | None:
+    """Each visible GPU's name, NVIDIA driver and memory (nvidia-smi's words: `81559 MiB`);
+    None where nvidia-smi is absent or fails (a CPU machine). A figure measured on a GPU
+    names the driver it ran under."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={','.join(SMI_FIELDS)}", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    rows = [[c.strip() for c in line.split(",")] for line in out.stdout.splitlines() if line]
+    return [dict(zip(SMI_FIELDS, r, strict=False)) for r in rows if len(r) == len(SMI_FIELDS)]
+
+
 def environment() -> dict[str, Any]:
     """What the runner records before the task starts (the CUDA allocator's settings too: they
     change the memory a job reserves, docs/gpus.md#a-whole-job-on-one-gpu-make-gpu-check)."""
@@ -83,6 +106,7 @@ def environment() -> dict[str, Any]:
         "git": git_state(),
         "versions": versions(),
         "device": device(),
+        "gpus": gpus(),
         "cuda_alloc_conf": os.environ.get(ALLOC_CONF_ENV),
         "numerics": numerics.state(),
     }

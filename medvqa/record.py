@@ -2,7 +2,8 @@
 
 Aggregation reads these records (status, seed, resolved config, flat metrics), never directory
 names. The file is rewritten atomically at each status change, so a crash mid-write cannot
-leave a truncated record.
+leave a truncated record. A record travels and is data from a stranger: `read_record` returns
+it as plain values (`medvqa.untrusted`), the one way every command reads one.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from medvqa.hashing import Hasher
 from medvqa.measure import split_perf
 from medvqa.models.spec import random_weights_kind
 from medvqa.redaction import redact_secrets
+from medvqa.untrusted import plain_values, read_plain_json
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +40,8 @@ _HOW_TO_RUN = ("force", "ckpt_path", "allow_toy_model")
 # Display names (how tables name a run, a baseline or a method), not what a run computes:
 # editing one must not retrain anything nor split a table's runs.
 DISPLAY_NAMES = ("label", "peft.label")
+# A failed run's messages: text, never configuration (they may quote an interpolation).
+FREE_TEXT = ("error", "traceback")
 
 
 # How the summary and the report say it (medvqa.analysis).
@@ -94,7 +98,8 @@ class RunRecord:
         except ValueError as err:
             log.warning("%s; running the job again", err)
             return None
-        same = _what(previous.get("config", {})) == _what(self.config)
+        # Compared as the reader returns the previous one: plain values (medvqa.untrusted).
+        same = _what(previous.get("config", {})) == _what(plain_values(self.config).value)
         return previous if previous["status"] == "finished" and same else None
 
     def write(self, status: str, metrics: Mapping[str, float] | None = None, **extra: Any) -> Path:
@@ -141,7 +146,8 @@ class RunRecord:
             log.info("finished; record at %s", self.path)
             return "finished"
         message = (
-            f"{failed_items} item(s) could not be scored (the *_failures metrics); every "
+            f"{failed_items} item(s) could not be scored or had no answer (the *_failures and "
+            "*/unanswered metrics); every "
             "aggregate over them is NaN. Run it again to retry only those items."
         )
         self.write("incomplete", metrics, failed_items=failed_items, error=message)
@@ -171,10 +177,12 @@ def config_fingerprint(cfg: DictConfig) -> str:
     return Hasher().update(_what(plain)).hexdigest()
 
 
-def read_record(path: Path) -> dict[str, Any]:
-    """Load a results.json; anything that is not a record of the shape RunRecord writes is a
-    ValueError naming the file and what is wrong, so callers may index what they get back
-    (a `null` or a number there once crashed resuming and medvqa-report with a TypeError)."""
+def read_record(path: Path, remote_code: list[str] | None = None) -> dict[str, Any]:
+    """Load a results.json as plain values (`medvqa.untrusted`: no `_target_`, interpolation or
+    `trust_remote_code` survives; the keys of the last are appended to `remote_code`); anything
+    that is not a record of the shape RunRecord writes is a ValueError naming the file and what
+    is wrong, so callers may index what they get back (a `null` or a number there once crashed
+    resuming and medvqa-report with a TypeError)."""
 
     def kind(value: Any) -> str:
         if value is None:
@@ -186,10 +194,8 @@ def read_record(path: Path) -> dict[str, Any]:
         return {str: "a string", list: "a list", dict: "an object"}.get(type(value), "a value")
 
     fix = "not a medvqa run record; delete the file or run the job again to rewrite it"
-    try:
-        record = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"{path}: not a readable results.json ({err})") from err
+    plain = read_plain_json(path, RESULTS_FILE, fix, config_key="config", text=FREE_TEXT)
+    record = plain.value
     if not isinstance(record, dict):
         raise ValueError(f"{path}: holds {kind(record)}, not a JSON object; {fix}")
     missing = [key for key in ("status", "metrics") if key not in record]
@@ -203,4 +209,6 @@ def read_record(path: Path) -> dict[str, Any]:
         if not isinstance(value, expected) and not (may_be_null and value is None):
             wanted = "a string" if expected is str else "an object"
             raise ValueError(f"{path}: {key!r} is {kind(value)}, expected {wanted}; {fix}")
+    if remote_code is not None:
+        remote_code += plain.remote_code
     return record

@@ -8,8 +8,13 @@ always finished. A single run then exits with its status's code (`EXIT_CODES`; i
 record is written: Hydra runs the sweep's other jobs and exits 1 at the end, naming the first
 such job. SIGINT (Ctrl-C) stops the whole sweep instead, and so does SIGTERM to a local sweep (a
 `timeout`, a shutdown: whoever sends it wants it to stop), exiting 143; under SLURM each job keeps
-its own handling (requeue, resume). A job of a sweep that the config check refuses is recorded
-`failed` with the problems, as a crashed job is, so reports and relaunches see it.
+its own handling (requeue, resume). A job of a sweep that the config check or task=eval's run
+folder check refuses is recorded `failed` with the reason, as a crashed job is, so reports and
+relaunches see it.
+
+A refusal (a value that cannot work, a run folder that may not be evaluated: `REFUSALS`) reads
+like one: its message on the console, without a traceback, which goes to the run's log file
+(run.log); a single run refused before it starts exits 2 (`EXIT_REFUSED`), as medvqa-score does.
 
 Global rank 0 holds the run directory's lock for the whole job (`RUN_LOCK`): a second launch
 into the same directory refuses, naming the pid and host that run it. In a multi-GPU run every
@@ -20,30 +25,39 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from medvqa import numerics
+from medvqa import numerics, progress
 from medvqa.atomic import LockHeld, describe_owner, hold_lock
 from medvqa.config import check_config, check_judge_config
 from medvqa.distributed import Job, global_rank, is_global_zero, job_ranks
-from medvqa.errors import ConfigError
+from medvqa.errors import ConfigError, DataError
+from medvqa.evaluation.judge.errors import JudgeConfigError
 from medvqa.evaluation.scoring import failed_items
 from medvqa.interrupts import as_interrupted, interrupts_job, where
+from medvqa.models.saving import WeightsMismatch
 from medvqa.provenance import environment
 from medvqa.record import RunRecord
-from medvqa.tasks.from_run import adopt_run, default_choices
+from medvqa.tasks.from_run import RunFolderError, adopt_run, default_choices
 from medvqa.tracking import finish, instantiate_group, log_config, log_status
-from medvqa.training.hardware import configure_compile_cache, configure_cuda_allocator
+from medvqa.training.hardware import (
+    HardwareError,
+    configure_compile_cache,
+    configure_cuda_allocator,
+)
 from medvqa.training.module import Diverged
+from medvqa.untrusted import UntrustedDataError
 
 log = logging.getLogger("medvqa")
 
@@ -51,39 +65,63 @@ log = logging.getLogger("medvqa")
 # shell's convention: 143 for SIGTERM, 130 for SIGINT). A multirun exits 1 if any job did not
 # finish. Hydra itself exits 1 on a config it cannot compose.
 EXIT_CODES = {"finished": 0, "failed": 1, "incomplete": 3, "diverged": 4}
+# A single run refused before it starts (a value that cannot work, a run folder that may not be
+# evaluated): no record, this exit status.
+EXIT_REFUSED = 2
 # In the run directory; see medvqa.atomic.hold_lock.
 RUN_LOCK = ".medvqa.lock"
 
 
-class JobNotFinished(RuntimeError):
-    """A job of a multirun ended otherwise than `finished` (its record says how)."""
+class JobNotFinished(CompactHydraException):
+    """A job of a multirun ended otherwise than `finished` (its record says how). Hydra prints
+    its message at the end of the sweep without a traceback (each job's is in its run.log)."""
 
 
 class RunDirBusy(RuntimeError):
     """Another live process is running a job in this run directory."""
 
 
+# Errors that are refusals: a message that names the key, file or value and the fix, for which
+# a traceback says nothing more (it goes to the run's log file).
+REFUSALS = (
+    ConfigError,
+    DataError,
+    JudgeConfigError,
+    HardwareError,
+    RunFolderError,
+    UntrustedDataError,
+    WeightsMismatch,
+    RunDirBusy,
+    FileNotFoundError,
+)
+
+
 def run(cfg: DictConfig) -> dict[str, float] | None:
     # Values that cannot work fail here, before any data, model or record. Before adopt_run:
     # task=eval adopts only what a run trained with (model, method, seed, precision, train
     # image); the checked data, shift, breakdown, trainer and judge values stay as composed.
-    check_judge_config(cfg)  # before anything could record a key pasted as its name
     hydra_cfg = HydraConfig.get()
+    out_dir = Path(hydra_cfg.runtime.output_dir)
+    try:
+        check_judge_config(cfg)  # before anything could record a key pasted as its name
+    except REFUSALS as err:
+        _refused(err, hydra_cfg.mode)
     try:
         check_config(cfg)
-    except ConfigError as err:
+        configure_cuda_allocator(cfg.cuda_allocator)  # before anything allocates on a GPU
+        configure_compile_cache(cfg.paths.cache_dir)  # a sweep's jobs compile from one cache
+        progress.configure(cfg.progress)  # progress lines where stdout is a file
+        numerics.apply()  # MEDVQA_NUMERICS=portable: one thread, no oneDNN (before any kernel)
+        if OmegaConf.select(cfg, "eval.from_run"):  # task=eval: the run's model, checked
+            defaults = default_choices(hydra_cfg.job.config_name)
+            overrides = hydra_cfg.overrides.task
+            cfg, choices = adopt_run(cfg, hydra_cfg.runtime.choices, overrides, defaults)
+        else:
+            choices = dict(hydra_cfg.runtime.choices)
+    except REFUSALS as err:
         if hydra_cfg.mode == RunMode.MULTIRUN and is_global_zero():
-            _record_refusal(cfg, Path(hydra_cfg.runtime.output_dir), hydra_cfg, err)
-        raise
-    configure_cuda_allocator(cfg.cuda_allocator)  # before anything allocates on a GPU
-    configure_compile_cache(cfg.paths.cache_dir)  # a sweep's jobs compile from one cache
-    numerics.apply()  # MEDVQA_NUMERICS=portable: one thread, no oneDNN (before any kernel)
-    out_dir = Path(hydra_cfg.runtime.output_dir)
-    if OmegaConf.select(cfg, "eval.from_run"):  # task=eval: the run's model, checked
-        defaults = default_choices(hydra_cfg.job.config_name)
-        cfg, choices = adopt_run(cfg, hydra_cfg.runtime.choices, hydra_cfg.overrides.task, defaults)
-    else:
-        choices = dict(hydra_cfg.runtime.choices)
+            _record_refusal(cfg, out_dir, hydra_cfg, err)
+        _refused(err, hydra_cfg.mode)
     record = RunRecord(out_dir, cfg, choices=choices)
     # Filled by the task as it loads data, model and metrics; written with every status.
     record.provenance = environment()
@@ -101,11 +139,14 @@ def run(cfg: DictConfig) -> dict[str, float] | None:
             with interrupts_job(), job_ranks() as job:  # the ranks it starts run this job alone
                 metrics, status, err = _run_on_rank_zero(cfg, out_dir, record, job)
     except LockHeld as held:
-        raise RunDirBusy(
-            f"{out_dir} is in use by {describe_owner(held.owner)}: two jobs in one run "
-            "directory would write the same checkpoints and predictions. Wait for it (or stop "
-            "it), or give this run another directory (hydra.run.dir=...)."
-        ) from None
+        _refused(
+            RunDirBusy(
+                f"{out_dir} is in use by {describe_owner(held.owner)}: two jobs in one run "
+                "directory would write the same checkpoints and predictions. Wait for it (or "
+                "stop it), or give this run another directory (hydra.run.dir=...)."
+            ),
+            hydra_cfg.mode,
+        )
     if status == "finished":
         return metrics
     return _not_finished(status, err, record, hydra_cfg.mode, _local(hydra_cfg))
@@ -118,9 +159,31 @@ def _local(hydra_cfg: Any) -> bool:
     )
 
 
-def _record_refusal(cfg: DictConfig, out_dir: Path, hydra_cfg: Any, err: ConfigError) -> None:
-    """A sweep job the config check refused: a `failed` record with the problems, so that
-    `medvqa-report` and a relaunch see it (a single run just exits 1 with them)."""
+def _refused(err: BaseException, mode: RunMode | None) -> NoReturn:
+    """Leave a job refused before it starts: the message on the console, the traceback in the
+    log file; a single run exits `EXIT_REFUSED`, a sweep's job raises `JobNotFinished` (Hydra
+    runs the other jobs and names it at the end)."""
+    tell_refusal("refused", err)
+    if mode == RunMode.MULTIRUN:
+        raise JobNotFinished(f"the job was refused: {err}") from err
+    raise SystemExit(EXIT_REFUSED) from err
+
+
+def tell_refusal(what: str, err: BaseException) -> None:
+    """`what: message` on stderr, without a traceback (as Hydra's own refusals are); the message
+    and the traceback in the log files (run.log), for those who want it."""
+    sys.stderr.write(f"{what}: {err}\n")
+    text = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+    entry = log.makeRecord(log.name, logging.ERROR, __file__, 0, "%s: %s", (what, text), None)
+    for handler in {*logging.getLogger().handlers, *log.handlers}:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(entry)
+
+
+def _record_refusal(cfg: DictConfig, out_dir: Path, hydra_cfg: Any, err: BaseException) -> None:
+    """A sweep job refused before it starts (the config check, task=eval's run folder check): a
+    `failed` record with the reason, so that `medvqa-report` and a relaunch see it (a single
+    run just exits with it)."""
     try:
         record = RunRecord(out_dir, cfg, choices=hydra_cfg.runtime.choices)
     except Exception as why:  # a value too broken to record (the refusal is raised anyway)
@@ -145,6 +208,8 @@ def _not_finished(
     interrupted = as_interrupted(err) if err is not None else None
     if mode != RunMode.MULTIRUN:
         if status == "failed" and interrupted is None and isinstance(err, Exception):
+            if isinstance(err, REFUSALS):  # its message is on the console, its traceback in run.log
+                raise SystemExit(EXIT_CODES[status]) from err
             raise err  # Hydra prints it and exits 1
         raise SystemExit(interrupted.exit_code if interrupted else EXIT_CODES[status])
     if interrupted is not None and interrupted.signum == signal.SIGINT:
@@ -186,7 +251,10 @@ def _run_on_rank_zero(
             record.write("interrupted", signal=interrupted.reason, **at)
             log_status(loggers, "interrupted", **at)
         else:
-            log.exception("run failed")
+            if isinstance(err, REFUSALS):  # a refusal reads like one; the traceback: run.log
+                tell_refusal("run failed", err)
+            else:
+                log.exception("run failed")
             error = f"{type(err).__name__}: {err}"
             record.write("failed", error=error, traceback=traceback.format_exc())
         finish(loggers, "failed")

@@ -18,6 +18,15 @@ from medvqa.redaction import redact_secrets
 log = logging.getLogger(__name__)
 
 
+class WandbRunLogger(WandbLogger):
+    """Lightning's WandbLogger without its `anonymous=None`, which wandb >= 0.22 warns about
+    on every run however it is set (the setting is gone)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._wandb_init.pop("anonymous", None)
+
+
 def instantiate_group(group: DictConfig | None) -> list[Any]:
     """Objects of a `name: {_target_: ...}` mapping (loggers, callbacks); null gives []."""
     if not group:
@@ -58,6 +67,35 @@ def log_table(loggers: Sequence[Logger], key: str, df: pd.DataFrame) -> None:
             df.to_csv(path, index=False)
         else:
             log.debug("logger %s has no table support; %s not logged", type(lg).__name__, key)
+
+
+# The W&B rows table's column of each row's image (a wandb.Image), before the row's own columns.
+IMAGE_COLUMN = "thumbnail"
+
+
+def log_rows(
+    loggers: Sequence[Logger], key: str, rows: pd.DataFrame, images: Sequence[Path | None] | None
+) -> None:
+    """`log_table`, with W&B's table holding each row's image (`images`: image files or None,
+    aligned with the rows) as a wandb.Image in `IMAGE_COLUMN`, so a workspace shows and groups
+    them. Rows that share a file share one wandb.Image: W&B stores each image once (with the
+    table, in the run's `run_table` artifact, which copies the files when it is logged). The
+    CSV logger gets the rows alone."""
+    for lg in loggers:
+        if not isinstance(lg, WandbLogger) or images is None:
+            log_table([lg], key, rows)
+            continue
+        import wandb
+
+        made: dict[Path, Any] = {}
+        cells = []
+        for image in images:
+            if image is not None and image not in made:
+                made[image] = wandb.Image(str(image))
+            cells.append(None if image is None else made[image])
+        frame = _table_frame(rows)
+        frame.insert(0, IMAGE_COLUMN, cells)
+        lg.log_table(key=key, dataframe=frame)
 
 
 def log_status(loggers: Sequence[Logger], status: str, **details: Any) -> None:

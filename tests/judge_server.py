@@ -45,6 +45,27 @@ def read_chat(body: dict[str, Any]) -> tuple[str, dict[str, str]]:
     return system, json.loads(item)
 
 
+def completion(
+    body: dict[str, Any], text: str, tokens: list[dict[str, Any]] | None, number: int
+) -> dict[str, Any]:
+    """A chat-completions reply to `body` answering `text`, with `tokens` as its
+    `logprobs.content` (None: no log-probabilities)."""
+    choice = {
+        "index": 0,
+        "message": {"role": "assistant", "content": text},
+        "finish_reason": "stop",
+        "logprobs": None if tokens is None else {"content": tokens},
+    }
+    return {
+        "id": f"chatcmpl-{number}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": body.get("model", ""),
+        "choices": [choice],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    }
+
+
 class JudgeServer:
     """Scripted behaviour (set the attributes between runs):
 
@@ -127,22 +148,10 @@ class JudgeServer:
             text = "As a language model I find this question fascinating."
         else:
             text = json.dumps({"score": int(label), "reason": "scripted"})
-        choice: dict[str, Any] = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "finish_reason": "stop",
-            "logprobs": None,
-        }
+        tokens = None
         if body.get("logprobs") and self.logprobs and self.behaviour != "garbage":
-            choice["logprobs"] = {"content": self._logprobs(label)}
-        return 200, {
-            "id": f"chatcmpl-{self.count}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": body.get("model", ""),
-            "choices": [choice],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-        }
+            tokens = self._logprobs(label)
+        return 200, completion(body, text, tokens, self.count)
 
     def _logprobs(self, label: str) -> list[dict[str, Any]]:
         """Tokens of `{"score": <label>, ...}` with `label_probs` at the score token."""
@@ -170,11 +179,15 @@ class JudgeServer:
                 status, payload = server._reply(body)
                 self._send(status, payload)
 
-            def _send(self, status: int, payload: dict[str, Any]) -> None:
-                data = json.dumps(payload).encode()
+            def _send(self, status: int, payload: dict[str, Any] | bytes | None) -> None:
+                if payload is None:  # the connection dropped without a reply
+                    self.close_connection = True
+                    return
+                raw = isinstance(payload, bytes)  # a body that is not JSON
+                data = payload if raw else json.dumps(payload).encode()
                 try:
                     self.send_response(status)
-                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Type", "text/html" if raw else "application/json")
                     self.send_header("Content-Length", str(len(data)))
                     self.end_headers()
                     self.wfile.write(data)

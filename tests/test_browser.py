@@ -6,6 +6,7 @@ missing. The rater page is also checked without a browser, against a DOM stand-i
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import time
@@ -233,3 +234,215 @@ def test_the_reports_tables_fit_a_laptop_screen(browser: Any, tmp_path: Path) ->
     assert error in cells
     assert "<b>LoRA</b> & co" in cells
     assert not browser.execute_script("return document.querySelectorAll('td b').length")
+
+
+def _select(browser: Any, element_id: str, value: str) -> None:
+    """Pick `value` in a select as a user does (fires its change event)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    Select(browser.find_element(By.ID, element_id)).select_by_value(value)
+
+
+def shown_images(browser: Any, timeout: float = 20.0) -> list[tuple[str, int]]:
+    """(src, natural width) of each image of the explorer's table, once those in view have
+    loaded: 0 for one in view that did not load, -1 for one out of view (lazy, it loads as it
+    comes near)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        images = browser.execute_script(
+            "return Array.from(document.querySelectorAll('#rows img')).map(i => "
+            "[i.getAttribute('src'), i.getBoundingClientRect().top < innerHeight ? "
+            "(i.complete ? i.naturalWidth : 0) : -1])"
+        )
+        if all(width != 0 for _, width in images) or time.monotonic() > deadline:
+            return [(src, width) for src, width in images]
+        time.sleep(0.1)
+
+
+def _count(browser: Any) -> str:
+    from selenium.webdriver.common.by import By
+
+    return browser.find_element(By.ID, "count").text
+
+
+@pytest.mark.heavy
+def test_the_explorer_filters_a_reports_rows_and_shows_what_the_model_saw(
+    browser: Any, tmp_path: Path
+) -> None:
+    """From report.html's link to explorer.html: each filter a user clicks changes the count
+    to the rows it should keep, two runs side by side keep the rows one got right and the
+    other wrong, the thumbnails load from disk, and markup in the data stays text."""
+    from selenium.webdriver.common.by import By
+
+    from tests.test_explorer import MARKUP, explorer_run
+
+    explorer_run(tmp_path / "runs", tmp_path / "data", peft="lora")
+    explorer_run(tmp_path / "runs", tmp_path / "data", peft="full", wrong=(0, 1))
+    report = build_report(collect([tmp_path / "runs"]), tmp_path / "out")
+
+    browser.get(report.files["html"].as_uri())
+    browser.find_element(By.ID, "explorer").click()
+    assert browser.current_url.endswith("/explorer.html")
+    assert _count(browser) == "12 of 12 rows"
+    assert [o.text for o in browser.find_elements(By.CSS_SELECTOR, "#run option")][1:] == [
+        "Full Finetune · synthetic_modality · seed 0",
+        "LoRA · synthetic_modality · seed 0",
+    ]
+    _select(browser, "run", "1")  # LoRA: wrong on q1 and q4
+    assert _count(browser) == "6 of 12 rows"
+    _select(browser, "correct", "0")
+    assert _count(browser) == "2 of 12 rows"
+    _select(browser, "correct", "")
+    _select(browser, "pass", "blank")  # its "yes" answers change under a blank image
+    assert _count(browser) == "3 of 12 rows"
+    _select(browser, "passWhen", "same")  # the same answer without the image
+    assert _count(browser) == "3 of 12 rows"
+    _select(browser, "pass", "")
+    browser.find_element(By.ID, "disagree").click()
+    assert _count(browser) == "3 of 12 rows"
+    browser.find_element(By.ID, "disagree").click()
+    _select(browser, "group", "x-ray")  # the OoD group
+    assert _count(browser) == "3 of 12 rows"
+    _select(browser, "group", "")
+    _select(browser, "field", "modality")
+    _select(browser, "value", "ct")
+    assert _count(browser) == "2 of 12 rows"
+    _select(browser, "field", "")
+    _select(browser, "other", "0")  # Full Finetune, wrong on q0 and q1
+    assert _count(browser) == "2 of 12 rows"  # q0 (LoRA right), q4 (Full right)
+    _select(browser, "otherWhen", "a")
+    assert _count(browser) == "1 of 12 rows"
+    shown = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#rows tbody td')).map(td => td.innerText)"
+    )
+    assert "q0" in shown
+    _select(browser, "other", "")
+    search = browser.find_element(By.ID, "search")
+    search.send_keys("LESION")
+    deadline = time.monotonic() + 5
+    while _count(browser) != "1 of 12 rows" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _count(browser) == "1 of 12 rows"
+    search.clear()
+    browser.find_element(By.ID, "clear").click()
+    assert _count(browser) == "12 of 12 rows"
+    _select(browser, "sort", "score")
+    scores = browser.execute_script(
+        """const heads = Array.from(document.querySelectorAll('#rows th'));
+        const i = heads.findIndex(th => th.textContent === 'score');
+        return Array.from(document.querySelectorAll('#rows tbody tr'))
+            .map(tr => tr.children[i].textContent)"""
+    )
+    assert scores == ["0"] * 4 + ["1"] * 8
+    _select(browser, "sort", "")
+
+    cells = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#rows tbody td')).map(td => td.innerText)"
+    )
+    assert MARKUP in cells  # shown as the text it is
+    assert not browser.execute_script("return document.querySelectorAll('td b').length")
+    images = shown_images(browser)
+    assert len(images) == 12 and all(width != 0 for _, width in images), images
+    assert any(width > 0 for _, width in images)
+    assert all((tmp_path / "out" / src).is_file() for src, _ in images)
+    assert all(src.startswith("explorer/thumbs/") for src, _ in images)
+
+
+@pytest.mark.heavy
+def test_the_explorer_pages_20000_rows_and_filters_them_at_once(
+    browser: Any, tmp_path: Path
+) -> None:
+    """A study's worth of rows: the page shows one page of them, a filter clicked updates the
+    count (a generous sanity bound on the time, not a benchmark), and the pager walks on."""
+    from selenium.webdriver.common.by import By
+
+    from medvqa.analysis.explorer import (
+        ASSETS,
+        HTML_FILE,
+        ROWS_JS,
+        RunView,
+        explorer_data,
+        page_html,
+        rows_script,
+        run_rows,
+    )
+
+    n = 20_000
+    rng = np.random.default_rng(0)
+    truth = rng.choice(["yes", "no"], n)
+    main = pd.DataFrame(
+        {
+            "id": [f"q{i}" for i in range(n)],
+            "split": np.where(np.arange(n) % 2, "test_ood", "test_iid"),
+            "question": [f"question {i} about the lesion" for i in range(n)],
+            "answer": truth,
+            "answer_type": "closed",
+            "prediction": rng.choice(["yes", "no"], n),
+            "modality": rng.choice(["ct", "mri", "x-ray"], n),
+        }
+    )
+    main["closed_correct"] = (main["prediction"] == main["answer"]).astype(float)
+    blank = main.assign(prediction="no")
+    rows = run_rows({"": main, "blank/": blank}, ["closed_acc"], {}, "modality")
+    view = RunView("LoRA", "t", 0, "runs/x", rows, {"blank": "blank"}, [], ["modality"],
+                   "modality", "image")  # fmt: skip
+    (tmp_path / ASSETS).mkdir()
+    data = explorer_data([(view, None, "not needed here")], lambda source, row: None)
+    (tmp_path / ASSETS / ROWS_JS).write_text(rows_script(data))
+    (tmp_path / HTML_FILE).write_text(page_html("20k rows"))
+
+    browser.get((tmp_path / HTML_FILE).as_uri())
+    assert _count(browser) == f"{n} of {n} rows"
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#rows tbody tr")) == 50
+    wrong = int((main["closed_correct"] == 0).sum())
+    start = time.monotonic()
+    _select(browser, "correct", "0")
+    assert _count(browser) == f"{wrong} of {n} rows"
+    assert time.monotonic() - start < 5, "a filter over 20,000 rows took seconds"
+    _select(browser, "pass", "blank")
+    changed = int(((main["closed_correct"] == 0) & (main["prediction"] == "yes")).sum())
+    assert _count(browser) == f"{changed} of {n} rows"
+    browser.find_element(By.ID, "next").click()
+    assert browser.find_element(By.ID, "page").text.startswith("page 2 of ")
+
+
+@pytest.mark.heavy
+def test_the_reports_heatmaps_are_shown_whole_and_apart(browser: Any, tmp_path: Path) -> None:
+    """report.html at 1280 px, screenshot taken: every figure loaded, inside the page's width,
+    no two figures' boxes overlap, and the heatmaps are shown near their own size (their cell
+    numbers legible; tests/test_figures.py checks the artists inside them)."""
+    rng = np.random.default_rng(0)
+    runs = tmp_path / "runs"
+    for shift in ("modality", "corruption_high"):
+        for peft in ("none", "full", "lora"):
+            metrics = headline(rng)
+            for split in ("test_iid", "test_ood"):
+                for value in ("abnormality", "modality", "organ", "plane", "size"):
+                    metrics[f"{split}/question_type={value}/closed_acc"] = rng.uniform(0, 1)
+                    metrics[f"{split}/question_type={value}/open_f1"] = rng.uniform(0, 1)
+            write_record(runs, peft, 0, metrics=metrics, shift=shift)
+    report = build_report(collect([runs]), tmp_path / "out")
+    assert "method_rank_by_rr" in report.figures
+    assert any(name.startswith("breakdown_") for name in report.figures)
+
+    browser.get(report.files["html"].as_uri())
+    assert browser.get_screenshot_as_png()[:4] == b"\x89PNG"
+    boxes = browser.execute_script(
+        """return Array.from(document.querySelectorAll('img')).map(i => {
+            const r = i.getBoundingClientRect();
+            return {name: i.alt, loaded: i.complete && i.naturalWidth > 0, natural: i.naturalWidth,
+                    left: r.left, right: r.right, top: r.top + scrollY, bottom: r.bottom + scrollY,
+                    page: document.documentElement.clientWidth};
+        })"""
+    )
+    assert {png.stem for png in report.figures.values()} <= {box["name"] for box in boxes}
+    for box in boxes:
+        assert box["loaded"] and box["left"] >= 0 and box["right"] <= box["page"], box
+    for a, b in itertools.combinations(boxes, 2):
+        apart = a["bottom"] <= b["top"] or b["bottom"] <= a["top"]
+        assert apart or a["right"] <= b["left"] or b["right"] <= a["left"], (a, b)
+    for box in boxes:
+        if box["name"].startswith(("method_rank_by_rr", "breakdown_")):
+            shown = (box["right"] - box["left"]) / box["natural"]
+            assert shown >= 0.75, f"{box['name']} is shown at {shown:.0%} of its size"

@@ -280,10 +280,15 @@ def _disagreements(path: Path) -> list[tuple[str, str]]:
             # a group's own options (prompt, task) vary a class that holds the defaults, as
             # plug-ins do; other files (experiments, studies) choose, they do not define.
             home = "_target_" in node and len(keys) > 2
-            if mine and home and key != "_target_" and get_object(target) not in generated:
+            owner = get_object(target) if mine and home and key != "_target_" else None
+            typed = _typed_field(target, str(key)) if owner is not None else None
+            # Resolved only where a default could disagree (a run's paths are Hydra's).
+            declared = owner is not None and (
+                _default(owner, str(key)) is not inspect.Parameter.empty or typed is not None
+            )
+            if declared and owner not in generated:
                 resolved = _plain(OmegaConf.select(cfg, where))
-                check(get_object(target), where, str(key), resolved)
-                typed = _typed_field(target, str(key))
+                check(owner, where, str(key), resolved)
                 if typed is not None and isinstance(resolved, dict):
                     for sub, sub_value in resolved.items():
                         check(typed, f"{where}.{sub}", sub, sub_value)

@@ -265,8 +265,10 @@ def test_the_runner_refuses_before_any_work(tmp_path: Path) -> None:
     with open_dict(cfg):
         del cfg["hydra"]
     start = time.perf_counter()
-    with pytest.raises(ConfigError, match=r"data\.batch_size=-1"):
+    with pytest.raises(SystemExit) as refused:  # the message on stderr, no traceback: exit 2
         run(cfg)
+    assert refused.value.code == 2 and isinstance(refused.value.__cause__, ConfigError)
+    assert "data.batch_size=-1" in str(refused.value.__cause__)
     assert time.perf_counter() - start < 10
     assert not run_dir.exists() and not cache.exists()  # no record, no data, no model
 

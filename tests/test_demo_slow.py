@@ -10,12 +10,14 @@ import platform
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
 
 from medvqa import numerics
 from tests.conftest import DISTRIBUTED_ENV, ROOT
+from tests.test_browser import browser, downloads  # noqa: F401  (fixtures)
 from tests.test_demo_table import printed, readme_table
 
 # One fixture for both tests, and one test module that pytest-xdist may split between workers:
@@ -75,3 +77,38 @@ def test_the_demo_prints_the_readme_table(demo_run: Path) -> None:
         f"section: {made}. If only this CPU differs, the portable numerics (medvqa/numerics.py) "
         "miss a CPU-specific code path."
     )
+
+
+def test_the_demo_report_has_an_explorer_a_browser_filters(
+    demo_run: Path,
+    tmp_path: Path,
+    browser: Any,  # noqa: F811  (the fixture of tests/test_browser.py)
+) -> None:
+    """`medvqa-report` on the demo: explorer.html holds every scored row of the run with the
+    image it saw, and a filter clicked in headless Chromium keeps the rows it should."""
+    from selenium.webdriver.common.by import By
+
+    from medvqa.analysis.aggregate import collect
+    from medvqa.analysis.explorer import ASSETS, THUMBS
+    from medvqa.analysis.report import build_report
+    from medvqa.evaluation.families.traditional import binary_correct
+    from tests.test_browser import _count, _select, shown_images
+
+    report = build_report(collect([demo_run]), tmp_path / "report")
+    scored = pd.read_parquet(demo_run / "scores.parquet")
+    n = len(scored)
+    ood = scored[scored["split"] == "test_ood"]
+    wrong = int((binary_correct(ood) == 0).sum())
+    assert len(list((tmp_path / "report" / ASSETS / THUMBS).iterdir())) == scored["image"].nunique()
+
+    browser.get(report.files["html"].as_uri())
+    browser.find_element(By.ID, "explorer").click()
+    assert _count(browser) == f"{n} of {n} rows"
+    _select(browser, "split", "test_ood")
+    assert _count(browser) == f"{len(ood)} of {n} rows"
+    _select(browser, "correct", "0")
+    assert _count(browser) == f"{wrong} of {n} rows"
+    images = shown_images(browser)  # a page of rows
+    assert len(images) == 50
+    assert all((tmp_path / "report" / src).is_file() and loaded != 0 for src, loaded in images)
+    assert any(loaded > 0 for _, loaded in images)

@@ -70,7 +70,8 @@ def test_an_xlsx_bomb_is_refused_in_seconds_unread(
     with pytest.raises(ScoreInputError):
         read(path)  # the default limits
     assert time.perf_counter() - start < 10  # openpyxl would run for minutes
-    text = _refused(path, tmp_path, caplog)
+    assert "(--max-cells)" in _refused(path, tmp_path, caplog)  # 3 columns: the cells first
+    text = _refused(path, tmp_path, caplog, "--max-cells", "10000000")
     limit = ReadLimits().max_rows
     found = re.search(rf"{path}: its first sheet \({SHEET}\) has ([\d,]+) rows or more", text)
     assert found is not None and limit < int(found.group(1).replace(",", "")) <= 1_200_001
@@ -104,7 +105,7 @@ def test_a_parquet_past_the_limits_is_refused_from_its_metadata(
     assert "its column chunks unpack to" in text and "limit of 1,000 (--max-bytes)" in text
     assert main([str(path), "--out", str(tmp_path / "ok"), "--max-rows", "50"]) == 0
     config = json.loads((tmp_path / "ok" / "results.json").read_text())["config"]
-    assert config["read_limits"] == {"max_rows": 50, "max_bytes": ReadLimits().max_bytes}
+    assert config["read_limits"] == {**ReadLimits().__dict__, "max_rows": 50}
 
 
 def test_a_limit_below_one_is_refused(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -31,6 +31,8 @@ LAYERS: dict[str, int] = {
     "measure": 0,  # a run's own timings and GPU peaks
     "plugins": 0,
     "numerics": 0,  # portable CPU numerics (torch imported where applied)
+    "progress": 0,  # progress lines in a batch job's log
+    "quiet": 0,  # third-party noise silenced for the commands
     "data": 1,
     "models": 2,
     "training": 3,
@@ -40,11 +42,12 @@ LAYERS: dict[str, int] = {
     "planning": 5,
     "config": 6,  # the schemas of every group, the checks at start
     "record": 6,
-    "targets": 6,  # which `_target_`s a record may name
+    "untrusted": 0,  # a run folder's files as plain values (the one reader)
     "provenance": 6,
     "tracking": 6,
     "runner": 7,
     "tasks": 7,
+    "export": 7,  # a run's weights as peft/transformers folders (task=export, medvqa-export)
     "analysis": 7,
     "cli": 8,
 }

@@ -23,7 +23,7 @@ from medvqa.evaluation.families.kvasir_official import (
     bootstrap_mid,
     corpus_bleu,
 )
-from medvqa.evaluation.scoring import _ci_columns, failed_items, score_frame
+from medvqa.evaluation.scoring import ci_columns, failed_items, score_frame
 from tests.conftest import compose
 
 
@@ -164,15 +164,21 @@ def test_every_row_is_scored_and_the_aggregate_is_corpus_level(metric: KvasirOff
 
 def test_a_failed_row_makes_every_aggregate_nan_and_is_counted(metric: KvasirOfficial) -> None:
     preds = frame([("There is one polyp.", "There is one polyp."), (None, "Yes."), ("No", "No")])
-    scored, scores = score_frame(preds, [metric])
+    # The family on its own counts the row without a reply as failed ...
+    scored = preds.join(metric.per_sample(preds))
     assert scored["kvasir_failed"].tolist() == [0.0, 1.0, 0.0]
     assert scored.loc[1, ["kvasir_rouge1", metric.meteor]].isna().all()
-    assert scores["kvasir_failures"] == 1
+    own = metric.aggregate(scored)
+    assert own["kvasir_failures"] == 1
     counts = ("kvasir_failures", EMPTY_REFS)
-    values = [v for k, v in scores.items() if k.startswith("kvasir_") and k not in counts]
+    values = [v for k, v in own.items() if k.startswith("kvasir_") and k not in counts]
     assert len(values) == 8 and all(math.isnan(v) for v in values)
-    assert scores[EMPTY_REFS] == 0  # a count over the rows that were scored
+    assert own[EMPTY_REFS] == 0  # a count over the rows that were scored
     assert failed_items({"test_iid/kvasir_failures": 1.0}, score="kvasir_bleu") == 1
+    # ... and the pipeline counts it as unanswered, every kvasir aggregate NaN beside it.
+    _, scores = score_frame(preds, [metric])
+    assert scores["unanswered"] == 1 and failed_items({"test_iid/unanswered": 1.0}) == 1
+    assert all(math.isnan(v) for k, v in scores.items() if k.startswith("kvasir_bleu"))
     # The rows that did not fail score normally on their own.
     ok = metric.aggregate(scored.loc[[0, 2]])
     assert ok["kvasir_bleu"] == 1.0 and ok["kvasir_rouge1_mean"] == 1.0
@@ -180,7 +186,7 @@ def test_a_failed_row_makes_every_aggregate_nan_and_is_counted(metric: KvasirOff
 
 
 def test_corpus_scores_get_no_per_sample_ci(metric: KvasirOfficial) -> None:
-    assert _ci_columns([metric]) == {}
+    assert ci_columns([metric]) == {}
 
 
 def test_registered_and_built_from_its_config(tmp_path) -> None:

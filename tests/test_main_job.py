@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from tests.conftest import ROOT, run_main
+from tests.test_wandb_rows import check_rows_table
 
 
 @pytest.fixture(scope="module")
@@ -19,8 +20,10 @@ def smoke_run(
     tmp_path_factory: pytest.TempPathFactory, cache_dir: Path, tiny_model_dir: Path
 ) -> Path:
     run_dir = tmp_path_factory.mktemp("smoke")
-    proc = run_main(["debug=smoke", "logger=wandb"], run_dir, cache_dir)
+    staged = {"WANDB_DATA_DIR": str(run_dir.parent / f"{run_dir.name}-wandb-data")}
+    proc = run_main(["debug=smoke", "logger=wandb"], run_dir, cache_dir, env=staged)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    (run_dir.parent / f"{run_dir.name}.out").write_text(proc.stdout + proc.stderr)
     return run_dir
 
 
@@ -111,6 +114,30 @@ def test_record_says_where_the_numbers_came_from(smoke_run: Path) -> None:
     ]
 
 
+def test_a_batch_log_shows_signs_of_life(smoke_run: Path) -> None:
+    """stdout is a pipe here, as on a cluster: the fit and each generation log progress lines
+    (step / total, loss, learning rate, rate, ETA) into run.log."""
+    log = (smoke_run / "run.log").read_text()
+    fit = [line for line in log.splitlines() if "fit: 3/3 steps (100%)" in line]
+    assert fit and all(k in fit[0] for k in ("steps/s", "ETA", "train loss", "lr ", "epoch 1/1"))
+    for split in ("test_iid", "test_ood"):
+        assert f"generate {split} -> predictions: 12/12 rows (100%)" in log
+
+
+def test_no_third_party_noise(smoke_run: Path) -> None:
+    """The libraries' known deprecations and adverts are silenced (medvqa.quiet), and the
+    loading bars of transformers stay out of a log file."""
+    import re
+
+    from medvqa.quiet import LIGHTNING_ADVERTS, WARNINGS
+
+    out = (smoke_run.parent / f"{smoke_run.name}.out").read_text()
+    for message in (*WARNINGS, *map(re.escape, LIGHTNING_ADVERTS)):
+        assert not re.search(message, out), message
+    for noise in ("anonymous setting", "Setting accelerator to CPU", "Loading weights:"):
+        assert noise not in out
+
+
 def test_splits_report(smoke_run: Path) -> None:
     report = json.loads((smoke_run / "splits.json").read_text())
     assert set(report["source"]) == {"train", "validate", "test"}
@@ -143,6 +170,9 @@ def test_wandb_offline_run_holds_the_tables(smoke_run: Path) -> None:
     predictions = next(p for p in tables if p.name.startswith("predictions"))
     data = json.loads(predictions.read_text())
     assert len(data["data"]) == 24 and "prediction" in data["columns"]
+    # What `wandb sync` uploads: the rows with the images the model saw, each stored once.
+    images = pd.read_parquet(smoke_run / "scores.parquet")["image"].nunique()
+    check_rows_table(smoke_run, "predictions", n_rows=24, n_images=images)
 
 
 def test_splits_task_needs_no_model(tmp_path: Path, cache_dir: Path) -> None:

@@ -96,6 +96,29 @@ def test_compile_caches_live_under_the_sweeps_cache_dir_unless_exported(tmp_path
     assert configure_compile_cache(tmp_path / "other", env) == tmp_path / "other" / COMPILE_CACHE
 
 
+@pytest.mark.heavy  # one process compiling one function: seconds
+def test_kernels_land_under_the_cache_dir_when_lightning_was_imported_first(
+    tmp_path: Path,
+) -> None:
+    """`import lightning` imports torch._dynamo, which writes torch's own default cache folder
+    (/tmp/torchinductor_<user>) into TORCHINDUCTOR_CACHE_DIR: that is no user's export, and the
+    compiled kernels still go under paths.cache_dir/inductor."""
+    code = (
+        "import sys, os, lightning, torch\n"
+        f"assert os.environ.get({INDUCTOR_CACHE_ENV!r}), 'torch set no default: nothing tested'\n"
+        "from medvqa.training.hardware import configure_compile_cache\n"
+        "print(configure_compile_cache(sys.argv[1]))\n"
+        "torch.compile(lambda x: torch.sin(x) * 2 + x.cos())(torch.randn(8))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != INDUCTOR_CACHE_ENV}  # none exported
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == str(tmp_path / COMPILE_CACHE)
+    assert (tmp_path / COMPILE_CACHE / "fxgraph").is_dir()  # the compiled graph is there
+
+
 @pytest.mark.slow  # two processes compiling: ~20 s
 def test_the_second_job_of_a_sweep_compiles_from_the_first_ones_cache(tmp_path: Path) -> None:
     """Two processes (two jobs) with one paths.cache_dir: the first compiles (a cache miss),

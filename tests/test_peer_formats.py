@@ -132,6 +132,19 @@ def test_vlmevalkit_mcq_scores_as_vlmevalkit_exact_matching_does(
     assert ours == {str(index): float(hit) for index, hit in hits.items()}
 
 
+def test_the_summary_follows_the_selected_families(
+    mcq_files: dict[str, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`metric=[mcq]` alone: the headline and summary are the MCQ accuracy, with no warning
+    about the token metrics nobody asked for; the record says which headline it used."""
+    record = score(tmp_path / "scored", mcq_files["xlsx"], "metric=[mcq]")
+    summary = (tmp_path / "scored" / "summary.md").read_text()
+    assert "mcq_acc" in summary and "closed_acc" not in summary and "open_f1" not in summary
+    assert "0.800" in summary and "nan" not in summary
+    assert record["config"]["evaluation"]["primary_closed"] == "mcq_acc"
+    assert not [r for r in caplog.records if "is not a score" in r.getMessage()]
+
+
 def test_vlmevalkit_vqa_tsv(tmp_path: Path) -> None:
     """A VQA dataset's file (no options): yes/no answers closed, the rest open."""
     rows = [

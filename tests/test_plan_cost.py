@@ -295,6 +295,9 @@ def test_task_plan_prints_and_records_the_job_and_its_sweep(
     record = read_record(tmp_path / "plan" / "results.json")
     metrics = record["metrics"]
     assert 0.1 < metrics["plan/gpu_hours"] < 1 and metrics["plan/sweep_jobs"] == 3
+    # the power table of the job's shift (medvqa.planning.power; tests/test_power.py)
+    assert "What two methods' runs of shift slake_modality can tell apart" in run.stdout
+    assert metrics["plan/power/test_ood/judge_closed_acc_mdd"] > 0
     # three seeds of the job; the base's answers once
     base = TEST / 38.253 / 3600
     assert metrics["plan/sweep_gpu_hours"] == pytest.approx(

@@ -898,31 +898,33 @@ def test_a_family_node_recorded_before_the_one_bootstrap_setting_keeps_its_resam
     `level` in the family's node: those still decide its resamples when the report rebuilds
     it; a newer node takes the run's setting; a family without one is left as it is."""
     from medvqa.analysis.paired import _with_bootstrap
+    from medvqa.evaluation.families.closed_set import ClosedSetMetric
+    from medvqa.evaluation.families.traditional import TraditionalMetric
 
-    target = "medvqa.evaluation.families.closed_set.ClosedSetMetric"
     run = {"samples": 300, "seed": 7, "level": 0.9}
-    old = _with_bootstrap({"_target_": target, "B": 500, "seed": 1}, run)
-    assert old == {"_target_": target, "bootstrap": {"samples": 500, "seed": 1, "level": 0.9}}
-    new = _with_bootstrap({"_target_": target}, run)
+    old = _with_bootstrap(ClosedSetMetric, {"B": 500, "seed": 1}, run)
+    assert old == {"bootstrap": {"samples": 500, "seed": 1, "level": 0.9}}
+    new = _with_bootstrap(ClosedSetMetric, {}, run)
     assert new["bootstrap"] == run
-    plain = {"_target_": "medvqa.evaluation.families.traditional.TraditionalMetric"}
-    assert _with_bootstrap(plain, run) == plain
+    plain = {"open_metrics": None}
+    assert _with_bootstrap(TraditionalMetric, plain, run) == plain
 
 
 def test_runs_before_and_after_the_builders_moved_are_one_run() -> None:
     """The builders' `_target_` is part of a run's identity: a record naming the old module
     (`medvqa.models.builders.tiny`) is the same run as one naming `medvqa.zoo.tiny`."""
     from medvqa.analysis.aggregate import run_identity
+    from medvqa.untrusted import CLASS_KEY, plain_values
 
-    def config(target: str) -> dict:
-        return {"model": {"name": "tiny", "builder": {"_target_": target, "seed": 0}}}
+    def config(target: str) -> dict:  # as the record reader returns it
+        return plain_values({"model": {"name": "tiny", "builder": {"_target_": target}}}).value
 
     old = run_identity(config("medvqa.models.builders.tiny.TinyLlavaBuilder"))
     assert old == run_identity(config("medvqa.zoo.tiny.TinyLlavaBuilder"))
-    assert old["model.builder._target_"] == repr("medvqa.zoo.tiny.TinyLlavaBuilder")
+    assert old[f"model.builder.{CLASS_KEY}"] == repr("medvqa.zoo.tiny.TinyLlavaBuilder")
     # A builder that did not move keeps its name (smollm2_causal is not smollm2).
     causal = "medvqa.models.builders.smollm2_causal.SmolLM2CausalBuilder"
-    assert run_identity(config(causal))["model.builder._target_"] == repr(causal)
+    assert run_identity(config(causal))[f"model.builder.{CLASS_KEY}"] == repr(causal)
 
 
 @pytest.mark.heavy

@@ -9,5 +9,5 @@ PY=${PYTHON:-.venv/bin/python}
 start=$(date +%s)
 $PY run.py -m sweep=synthetic_study logger=csv hydra.sweep.dir="$OUT/methods" "$@"
 $PY run.py -m sweep=synthetic_baselines logger=csv hydra.sweep.dir="$OUT/baselines" "$@"
-$PY -m medvqa.analysis.report "$OUT/methods" "$OUT/baselines" --out "$OUT/report"
+$PY -m medvqa.cli.report "$OUT/methods" "$OUT/baselines" --out "$OUT/report"
 echo "synthetic study: $(( $(date +%s) - start )) s; report: $OUT/report/report.html"

@@ -25,9 +25,8 @@ from typing import Any
 
 import pandas as pd
 import yaml
-from hydra.utils import get_class
 
-from medvqa import CONF_DIR
+from medvqa import CONF_DIR, plugins
 from medvqa.analysis.summary import COLUMNS
 from medvqa.evaluation.passes import CHANCE, ZERO_SHOT
 from medvqa.evaluation.scoring import unreliable
@@ -39,7 +38,7 @@ from medvqa.record import (
     is_rehearsal,
     read_record,
 )
-from medvqa.targets import refusal
+from medvqa.untrusted import CALL_KEYS, CLASS_KEY, check_plain, current_class, plain_values
 
 log = logging.getLogger(__name__)
 
@@ -191,16 +190,15 @@ def method_sort_key(method_id: str, first_seen: Mapping[str, int] | None = None)
 
 @functools.cache
 def _option_default(target: str, option: str) -> Any:
-    """`option`'s default in the signature of the dataset class `target` (defaults are
-    written once, there); a sentinel matching no value when the class cannot be imported (a
-    record from other code), so every value then names a condition."""
-    if refusal(target) is not None:  # a record's target is never imported unchecked
+    """`option`'s default in the signature of the registered dataset class named `target`
+    (defaults are written once, there; a record's class name is looked up in the registry,
+    never imported); a sentinel matching no value where no registered dataset is that class
+    (a record from other code), so every value then names a condition."""
+    found = plugins.registered_class("dataset", target)
+    parameter = plugins.parameters(found).get(option) if found is not None else None
+    if parameter is None or parameter.default is inspect.Parameter.empty:
         return object()
-    try:
-        default = inspect.signature(get_class(target)).parameters[option].default
-    except Exception:  # an unknown class or option: no default to leave unnamed
-        return object()
-    return object() if default is inspect.Parameter.empty else default
+    return parameter.default
 
 
 def condition(config: Mapping[str, Any]) -> str | None:
@@ -209,7 +207,7 @@ def condition(config: Mapping[str, Any]) -> str | None:
     dataset = config.get("dataset")
     if not isinstance(dataset, Mapping):
         return None
-    target = str(dataset.get("_target_") or "")
+    target = str(dataset.get(CLASS_KEY) or "")
     parts = [
         f"{option}={dataset[option]}"
         for option in CONDITION_OPTIONS
@@ -222,7 +220,7 @@ def _identity(record: Mapping[str, Any]) -> dict[str, Any]:
     """Setting and method of a record, from its choices with the config as fallback."""
     config = record.get("config") or {}
     choices = record.get("choices") or {}
-    target = str(config_get(config, "dataset._target_", "") or "")
+    target = str(config_get(config, f"dataset.{CLASS_KEY}", "") or "")
     dataset = (
         choices.get("dataset")
         or config_get(config, "dataset.name")
@@ -300,6 +298,20 @@ def _headlines(metrics: Mapping[str, float], closed: str, open_: str) -> dict[st
     return out
 
 
+# The config values a report names rows, tables and scores by: a name each (or nothing).
+NAME_KEYS = (
+    "label",
+    "peft.name",
+    "peft.label",
+    "model.name",
+    "shift.name",
+    "dataset.name",
+    "task.name",
+    "evaluation.primary_closed",
+    "evaluation.primary_open",
+)
+
+
 def unplaceable(record: Mapping[str, Any]) -> str | None:
     """Why a record cannot be placed in a table (None if it can): without its config, or
     with neither config nor choices naming the setting, model and method, it would become a
@@ -309,6 +321,12 @@ def unplaceable(record: Mapping[str, Any]) -> str | None:
             "the record has no 'config' (the resolved config every run records), so its "
             "setting, method and config variants cannot be told"
         )
+    config, choices = record["config"], record.get("choices") or {}
+    not_names = [f"config.{key}" for key in NAME_KEYS
+                 if not isinstance(config_get(config, key), str | int | float | None)]  # fmt: skip
+    not_names += [f"choices.{k}" for k, v in choices.items() if not isinstance(v, str | None)]
+    if not_names:
+        return f"{', '.join(not_names)} hold(s) no name (the record was edited)"
     ident = _identity(record)
     unknown = [
         name
@@ -465,26 +483,9 @@ def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
         for k, v in node.items():
             out.update(_flatten(v, f"{prefix}{k}."))
         return out
-    if prefix.endswith("_target_.") and isinstance(node, str):
-        node = _current_target(node)
+    if prefix.endswith(f"{CLASS_KEY}.") and isinstance(node, str):
+        node = current_class(node)  # a record from before a class moved is the same run
     return {prefix[:-1]: repr(node)}
-
-
-# Classes that moved (old -> new module prefix): a record written before the move names the
-# old `_target_` and is still the same run as one written after it.
-MOVED_TARGETS = {
-    "medvqa.models.builders.tiny.": "medvqa.zoo.tiny.",
-    "medvqa.models.builders.smollm2.": "medvqa.zoo.smollm2.",
-    "medvqa.models.builders.families.": "medvqa.zoo.families.",
-}
-
-
-def _current_target(target: str) -> str:
-    """A `_target_` under its current name (`MOVED_TARGETS`)."""
-    for old, new in MOVED_TARGETS.items():
-        if target.startswith(old):
-            return new + target[len(old) :]
-    return target
 
 
 def run_identity(config: Mapping[str, Any]) -> dict[str, str]:
@@ -506,7 +507,7 @@ def _what_of(flat: Mapping[str, str]) -> dict[str, str]:
 
 # Keys Hydra's `instantiate` reads (which class, how to call it): set by the configs, never
 # a setting anyone picks, so a variant's label never names one (the identity still counts them).
-INTERNAL_KEYS = ("_target_", "_partial_", "_recursive_", "_convert_", "_args_")
+INTERNAL_KEYS = (CLASS_KEY, *CALL_KEYS)
 # Where a variant's label has no value: the run's config has no such key.
 ABSENT = "∅"
 # How many settings a variant's display name shows (its `method_id` names them all).
@@ -588,7 +589,7 @@ def _label_settings(
     The identity keys that differ are named by the key a user sets: an interpolated copy by its
     source (`judge.api_key_env`, not `metric.judge.cfg.api_key_env`) where the source differs,
     else by the option list that adds its node (`metric=[traditional,judge]`); a class by its
-    node (`model.builder=TinyLlavaBuilder`); never Hydra's own keys (`_target_`, `_partial_`,
+    node (`model.builder=TinyLlavaBuilder`); never Hydra's own keys (a class, `_partial_`,
     ...) nor the sub-keys of a node the user did not set. `nodes`: `_nodes` of each of `flats`."""
     shown: dict[str, str] = {}
     for key in sorted(keys):
@@ -610,7 +611,7 @@ def _label_settings(
             shown[parent] = "options"  # a metric family some runs add
         elif source and lacking:
             shown[lacking] = "node"  # a copy some runs have: not what the user set
-        elif parts[-1] == "_target_" and len(parts) > 1:
+        elif parts[-1] == CLASS_KEY and len(parts) > 1:
             shown[".".join(parts[:-1])] = "class"
         elif not any(p in INTERNAL_KEYS for p in parts):
             shown[key] = "value"
@@ -640,7 +641,7 @@ def _setting_value(flat: Mapping[str, str], held: set[str], name: str, how: str)
         return flat[name]
     if how == "node" and f"{name}.name" in flat:
         return flat[f"{name}.name"].strip("'\"")
-    target = flat.get(f"{name}._target_")
+    target = flat.get(f"{name}.{CLASS_KEY}")
     return _short_class(target) if target else "{…}"
 
 
@@ -797,6 +798,8 @@ def wandb_run_record(run: Any) -> dict[str, Any]:
     (`medvqa/status`, with `medvqa/diverged_step`, `medvqa/failed_items`) is used instead.
     """
     config = {k: v for k, v in dict(run.config).items() if not str(k).startswith("_")}
+    # A W&B run is a record too: plain values only (medvqa.untrusted), as results.json is read.
+    config = check_plain(plain_values(config, "config"), f"W&B run {getattr(run, 'id', '?')}")
     summary = dict(getattr(run.summary, "_json_dict", None) or run.summary)
     numbers = {
         str(k): v
@@ -841,7 +844,13 @@ def collect_wandb(path: str, api: Any = None) -> pd.DataFrame:
         ) from err
     rows: list[dict[str, Any]] = []
     for run in runs:
-        rows.extend(placed_rows(wandb_run_record(run), f"wandb:{path}/{run.id}"))
+        source = f"wandb:{path}/{run.id}"
+        try:
+            record = wandb_run_record(run)
+        except ValueError as err:  # a config naming code (medvqa.untrusted): listed, not read
+            rows.append(skipped_row(source, str(err)))
+            continue
+        rows.extend(placed_rows(record, source))
     return records_frame(rows)
 
 

@@ -14,6 +14,7 @@ import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 import numpy as np
@@ -137,21 +138,44 @@ def ranks(long: pd.DataFrame) -> pd.DataFrame:
     return out[["score", "method", *[c for c in out.columns if c not in ("score", "method")]]]
 
 
+def text_colour(rgba: Sequence[float]) -> str:
+    """Black or white, whichever contrasts more with a cell of colour `rgba` (WCAG 2's relative
+    luminance and contrast ratio): a heatmap's numbers stay readable on every colour of its
+    map, light or dark."""
+
+    def linear(c: float) -> float:
+        return c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4
+
+    r, g, b = (linear(float(c)) for c in rgba[:3])
+    lum = 0.2126 * r + 0.7152 * g + 0.0722 * b
+    return "black" if (lum + 0.05) / 0.05 >= 1.05 / (lum + 0.05) else "white"
+
+
+def annotate_cells(ax: Any, im: Any, data: np.ndarray, fmt: str, fontsize: float = 8) -> None:
+    """Each cell's value (`fmt`) at its centre, coloured for its cell (`text_colour`)."""
+    for (r, c), v in np.ndenumerate(data):
+        if not math.isnan(v):
+            colour = text_colour(im.cmap(im.norm(v)))
+            ax.text(c, r, format(v, fmt), ha="center", va="center", color=colour, size=fontsize)
+
+
 def rank_figure(rank: pd.DataFrame, out_dir: Path) -> Path | str:
-    """Heatmap of ranks (method × shift, plus the mean rank), closed and open side by side."""
+    """Heatmap of ranks (method × shift, plus the mean rank), closed and open side by side.
+    Constrained layout keeps the rotated shift names and the colour bars inside the figure and
+    clear of each other."""
     if rank.empty:
         return "no RR values to rank"
     scores = list(dict.fromkeys(rank["score"]))
-    fig = Figure(figsize=(5.5 * len(scores), 0.5 * rank["method"].nunique() + 2.5))
+    fig = Figure(
+        figsize=(5.5 * len(scores), 0.5 * rank["method"].nunique() + 2.5), layout="constrained"
+    )
     for i, score in enumerate(scores):
         part = rank[rank["score"] == score].set_index("method").drop(columns="score")
         part = part.dropna(axis=1, how="all")
         ax = fig.add_subplot(1, len(scores), i + 1)
         data = part.to_numpy(dtype=float)
         im = ax.imshow(data, cmap="viridis_r", aspect="auto")
-        for (r, c), v in np.ndenumerate(data):
-            if not math.isnan(v):
-                ax.text(c, r, f"{v:.1f}", ha="center", va="center", color="w", fontsize=8)
+        annotate_cells(ax, im, data, ".1f")
         ax.set_xticks(range(part.shape[1]), part.columns, rotation=30, ha="right", fontsize=8)
         ax.set_yticks(range(part.shape[0]), part.index, fontsize=8)
         ax.set_title(f"{score} RR rank (1 = most robust)")
@@ -286,16 +310,21 @@ def breakdown_heatmaps(frame: pd.DataFrame, out_dir: Path) -> dict[str, Path]:
         if not panels:
             continue
         n_values = max(m.shape[0] for _, m in panels)
-        fig = Figure(figsize=(4.2 * len(panels), 0.4 * n_values + 2.5))
+        # Two panels a row (closed above open): a page shows the figure near its own size, so
+        # the cell values stay legible. Constrained layout gives each panel's colour bar and the
+        # next panel's value names their own room (never drawn over each other), and keeps the
+        # method names whole.
+        n_cols, n_rows = min(2, len(panels)), math.ceil(len(panels) / 2)
+        fig = Figure(
+            figsize=(4.8 * n_cols, (0.45 * n_values + 2.2) * n_rows + 0.4), layout="constrained"
+        )
         for i, (title, mat) in enumerate(panels):
-            ax = fig.add_subplot(1, len(panels), i + 1)
+            ax = fig.add_subplot(n_rows, n_cols, i + 1)
             data = mat.to_numpy(dtype=float)
             im = ax.imshow(data, cmap="magma", aspect="auto", vmin=0)
-            for (r, c), v in np.ndenumerate(data):
-                if not math.isnan(v):
-                    ax.text(c, r, f"{v:.2f}", ha="center", va="center", color="c", fontsize=7)
-            ax.set_xticks(range(mat.shape[1]), mat.columns, rotation=30, ha="right", fontsize=7)
-            ax.set_yticks(range(mat.shape[0]), mat.index, fontsize=7)
+            annotate_cells(ax, im, data, ".2f")
+            ax.set_xticks(range(mat.shape[1]), mat.columns, rotation=30, ha="right", fontsize=8)
+            ax.set_yticks(range(mat.shape[0]), mat.index, fontsize=8)
             ax.set_title(title, fontsize=9)
             fig.colorbar(im, ax=ax, shrink=0.7)
         fig.suptitle(f"{table}: by {field}")

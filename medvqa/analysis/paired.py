@@ -18,7 +18,9 @@ The difference comes from the metric family that computes the score
 that is a per-row mean (from the record's `ci_columns`, with the run's `evaluation.bootstrap`
 samples, seed and level; 0 samples: no number), the family's own
 rule otherwise (the closed-set headline, a mean of macro-F1s, is recomputed on each resample of
-sequences, with the family's own B, seed and level). A pair gets no number for a split whose
+sequences, with the family's own B, seed and level). Such a family is the registered plug-in
+the record names (`medvqa.plugins`), built with the record's plain options: a record's class
+is a name looked up in the registry, never imported nor instantiated. A pair gets no number for a split whose
 question ids differ between the two runs, where either side has an item without a score (a
 judge that could not score it), or where no family can pair the score.
 """
@@ -35,16 +37,15 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from hydra.utils import get_class
 
 from medvqa import plugins
-from medvqa.analysis.aggregate import as_number, method_sort_key
+from medvqa.analysis.aggregate import as_number, config_get, method_sort_key
 from medvqa.analysis.tables import USABLE, role
 from medvqa.data import records as R
-from medvqa.evaluation.scoring import SCORES_FILE, RecordedMeans, build_families, paired_delta
+from medvqa.evaluation.scoring import SCORES_FILE, RecordedMeans, paired_delta
 from medvqa.evaluation.statistics import Bootstrap
 from medvqa.record import RESULTS_FILE, read_record
-from medvqa.targets import check_targets
+from medvqa.untrusted import CALL_KEYS, CLASS_KEY
 
 log = logging.getLogger(__name__)
 
@@ -101,34 +102,60 @@ class _Run:
         if all(score in columns for score in self.headlines()):
             return self._families
         record = self.record()
-        recorded = (record.get("provenance") or {}).get("metrics") or {}
-        evaluation = (record.get("config") or {}).get("evaluation") or {}
+        recorded = _mapping(record, "provenance.metrics")
         nodes = {
             name: node
-            for name, node in ((record.get("config") or {}).get("metric") or {}).items()
-            if isinstance(node, Mapping) and "ci_columns" not in (recorded.get(name) or {})
+            for name, node in _mapping(record, "config.metric").items()
+            if isinstance(node, Mapping) and "ci_columns" not in _mapping(recorded, name)
         }
-        if nodes:
-            try:  # a record is data: its targets are checked before anything is imported
-                check_targets(nodes, str(self.row["source"]), "metric")
-                bootstrap = evaluation.get("bootstrap") or {}
-                nodes = {name: _with_bootstrap(node, bootstrap) for name, node in nodes.items()}
-                self._families += build_families(nodes)
-            except ValueError as err:
+        bootstrap = _mapping(record, "config.evaluation.bootstrap")
+        for name, node in nodes.items():
+            try:
+                self._families.append(registered_family(name, node, bootstrap))
+            except Exception as err:  # a record's options the family refuses: no number
                 log.warning(
-                    "%s: %s; its scores that are not per-sample means get no paired difference",
+                    "%s: metric %r: %s; its scores that are not per-sample means get no paired "
+                    "difference",
                     self.row["source"],
+                    name,
                     err,
                 )
         return self._families
 
 
+def registered_family(name: str, node: Mapping[str, Any], bootstrap: Any) -> Any:
+    """The registered metric family `name` built with a record's plain options (`node`, read by
+    `medvqa.record.read_record`) and the run's bootstrap setting: the class comes from the
+    registry, never from the record, and must be the one the record names."""
+    family = plugins.get("metric", name)
+    recorded = node.get(CLASS_KEY)
+    if recorded is not None and plugins.registered_class("metric", str(recorded)) is not family:
+        raise ValueError(
+            f"the record names class {recorded!r}, not the registered {plugins.target_of(family)}"
+        )
+    options = {k: v for k, v in node.items() if k != CLASS_KEY and k not in CALL_KEYS}
+    options = _with_bootstrap(family, options, bootstrap)
+    unknown = sorted(set(options) - set(plugins.parameters(family)))
+    if unknown:
+        raise ValueError(f"options {unknown} are not the family's ({plugins.target_of(family)})")
+    return plugins.constructor(family)(**options)
+
+
 def recorded_bootstrap(record: Mapping[str, Any]) -> dict[str, Any] | None:
     """A record's `evaluation.bootstrap` as bootstrap options (B, seed, level; None: off),
     the defaults for the keys it lacks."""
-    evaluation = (record.get("config") or {}).get("evaluation") or {}
-    recorded = evaluation.get("bootstrap") or {}
-    return Bootstrap.of({**dataclasses.asdict(Bootstrap()), **recorded}).options()
+    recorded = _mapping(record, "config.evaluation.bootstrap")
+    try:
+        return Bootstrap.of({**dataclasses.asdict(Bootstrap()), **recorded}).options()
+    except (TypeError, ValueError) as err:  # not numbers: an edited record
+        log.warning("evaluation.bootstrap=%r is no bootstrap setting (%s): no CI", recorded, err)
+        return None
+
+
+def _mapping(record: Mapping[str, Any], dotted: str) -> Mapping[str, Any]:
+    """The mapping at `dotted` in a record, empty where there is none (or another value)."""
+    node = config_get(record, dotted, {})
+    return node if isinstance(node, Mapping) else {}
 
 
 def scored_table(source: str, name: str = SCORES_FILE) -> pd.DataFrame | None:
@@ -229,15 +256,14 @@ def paired_differences(frame: pd.DataFrame) -> pd.DataFrame:
 _OLD_BOOTSTRAP_KEYS = {"B": "samples", "seed": "seed", "level": "level"}
 
 
-def _with_bootstrap(node: Mapping[str, Any], run: Mapping[str, Any]) -> dict[str, Any]:
+def _with_bootstrap(
+    family: type, node: Mapping[str, Any], run: Mapping[str, Any]
+) -> dict[str, Any]:
     """A recorded family node as the family takes it now: a family with a `bootstrap` gets the
     run's `evaluation.bootstrap`; a record from before the families shared that one setting
     names its own `B`, `seed`, `level` instead, which still decide its resamples."""
     node = dict(node)
-    try:
-        takes = "bootstrap" in plugins.parameters(get_class(str(node.get("_target_"))))
-    except Exception:  # an unknown target fails when it is built, with its own message
-        return node
+    takes = "bootstrap" in plugins.parameters(family)
     if not takes or "bootstrap" in node:
         return node
     old = {new: node.pop(key) for key, new in _OLD_BOOTSTRAP_KEYS.items() if key in node}

@@ -30,6 +30,11 @@ import pandas as pd
 
 from medvqa.analysis import figures as figs
 from medvqa.analysis.aggregate import SKIPPED, rehearsals
+from medvqa.analysis.card import GUIDELINE
+from medvqa.analysis.claims import DEFAULT_ADJUSTMENT
+from medvqa.analysis.conclusions import Conclusions, conclude
+from medvqa.analysis.effective import scatter_figure
+from medvqa.analysis.explorer import write_explorer
 from medvqa.analysis.judges import JudgeSensitivity, judge_figure, judge_sensitivity
 from medvqa.analysis.paired import paired_differences
 from medvqa.analysis.tables import (
@@ -70,8 +75,11 @@ class Report:
     views: dict[str, dict[str, pd.DataFrame]] = field(default_factory=dict)
     # RR, rankings and conclusions under each judge of a jury (medvqa.analysis.judges)
     judges: JudgeSensitivity = field(default_factory=JudgeSensitivity)
+    # the family of claims, SURE-VQA's findings, effective robustness, the card
+    conclusions: Conclusions = field(default_factory=Conclusions)
     figures: dict[str, Path] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
+    explorer_note: str = ""  # why there is no row explorer (none: explorer.html beside)
     files: dict[str, Path] = field(default_factory=dict)
 
     def moved(self, to: Path) -> Report:
@@ -92,17 +100,20 @@ class Report:
 KEPT = ("wandb",)
 
 
-def build_report(runs: pd.DataFrame, out_dir: Path | str) -> Report:
+def build_report(
+    runs: pd.DataFrame, out_dir: Path | str, adjustment: str = DEFAULT_ADJUSTMENT
+) -> Report:
     """`build` into a hidden sibling of `out_dir`, then swapped in whole (`staged_dir`): a
     report killed midway leaves the earlier one as it was, never new tables beside old figures."""
     out_dir = Path(out_dir)
     with staged_dir(out_dir, "medvqa-report", keep=KEPT, legacy="report.html") as staging:
-        report = build(runs, staging)
+        report = build(runs, staging, adjustment)
     return report.moved(out_dir)
 
 
-def build(runs: pd.DataFrame, out_dir: Path | str) -> Report:
-    """Tables, figures and report.html under `out_dir` from the tidy run table.
+def build(runs: pd.DataFrame, out_dir: Path | str, adjustment: str = DEFAULT_ADJUSTMENT) -> Report:
+    """Tables, figures and report.html under `out_dir` from the tidy run table; the family of
+    claims adjusted by `adjustment` (medvqa.analysis.claims: holm, bh).
 
     Skipped records (status `unreadable`) are listed among the issues only: their rows say
     nothing about a setting, so no table, cell or figure is made of them."""
@@ -125,6 +136,8 @@ def build(runs: pd.DataFrame, out_dir: Path | str) -> Report:
     files["paired_csv"] = out_dir / "paired_differences.csv"
     judges = judge_sensitivity(placed)
     files.update(judges.write(out_dir))
+    conclusions = conclude(placed, long, issues, judges, adjustment)
+    files.update(conclusions.write(out_dir))
     perf = perf_table(usable)  # rehearsals too: their speed is what they are for
     perf.to_csv(out_dir / "perf.csv", index=False)
     files["perf_csv"] = out_dir / "perf.csv"
@@ -139,6 +152,7 @@ def build(runs: pd.DataFrame, out_dir: Path | str) -> Report:
         provenance=provenance,
         paired=paired,
         judges=judges,
+        conclusions=conclusions,
         ranks=figs.ranks(long) if not long.empty else pd.DataFrame(),
         variance=figs.variance_split(long) if not long.empty else pd.DataFrame(),
         files=files,
@@ -165,6 +179,7 @@ def build(runs: pd.DataFrame, out_dir: Path | str) -> Report:
             **figs.subgroup_forest(placed, fig_dir),
             **figs.calibration_curves(placed, fig_dir),
             **judge_figure(judges, fig_dir),
+            **scatter_figure(conclusions.effective, fig_dir),
         }
         if not long.empty
         else {"all figures": "no record could be placed in a table (see the issues)"}
@@ -174,6 +189,11 @@ def build(runs: pd.DataFrame, out_dir: Path | str) -> Report:
             report.figures[name] = result
         else:
             report.skipped[name] = result
+    explorer = write_explorer(placed, out_dir)  # every row of each run, beside the report
+    if isinstance(explorer, Path):
+        files["explorer"] = explorer
+    else:
+        report.explorer_note = explorer
     files["html"] = write_html(report)
     return report
 
@@ -281,6 +301,14 @@ def write_html(report: Report) -> Path:
         + ", ".join(f"{v} {html.escape(str(k))}" for k, v in sorted(status.items()))
         + f"), {len(report.tables)} shift table(s).</p>",
     ]
+    if "explorer" in report.files:
+        parts.append(
+            f"<p><a id='explorer' href='{report.files['explorer'].name}'>Row explorer</a>: every "
+            "test question of each run with the image it saw, its answers under every pass, "
+            "each juror's verdict and its metadata; filter, search and compare two runs.</p>"
+        )
+    elif report.explorer_note:
+        parts.append(f"<p class='note'>No row explorer: {html.escape(report.explorer_note)}.</p>")
     if report.rehearsal:
         parts.append(f"<p class='bad'><b>{html.escape(report.rehearsal)}</b></p>")
     parts.append("<h2>Results per shift</h2>")
@@ -306,7 +334,7 @@ def write_html(report: Report) -> Path:
             "the fit's samples/s over the whole fit and its second half (steady, after "
             "compilation and warm-up), model-FLOPs utilisation over the second half, this "
             "rank's peak GPU memory against the memory plan's estimate, and the generation "
-            "passes' rows/s; compare with docs/gpus.md (perf.csv).</p>"
+            "passes' rows/s; compare with docs/measurements.md (perf.csv).</p>"
         )
         parts.append(_frame_html(report.perf, "{:.3g}"))
     parts.append("<h2>Paired differences on the same questions</h2>")
@@ -324,6 +352,7 @@ def write_html(report: Report) -> Path:
         )
         parts.append(_frame_html(report.paired))
     parts += _judges_html(report.judges)
+    parts += _conclusions_html(report.conclusions)
     parts.append("<h2>Provenance</h2>")
     if report.provenance.empty:
         parts.append("<p>No run recorded its provenance.</p>")
@@ -346,6 +375,7 @@ def write_html(report: Report) -> Path:
         parts += [f"<h3>{html.escape(name)}</h3>", _img(png)]
         if name == "method_rank_by_rr" and not report.ranks.empty:
             parts.append(_frame_html(report.ranks, "{:.2f}"))
+            parts += _notes_html(report.conclusions.effective.notes)
         if name == "std_shifts_vs_methods" and not report.variance.empty:
             summary = report.variance.groupby(["score", "std of"], as_index=False)["std"].mean()
             parts.append(_frame_html(summary.rename(columns={"std": "mean std"})))
@@ -385,6 +415,73 @@ def _judges_html(judges: JudgeSensitivity) -> list[str]:
         parts.append(_frame_html(flagged))
     if not judges.tau.empty:
         parts.append(_frame_html(judges.tau, "{:.2f}"))
+    return parts
+
+
+def _notes_html(notes: Sequence[str]) -> list[str]:
+    """Notes beside a ranking by RR that a weak model wins (medvqa.analysis.effective)."""
+    return [f"<p class='bad'>{html.escape(note)}.</p>" for note in notes]
+
+
+def _effective_shown(frame: pd.DataFrame) -> pd.DataFrame:
+    """effective_robustness.csv's table narrow enough for a laptop: the line's OoD and its
+    band in one cell."""
+
+    def line(row: pd.Series) -> str:
+        if pd.isna(row["line_ood"]):
+            return "—"
+        return f"{row['line_ood']:.3g} [{row['line_lo']:.3g}, {row['line_hi']:.3g}]"
+
+    shown = frame.drop(columns=["line_ood", "line_lo", "line_hi"])
+    shown.insert(shown.columns.get_loc("rr") + 1, "line's OoD [95%]", frame.apply(line, axis=1))
+    return shown.rename(columns={"effective_robustness": "effective robustness"})
+
+
+def _conclusions_html(conclusions: Conclusions) -> list[str]:
+    """The family of claims, SURE-VQA's findings, effective robustness and the card."""
+    family, found, effective = conclusions.family, conclusions.findings, conclusions.effective
+    parts = [
+        "<h2>The family of claims</h2>",
+        "<p class='note'>Every pairwise comparison of two fine-tuning methods per shift, score "
+        "and split (and RR), pooled over seeds, with a bootstrap over cases and seeds (95% CI; "
+        "p from the bootstrap standard error), adjusted together for multiplicity (claims.csv). "
+        "A verdict: holds (adjusted p &lt; 0.05), not after adjustment, not significant, no "
+        f"number (why given). {html.escape(family.summary)}.</p>",
+    ]
+    if not family.frame.empty:
+        shown = family.frame.drop(columns=["id_a", "id_b"])
+        parts.append(_frame_html(shown, "{:.3g}"))
+    parts += [
+        "<h2>SURE-VQA's findings on these runs</h2>",
+        "<p class='note'>Each finding of the paper as a test on the runs present, with its "
+        "statistic, 95% interval over cases and seeds, and a verdict: holds, reversed (the "
+        "opposite beyond the uncertainty) or undecided (findings.csv, findings_summary.csv).</p>",
+        _frame_html(found.summary()),
+    ]
+    if not found.frame.empty:
+        parts.append(_frame_html(found.frame, "{:.3g}"))
+    parts += [
+        "<h2>Effective robustness</h2>",
+        "<p class='note'>OoD score against the line fitted through every run's (i.i.d., OoD) "
+        "point of the shift (logit axes for scores in [0, 1]; Taori et al. 2020, Miller et al. "
+        "2021): a method above the line is more robust than its i.i.d. score predicts; the "
+        "interval is the line's 95% band (effective_robustness.csv, figure iid_vs_ood).</p>",
+    ]
+    parts += _notes_html(effective.notes)
+    if effective.frame.empty:
+        parts.append("<p>No shift has three runs with i.i.d. and OoD scores to fit a line.</p>")
+    else:
+        parts.append(_frame_html(_effective_shown(effective.frame), "{:.3g}"))
+    parts.append("<h2>Robustness card</h2>")
+    parts.append(f"<p class='note'>{html.escape(GUIDELINE)} (card.md)</p>")
+    for section in conclusions.card.sections:
+        parts.append(f"<h3>{html.escape(section.title)}</h3><ul>")
+        for part in section.parts:
+            if isinstance(part, pd.DataFrame):
+                parts.append(f"</ul>{_frame_html(part)}<ul>")
+            else:
+                parts.append(f"<li>{_breakable(part)}</li>")
+        parts.append("</ul>")
     return parts
 
 

@@ -142,7 +142,14 @@ class Selection:
                 lines.append(f"#   {c.label()}: not eligible, {c.reason}")
         lines += [f"# Note: {note}" for note in self.notes]
         body = yaml.safe_dump(_nested(winner.setting), sort_keys=False, default_flow_style=False)
-        return "\n".join(lines) + "\n" + body
+        # Each header line stays a comment: a record's text (an error, a label) with a line
+        # break would otherwise write YAML that a study composes.
+        return "\n".join(_one_line(line) for line in lines) + "\n" + body
+
+
+def _one_line(text: str) -> str:
+    """`text` on one line: every line break YAML knows (CR, LF, NEL, LS, PS) as a space."""
+    return "".join(" " if c in "\r\n\x85\u2028\u2029" else c for c in text)
 
 
 def _nested(flat: Mapping[str, Any]) -> dict[str, Any]:
@@ -172,10 +179,10 @@ def _derived(method: str, key: str) -> bool:
 def _criterion(records: Sequence[tuple[str, dict]], name: str) -> tuple[tuple[str, str], str]:
     """The judge's scores if the runs have them, else the configured headline scores."""
     for source, record in records:
-        splits = (record.get("config") or {}).get("task", {}).get("eval_splits")
-        if splits is not None and SPLIT not in splits:
+        splits = config_get(record.get("config") or {}, "task.eval_splits")
+        if splits is not None and (not isinstance(splits, list) or SPLIT not in splits):
             raise ValueError(
-                f"{name}: {source} scored {list(splits)}, not the validation split. Selection "
+                f"{name}: {source} scored {splits}, not the validation split. Selection "
                 "never uses test scores: run the grid with task.eval_splits=[val] (the "
                 "sweep=*_grid files do)."
             )
@@ -188,11 +195,13 @@ def _criterion(records: Sequence[tuple[str, dict]], name: str) -> tuple[tuple[st
 
     headlines: set[tuple[str, str]] = set()
     for _, r in records:
-        evaluation = r["config"].get("evaluation", {})
+        config = r.get("config") or {}
         headlines.add(
             (
-                evaluation.get("primary_closed", EvaluationSchema.primary_closed),
-                evaluation.get("primary_open", EvaluationSchema.primary_open),
+                str(
+                    config_get(config, "evaluation.primary_closed", EvaluationSchema.primary_closed)
+                ),
+                str(config_get(config, "evaluation.primary_open", EvaluationSchema.primary_open)),
             )
         )
     if len(headlines) > 1:

@@ -125,6 +125,12 @@ def role(row: pd.Series) -> str:
     return "method"
 
 
+def with_role(runs: pd.DataFrame, *roles: str) -> pd.DataFrame:
+    """The rows of `runs` whose `role` is one of `roles` (an empty frame keeps its columns)."""
+    keep = [role(r) in roles for _, r in runs.iterrows()]
+    return runs[pd.Series(keep, index=runs.index, dtype=bool)]
+
+
 def cell_text(cell: dict[str, object]) -> str:
     """How a cell reads in every table format (CSV wide, Markdown, LaTeX, HTML)."""
     n, n_seeds = int(cell["n"]), int(cell["n_seeds"])

@@ -7,6 +7,7 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
+from medvqa.cli.refusal import REFUSALS, refused
 from medvqa.models.convert import CLIP_VIT_L14_336, ConversionError, convert_llava_med
 
 log = logging.getLogger(__name__)
@@ -44,9 +45,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         convert_llava_med(args.src, args.dst, args.vision_tower, args.dtype)
-    except ConversionError as err:
-        log.error("%s", err)
-        return 2
+    except (ConversionError, *REFUSALS) as err:
+        return refused("medvqa-convert", err)
     return 0
 
 

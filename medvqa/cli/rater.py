@@ -12,7 +12,8 @@ from pathlib import Path
 from medvqa.analysis.rater.analysis import analyze
 from medvqa.analysis.rater.export import export
 from medvqa.analysis.rater.study import SHEET_CSV, SHEET_HTML, RatingError
-from medvqa.atomic import OutputDirError
+from medvqa.atomic import OutputDirError, restrict_umask
+from medvqa.cli.refusal import REFUSALS, refused
 from medvqa.evaluation.scoring import SCORES_FILE
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from rich.table import Table
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[RichHandler()])
+    restrict_umask()  # nothing it writes is group- or world-writable (docs/security.md)
     args = _parser().parse_args(argv)
     console = Console()
     try:
@@ -94,9 +96,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"{row.n:.0f}",
                 )
             console.print(summary)
-    except (RatingError, OutputDirError) as err:
-        log.error("%s", err)
-        return 2
+    except (RatingError, OutputDirError, *REFUSALS) as err:
+        return refused("medvqa-rater", err)
     return 0
 
 

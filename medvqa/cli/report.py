@@ -11,16 +11,17 @@ from pathlib import Path
 from typing import Any
 
 from medvqa.analysis.aggregate import collect, collect_wandb, merge
+from medvqa.analysis.claims import ADJUSTMENTS, DEFAULT_ADJUSTMENT
 from medvqa.analysis.report import build_report, log_report
-from medvqa.atomic import OutputDirError
+from medvqa.atomic import OutputDirError, restrict_umask
 
 
 def _wandb_logger(out_dir: Path, project: str) -> Any:
     """A W&B logger for the report itself (offline unless WANDB_MODE=online)."""
-    from lightning.pytorch.loggers import WandbLogger
+    from medvqa.tracking import WandbRunLogger
 
     offline = os.environ.get("WANDB_MODE", "offline") != "online"
-    return WandbLogger(
+    return WandbRunLogger(
         project=project, save_dir=str(out_dir), job_type="report", offline=offline, name="report"
     )
 
@@ -45,6 +46,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="log the tables and figures to a W&B run (offline unless WANDB_MODE=online)",
     )
     parser.add_argument("--wandb-project", default="medvqa", help="project for --wandb-log")
+    parser.add_argument(
+        "--adjust",
+        choices=sorted(ADJUSTMENTS),
+        default=DEFAULT_ADJUSTMENT,
+        help="multiplicity adjustment of the family of claims (claims.csv): holm (family-wise "
+        "error, default) or bh (Benjamini-Hochberg false discovery rate)",
+    )
     args = parser.parse_args(argv)
     if not args.dirs and not args.wandb:
         parser.error("give at least one run/sweep directory or --wandb ENTITY/PROJECT")
@@ -57,6 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
+    restrict_umask()  # nothing it writes is group- or world-writable (docs/security.md)
     console = Console()
     try:
         frames = [collect(args.dirs)] if args.dirs else []
@@ -70,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         console.print(f"[red]medvqa-report: no results.json records under {where}[/red]")
         return 2
     try:
-        report = build_report(runs, args.out)
+        report = build_report(runs, args.out, args.adjust)
     except OutputDirError as err:
         console.print(f"[red]medvqa-report: {err}[/red]")
         return 2

@@ -2,11 +2,15 @@
 a checkout, medvqa/conf in an installed wheel) with the command line's overrides and run the
 job. One `@hydra.main` for both, so an installed wheel trains as the checkout does."""
 
-from medvqa import numerics
+from medvqa import atomic, numerics, quiet
 
+# Nothing this job makes (Hydra's run folder, the cache, checkpoints, torch's compile cache) is
+# group- or world-writable, whatever the umask (docs/security.md).
+atomic.restrict_umask()
 # MEDVQA_NUMERICS=portable: start again with the CPU-independent kernels, before numpy and
 # torch load (they read them once, then).
 numerics.reexec_if_requested()
+quiet.silence_third_party()  # before the libraries are imported
 
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402

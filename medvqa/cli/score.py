@@ -17,11 +17,13 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from medvqa import CONF_DIR
-from medvqa.atomic import OutputDirError, staged_dir
+from medvqa.atomic import OutputDirError, restrict_umask, staged_dir
+from medvqa.cli.refusal import refused
 from medvqa.data.records import SPLIT
 from medvqa.errors import ConfigError
 from medvqa.evaluation.judge.errors import JudgeConfigError
 from medvqa.evaluation.passes import mode_prefix, order_prefix, prediction_path
+from medvqa.evaluation.prediction_files import limit_option
 from medvqa.evaluation.readers import READERS, ReadLimits, ScoreInputError, read
 from medvqa.evaluation.reliance import COUNTERFACTUAL_MODES
 from medvqa.record import RunRecord
@@ -32,6 +34,13 @@ from medvqa.record import RunRecord
 log = logging.getLogger(__name__)
 
 SUMMARY = "summary.md"
+# The read limits (`ReadLimits`' fields), as each option's help names them.
+LIMIT_HELP = {
+    "max_rows": "rows (a CSV's, TSV's or sheet's header included)",
+    "max_bytes": "bytes (the file's, or what a workbook or Parquet file unpacks to)",
+    "max_cells": "cells (rows x columns)",
+    "max_cell_chars": "characters in one cell",
+}
 
 
 def compose(overrides: Sequence[str], out_dir: Path) -> DictConfig:
@@ -101,6 +110,7 @@ def score_file(
         Scoring.from_config(cfg.metric, cfg.evaluation) as scoring,
         staged_dir(out_dir, "medvqa-score") as staging,
     ):
+        scoring.follow_selected_headline()  # before the record takes the config
         breakdown = [f for f in cfg.evaluation.breakdown if f in frame]
         skipped = [f for f in cfg.evaluation.breakdown if f not in frame]
         if skipped:
@@ -136,21 +146,24 @@ def score_file(
         for prefix, table in scored.items():  # scores.parquet, scores_<mode>.parquet, ...
             write_scores(table, scores_path(prediction_path(staging, prefix)))
         record.finish(metrics, failed_items(metrics))
-        _summary(metrics, list(answers[""]), cfg, staging)
+        _summary(metrics, list(answers[""]), scoring.headline_scores(), staging)
     return metrics
 
 
-def _summary(metrics: dict[str, float], splits: list[str], cfg: DictConfig, out_dir: Path) -> None:
-    """Per split: n and the primary closed and open scores (summary.md and the terminal)."""
+def _summary(
+    metrics: dict[str, float], splits: list[str], scores: Sequence[str], out_dir: Path
+) -> None:
+    """Per split: n and the headline `scores` (`Scoring.headline_scores`) that any split has
+    (summary.md and the terminal)."""
     from rich.console import Console
     from rich.table import Table
 
-    primary = (str(cfg.evaluation.primary_closed), str(cfg.evaluation.primary_open))
+    shown = [s for s in scores if any(f"{split}/{s}" in metrics for split in splits)]
     rows = [
         {
             "split": split,
-            "n": metrics.get(f"{split}/n", math.nan),
-            **{key: metrics.get(f"{split}/{key}", math.nan) for key in primary},
+            "n": int(metrics.get(f"{split}/n", 0)),
+            **{key: metrics.get(f"{split}/{key}", math.nan) for key in shown},
         }
         for split in splits
     ]
@@ -188,6 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from rich.logging import RichHandler
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[RichHandler()])
+    restrict_umask()  # nothing it writes is group- or world-writable (docs/security.md)
     parser = argparse.ArgumentParser(
         prog="medvqa-score",
         description="Score a predictions file with medvqa's metrics, judge, breakdowns and CIs.",
@@ -220,20 +234,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the same questions with their closed options reordered (a run's "
         "predictions_order<k>.jsonl): option-order flips",
     )
-    parser.add_argument(
-        "--max-rows",
-        type=int,
-        default=ReadLimits.max_rows,
-        help="refuse an .xlsx or .parquet file with more rows, before reading it "
-        "(default %(default)s)",
-    )
-    parser.add_argument(
-        "--max-bytes",
-        type=int,
-        default=ReadLimits.max_bytes,
-        help="refuse an .xlsx or .parquet file that unpacks to more bytes, before reading it "
-        "(default %(default)s)",
-    )
+    for name, what in LIMIT_HELP.items():
+        parser.add_argument(
+            limit_option(name),
+            type=int,
+            default=getattr(ReadLimits, name),
+            help=f"refuse a file (any format) with more {what}, before it is parsed where its "
+            "format allows (default %(default)s)",
+        )
     parser.add_argument("overrides", nargs="*", help="config overrides (metric=..., ...)")
     args = parser.parse_intermixed_args(argv)
     try:
@@ -245,11 +253,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.questions,
             _pairs(args.image_mode, "--image-mode", str),
             _pairs(args.order, "--order", int),
-            ReadLimits(args.max_rows, args.max_bytes),
+            ReadLimits(**{name: getattr(args, name) for name in LIMIT_HELP}),
         )
     except (ScoreInputError, ConfigError, JudgeConfigError, OutputDirError) as err:
-        log.error("%s", err)
-        return 2
+        return refused("medvqa-score", err)
     return 0
 
 

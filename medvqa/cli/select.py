@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from medvqa.analysis.select import select, write
+from medvqa.atomic import restrict_umask
+from medvqa.cli.refusal import REFUSALS, refused
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -36,14 +38,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
+    restrict_umask()  # nothing it writes is group- or world-writable (docs/security.md)
     console = Console()
     try:
         selections = select(args.dirs)
-    except (FileNotFoundError, ValueError) as err:
-        console.print(f"[red]medvqa-select: {escape(str(err))}[/red]")
-        return 2
-    sources = [str(d) for d in args.dirs]
-    written = write(selections, args.out, sources)
+        written = write(selections, args.out, [str(d) for d in args.dirs])
+    except REFUSALS as err:
+        return refused("medvqa-select", err)
     table = Table(title="medvqa-select (validation split)")
     for column in ("grid", "winner", "criterion", "score", "tie-breaker", "not eligible"):
         table.add_column(column)

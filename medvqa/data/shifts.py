@@ -19,14 +19,24 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from medvqa.data import records as R
-from medvqa.data.transforms import CORRUPTION_LEVELS, TRANSFORMS
+from medvqa.data.transforms import (
+    CORRUPTION_LEVELS,
+    TRANSFORMS,
+    apply_transform,
+    transformed_identity,
+)
 from medvqa.errors import DataError
+
+if TYPE_CHECKING:
+    from PIL import Image
+
+    from medvqa.data.base import VQASource
 
 SPLITS: tuple[str, ...] = (R.TRAIN, R.VAL, R.TEST_IID, R.TEST_OOD)
 # The splits' report in a run directory (`medvqa.tasks.common.prepare_splits` writes it: sizes,
@@ -34,6 +44,27 @@ SPLITS: tuple[str, ...] = (R.TRAIN, R.VAL, R.TEST_IID, R.TEST_OOD)
 SPLITS_FILE = "splits.json"
 # Set by transform shifts: how a row's image is altered when loaded (None: as stored).
 IMAGE_TRANSFORM = "image_transform"
+
+
+def seen_image(source: VQASource, row: Mapping[str, Any]) -> Image.Image:
+    """The image of `row` as a model is shown it: its file, with its transform shift's
+    corruption or augment where the row carries one (`IMAGE_TRANSFORM`). Training, generation
+    and the row explorer all go through here, so what the explorer shows is what was seen."""
+    image = source.load_image(row[R.IMAGE], row[R.ID])
+    spec = row.get(IMAGE_TRANSFORM)
+    if isinstance(spec, str):
+        image = apply_transform(image, spec, str(row[R.ID]), str(row[R.IMAGE_ID]))
+    return image
+
+
+def seen_key(row: Mapping[str, Any]) -> str:
+    """Which pixels `seen_image` gives `row`, from its metadata (no pixels read): rows with
+    one key see the same pixels (the image file and what its transform draws from)."""
+    spec = row.get(IMAGE_TRANSFORM)
+    drawn = ""
+    if isinstance(spec, str):
+        drawn = transformed_identity(spec, str(row[R.ID]), str(row[R.IMAGE_ID]))
+    return f"{row[R.IMAGE]}\0{drawn}"
 
 
 @dataclass(frozen=True)

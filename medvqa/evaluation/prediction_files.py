@@ -9,13 +9,17 @@ mean. A file is one of:
 - anything else binary (a PDF, a zip, a pickle, an old `.xls`, ...), refused up front as an
   unsupported format with the supported ones listed, instead of a misleading "not UTF-8".
 
-Excel and CSV cells are read as the text they hold (see `load_table`). A workbook or Parquet
-file is measured before it is parsed (`ReadLimits`): a few kilobytes can unpack to millions of
-rows, which would run for minutes and end in a MemoryError.
+Excel and CSV cells are read as the text they hold (see `load_table`). Every file is held to
+`ReadLimits` (rows, cells, one cell's size, bytes), measured before it is parsed where the
+format allows: a workbook's or Parquet file's metadata and a streaming count of its sheet, a
+CSV's rows counted as they stream, a JSONL's lines. A few kilobytes of workbook can unpack to
+millions of rows, which openpyxl would read for minutes before a MemoryError.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import logging
 import math
@@ -23,7 +27,7 @@ import posixpath
 import re
 import zipfile
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -87,18 +91,35 @@ BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"),
 
 @dataclass(frozen=True)
 class ReadLimits:
-    """How far a binary table (.xlsx, .parquet) may unpack before it is refused, unread: its
-    rows (a sheet's, the header included; a Parquet file's) and its bytes once decompressed
-    (an .xlsx's zip members as declared, which is all zipfile will inflate them to; a Parquet
-    file's column chunks). `medvqa-score --max-rows / --max-bytes` set them."""
+    """How much of a predictions file is read, in every format (CSV, TSV, JSON, JSONL, Parquet,
+    .xlsx); past any, the file is refused with the number found, the limit and its option
+    (`medvqa-score --max-rows`, `--max-bytes`, `--max-cells`, `--max-cell-chars`):
+
+    - rows: records (a CSV's, TSV's or sheet's header row included; a Parquet file's rows);
+    - bytes: the file's size, or what it unpacks to (an .xlsx's zip members as declared, which
+      is all zipfile will inflate them to; a Parquet file's column chunks);
+    - cells: rows x columns (what a workbook's sheet declares, or the cells it holds);
+    - one cell's characters (a workbook's as the XML text holding it).
+
+    The defaults read in seconds: openpyxl reads about 55,000 workbook cells a second (a
+    million: under 20 s), pandas a CSV's million cells in under one."""
 
     max_rows: int = 1_000_000
     max_bytes: int = 1 << 30
+    max_cells: int = 1_000_000
+    max_cell_chars: int = 1 << 20
 
     def __post_init__(self) -> None:
-        for name, option in (("max_rows", "--max-rows"), ("max_bytes", "--max-bytes")):
+        for name in (f.name for f in fields(self)):
             if getattr(self, name) < 1:
-                raise ScoreInputError(f"{option} {getattr(self, name)}: give a positive number")
+                raise ScoreInputError(
+                    f"{limit_option(name)} {getattr(self, name)}: give a positive number"
+                )
+
+
+def limit_option(name: str) -> str:
+    """The medvqa-score option that sets a `ReadLimits` field (`max_rows` -> `--max-rows`)."""
+    return "--" + name.replace("_", "-")
 
 
 def _over(path: Path, found: str, limit: int, option: str) -> ScoreInputError:
@@ -170,35 +191,118 @@ def _check_binary(path: Path, head: bytes) -> bool:
 
 
 def check_readable(path: Path, limits: ReadLimits | None = None) -> None:
-    """Refuse an empty file, a binary file of an unsupported format, a binary table past
-    `limits` (default `ReadLimits()`), and a text file that is not UTF-8 (the encoding every
-    text reader assumes) with the place of the first bad byte."""
-    data = path.read_bytes()
-    if not data.strip():
-        raise ScoreInputError(
-            f"{path}: the file is empty ({len(data)} bytes); write the predictions into it "
-            "(a header and one row per question for CSV/TSV, one record per line for JSONL)"
-        )
-    if _check_binary(path, data[:SNIFFED]):
-        limits = limits or ReadLimits()
+    """Refuse an empty file, a binary file of an unsupported format, a file past `limits`
+    (default `ReadLimits()`) as far as it can be measured before it is parsed (`check_frame`
+    measures the rest after), and a text file that is not UTF-8 (the encoding every text
+    reader assumes) with the place of the first bad byte."""
+    limits = limits or ReadLimits()
+    with path.open("rb") as fh:
+        head = fh.read(SNIFFED)
+    if not head.strip() and len(head) < SNIFFED:
+        _empty(path, head)
+    if _check_binary(path, head):
         if path.suffix.lower() == ".xlsx":
             _check_workbook(path, limits)
         else:
             _check_parquet(path, limits)
         return
+    size = path.stat().st_size
+    if size > limits.max_bytes:
+        raise _over(path, f"it holds {size:,} bytes", limits.max_bytes, "--max-bytes")
+    data = path.read_bytes()
+    if not data.strip():
+        _empty(path, data)
     try:
-        data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as err:
         line = data[: err.start].count(b"\n") + 1
         raise ScoreInputError(
             f"{path}: byte {err.start} (line {line}) is {data[err.start : err.start + 1]!r}, "
             f"not UTF-8; {_likely_encoding(data)}"
         ) from err
+    suffix = path.suffix.lower()
+    if suffix in TEXT_TABLES:
+        _count_csv(path, text, TEXT_TABLES[suffix], limits)
+    elif suffix != ".json":  # JSONL: one record per non-blank line
+        lines = data.count(b"\n") + 1
+        if lines > limits.max_rows:
+            records = sum(1 for line in data.splitlines() if line.strip())
+            if records > limits.max_rows:
+                found = f"it holds {records:,} records (lines)"
+                raise _over(path, found, limits.max_rows, "--max-rows")
 
 
-# Where a worksheet's XML opens a row or a formula (`<row r="2">`, `<x:f>`); a tag holds no "<".
+def _empty(path: Path, data: bytes) -> None:
+    raise ScoreInputError(
+        f"{path}: the file is empty ({len(data)} bytes); write the predictions into it "
+        "(a header and one row per question for CSV/TSV, one record per line for JSONL)"
+    )
+
+
+def _count_csv(path: Path, text: str, sep: str, limits: ReadLimits) -> None:
+    """A CSV's or TSV's rows (header included), cells and longest cell, counted as the rows
+    stream by and left as soon as one passes its limit: refused in seconds, unparsed."""
+    before = csv.field_size_limit()
+    csv.field_size_limit(limits.max_cell_chars)
+    rows = columns = 0
+    try:
+        for rows, row in enumerate(
+            csv.reader(io.StringIO(text.lstrip("\ufeff")), delimiter=sep), 1
+        ):
+            columns = max(columns, len(row))
+            if rows > limits.max_rows:
+                raise _over(path, f"it has more than {limits.max_rows:,} rows (header included)",
+                            limits.max_rows, "--max-rows")  # fmt: skip
+            if rows * columns > limits.max_cells:
+                found = f"its first {rows:,} rows x {columns} columns hold {rows * columns:,} cells"
+                raise _over(path, found, limits.max_cells, "--max-cells")
+    except csv.Error as err:
+        if "field limit" not in str(err):
+            return  # malformed: pandas' own error names the line
+        found = f"row {rows + 1} has a cell of more than {limits.max_cell_chars:,} characters"
+        raise _over(path, found, limits.max_cell_chars, "--max-cell-chars") from err
+    finally:
+        csv.field_size_limit(before)
+
+
+def check_frame(frame: pd.DataFrame, path: Path, limits: ReadLimits | None = None) -> None:
+    """The limits a format lets be measured only once it is read (a JSON list's records, a
+    JSONL's cells, a Parquet cell's size), on the rows a reader made of the file."""
+    limits = limits or ReadLimits()
+    rows, columns = frame.shape
+    if rows > limits.max_rows:
+        raise _over(path, f"it holds {rows:,} records", limits.max_rows, "--max-rows")
+    if rows * columns > limits.max_cells:
+        found = f"its {rows:,} records x {columns} fields hold {rows * columns:,} cells"
+        raise _over(path, found, limits.max_cells, "--max-cells")
+    for column in frame.columns:
+        values = frame[column]
+        if pd.api.types.is_numeric_dtype(values) or pd.api.types.is_datetime64_any_dtype(values):
+            continue  # numbers and times: no cell of theirs is large
+        sizes = values.map(_cell_chars)
+        if len(sizes) and sizes.max() > limits.max_cell_chars:
+            row = int(sizes.to_numpy().argmax())
+            found = f"column {column!r}, record {row} holds {int(sizes.max()):,} characters"
+            raise _over(path, found, limits.max_cell_chars, "--max-cell-chars")
+
+
+def _cell_chars(value: Any) -> int:
+    """A cell's size in characters: a string's length, a nested value's as JSON."""
+    if isinstance(value, str | bytes | bytearray):
+        return len(value)
+    if isinstance(value, dict | list | tuple):
+        return len(json.dumps(value, default=str))
+    return 0
+
+
+# Where a worksheet's XML opens a row, a cell or a formula (`<row r="2">`, `<c r="B2">`, `<x:f>`);
+# a tag holds no "<", and a cell's text holds none either (XML writes it `&lt;`).
 _ROW_TAG = re.compile(rb"<(?:[A-Za-z_][\w.-]*:)?row[\s/>]")
+_CELL_TAG = re.compile(rb"<(?:[A-Za-z_][\w.-]*:)?c[\s/>]")
 _FORMULA_TAG = re.compile(rb"<(?:[A-Za-z_][\w.-]*:)?f[\s/>]")
+# The range a sheet declares it spans (`<dimension ref="A1:KN20001"/>`), near its start.
+_DIMENSION = re.compile(rb'<(?:[A-Za-z_][\w.-]*:)?dimension\s+ref="([A-Z]+)(\d+):([A-Z]+)(\d+)"')
+SHARED_STRINGS = "xl/sharedStrings.xml"
 _CHUNK = 1 << 20
 _MAIN_NS = "{http://schemas.openxmlformats.org/spreadsheetml/2006/main}"
 _REL_NS = "{http://schemas.openxmlformats.org/officeDocument/2006/relationships}"
@@ -221,21 +325,65 @@ def _first_sheet(archive: zipfile.ZipFile) -> str:
     return target.lstrip("/") if target.startswith("/") else posixpath.join("xl", target)
 
 
-def _scan_sheet(archive: zipfile.ZipFile, member: str, max_rows: int) -> tuple[int, bool]:
-    """(rows, whether any cell holds a formula) of a worksheet, inflated a chunk at a time and
-    left as soon as it passes `max_rows`: a bomb is refused in seconds, unparsed."""
-    rows, formulas, carry = 0, False, b""
-    with archive.open(member) as sheet:
-        while chunk := sheet.read(_CHUNK):
-            text = carry + chunk
+@dataclass
+class _Scan:
+    """What a streamed worksheet (or shared-strings part) holds, as far as it was read."""
+
+    rows: int = 0
+    cells: int = 0
+    formulas: bool = False
+
+
+def _scan_xml(
+    archive: zipfile.ZipFile, member: str, limits: ReadLimits, path: Path, what: str
+) -> _Scan:
+    """Stream a workbook part, a chunk at a time, counting rows and cells and looking for a
+    text (between a tag's `>` and the next tag) longer than a cell may be; refused as soon as
+    one passes its limit (a bomb in seconds, unparsed)."""
+    too_long = re.compile(rb">[^<>]{%d}" % (limits.max_cell_chars + 1))
+    scan, carry = _Scan(), b""
+    with archive.open(member) as part:
+        while chunk := part.read(_CHUNK):
+            text = carry + chunk  # carry: a cut tag, or a text still open (within the limit)
+            if too_long.search(text):
+                found = f"{what} holds a text of more than {limits.max_cell_chars:,} bytes"
+                raise _over(path, found, limits.max_cell_chars, "--max-cell-chars")
             cut = text.rfind(b"<")  # a tag cut by the chunk's end is read with the next one
             cut = len(text) if cut < 0 else cut
-            rows += len(_ROW_TAG.findall(text, 0, cut))
-            formulas = formulas or _FORMULA_TAG.search(text, 0, cut) is not None
+            scan.rows += len(_ROW_TAG.findall(text, 0, cut))
+            scan.cells += len(_CELL_TAG.findall(text, 0, cut))
+            scan.formulas = scan.formulas or _FORMULA_TAG.search(text, 0, cut) is not None
             carry = text[cut:]
-            if rows > max_rows:
-                break
-    return rows + len(_ROW_TAG.findall(carry)), formulas or bool(_FORMULA_TAG.search(carry))
+            if scan.rows > limits.max_rows:
+                found = f"{what} has {scan.rows:,} rows or more (header included)"
+                raise _over(path, found, limits.max_rows, "--max-rows")
+            if scan.cells > limits.max_cells:
+                found = f"{what} holds {scan.cells:,} cells or more"
+                raise _over(path, found, limits.max_cells, "--max-cells")
+    scan.rows += len(_ROW_TAG.findall(carry))
+    scan.cells += len(_CELL_TAG.findall(carry))
+    scan.formulas = scan.formulas or bool(_FORMULA_TAG.search(carry))
+    return scan
+
+
+def _declared_cells(archive: zipfile.ZipFile, member: str) -> tuple[str, int] | None:
+    """The range a sheet declares (`A1:KN20001`) and its cells, from its first kilobytes."""
+    with archive.open(member) as part:
+        found = _DIMENSION.search(part.read(1 << 14))
+    if found is None:
+        return None
+    first_col, first_row, last_col, last_row = (g.decode() for g in found.groups())
+    columns = _column_number(last_col) - _column_number(first_col) + 1
+    rows = int(last_row) - int(first_row) + 1
+    return f"{first_col}{first_row}:{last_col}{last_row}", max(rows, 0) * max(columns, 0)
+
+
+def _column_number(letters: str) -> int:
+    """A column's number from its letters (A: 1, Z: 26, AA: 27)."""
+    number = 0
+    for letter in letters:
+        number = number * 26 + ord(letter) - ord("A") + 1
+    return number
 
 
 def _formulas_without_value(archive: zipfile.ZipFile, member: str) -> list[str]:
@@ -279,10 +427,15 @@ def _measure_workbook(path: Path, limits: ReadLimits) -> None:
         sheet = _first_sheet(archive)
         if sheet not in archive.namelist():
             return  # not a sheet we can measure: openpyxl's own error says what is wrong
-        rows, formulas = _scan_sheet(archive, sheet, limits.max_rows)
-        if rows > limits.max_rows:
-            found = f"its first sheet ({sheet}) has {rows:,} rows or more (header included)"
-            raise _over(path, found, limits.max_rows, "--max-rows")
+        what = f"its first sheet ({sheet})"
+        declared = _declared_cells(archive, sheet)
+        if declared is not None and declared[1] > limits.max_cells:
+            found = f"{what} declares the range {declared[0]}, {declared[1]:,} cells"
+            raise _over(path, found, limits.max_cells, "--max-cells")
+        strings = archive.NameToInfo.get(SHARED_STRINGS)  # the texts the cells point to
+        if strings is not None and strings.file_size > limits.max_cell_chars:
+            _scan_xml(archive, SHARED_STRINGS, limits, path, f"its {SHARED_STRINGS}")
+        formulas = _scan_xml(archive, sheet, limits, path, what).formulas
         empty = _formulas_without_value(archive, sheet) if formulas else []
     if empty:
         shown = ", ".join(empty[:SHOWN_CELLS]) + (", ..." if len(empty) > SHOWN_CELLS else "")
@@ -308,6 +461,10 @@ def _check_parquet(path: Path, limits: ReadLimits) -> None:
     if meta.num_rows > limits.max_rows:
         found = f"its metadata declares {meta.num_rows:,} rows"
         raise _over(path, found, limits.max_rows, "--max-rows")
+    cells = meta.num_rows * meta.num_columns
+    if cells > limits.max_cells:
+        found = f"its metadata declares {meta.num_rows:,} rows x {meta.num_columns} columns"
+        raise _over(path, found, limits.max_cells, "--max-cells")
     unpacked = sum(
         meta.row_group(g).column(c).total_uncompressed_size
         for g in range(meta.num_row_groups)

@@ -53,6 +53,7 @@ from medvqa.evaluation.peer_readers import is_llava, is_vlmevalkit, read_llava, 
 from medvqa.evaluation.prediction_files import (
     ReadLimits,
     ScoreInputError,
+    check_frame,
     check_readable,
     is_table,
     json_rows,
@@ -397,7 +398,8 @@ def read(
 ) -> tuple[pd.DataFrame, str]:
     """The file's rows, normalised, and the format they were read as; `questions` is the
     question file a `llava` answers file is joined with (it holds their ground truth);
-    `limits`: how far a binary table may unpack (default `ReadLimits()`)."""
+    `limits`: how much of it is read, in rows, cells, one cell's size and bytes (default
+    `ReadLimits()`), measured before the parse where the format allows."""
     path = Path(path)
     if not path.is_file():
         raise ScoreInputError(f"{path}: no such file")
@@ -416,6 +418,7 @@ def read(
             "it): drop --questions, or pass --format llava if it is such an answers file"
         )
     frame = READERS[fmt](path, questions) if fmt == "llava" else READERS[fmt](path)
+    check_frame(frame, path, limits)  # what the format let be measured only once read
     return normalise(frame, path), fmt
 
 

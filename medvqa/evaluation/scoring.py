@@ -80,6 +80,18 @@ def counts(frame: pd.DataFrame) -> dict[str, float]:
     }
 
 
+# Rows that have no answer at all (a served model that never answered them: prediction null):
+# counted under this name, and every other aggregate over them is NaN.
+UNANSWERED = "unanswered"
+
+
+def unanswered(frame: pd.DataFrame) -> pd.Series:
+    """Which rows of `frame` have no answer (a null prediction, not an empty one)."""
+    if R.PREDICTION not in frame:
+        return pd.Series(False, index=frame.index)
+    return frame[R.PREDICTION].isna()
+
+
 def _aggregate(
     scored: pd.DataFrame,
     metrics: Sequence[MetricFamily],
@@ -91,6 +103,10 @@ def _aggregate(
         if owners is not None:
             owners.update(dict.fromkeys(scores, metric))
         out.update(scores)
+    missing = int(unanswered(scored).sum())
+    if missing:  # never a score of the rows that happen to have an answer
+        out = {k: v if k in COUNTS else math.nan for k, v in out.items()}
+        out[UNANSWERED] = float(missing)
     return out
 
 
@@ -103,11 +119,17 @@ def score_frame(
     """Per-sample scores joined to `preds`, and the split's scores (no split prefix).
 
     Breakdown keys are `<field>=<value>/<score>`. A score over zero rows is NaN, not 0.
-    `owners` (if given) gets the family of every aggregate score.
+    `owners` (if given) gets the family of every aggregate score. Rows without an answer
+    (`unanswered`) are not scored (no judge is asked about them): their columns are empty, and
+    every aggregate over them is NaN beside their count (`UNANSWERED`).
     """
     scored = preds.copy()
+    missing = unanswered(preds)
+    # With every row unanswered the families still see the rows (empty answers), so that their
+    # columns exist; the aggregates are NaN all the same.
+    asked = preds.loc[~missing] if not missing.all() else preds.fillna({R.PREDICTION: ""})
     for metric in metrics:
-        columns = metric.per_sample(preds)
+        columns = metric.per_sample(asked).reindex(preds.index)
         clash = [c for c in columns.columns if c in scored.columns]
         if clash:
             raise ValueError(f"metric {metric.name!r} would overwrite column(s) {clash}")
@@ -138,6 +160,7 @@ def failed_items(metrics: Mapping[str, float], prefix: str = "", score: str | No
     keys = {
         cls.failures_key for cls in _failing_families().values() if score is None or cls.owns(score)
     }
+    keys.add(UNANSWERED)  # a row without an answer fails every score
     counts = [
         float(value)
         for key, value in metrics.items()
@@ -198,7 +221,7 @@ def bootstrap_options(evaluation_cfg: Any) -> dict[str, Any] | None:
     return Bootstrap.of(evaluation_cfg.bootstrap).options()
 
 
-def _ci_columns(metrics: Sequence[MetricFamily]) -> dict[str, tuple[str, str]]:
+def ci_columns(metrics: Sequence[MetricFamily]) -> dict[str, tuple[str, str]]:
     """Score -> (per-sample column, answer type) of every family's per-sample-mean scores."""
     return {score: c for metric in metrics for score, c in metric.ci_columns().items()}
 
@@ -291,7 +314,7 @@ def headline_intervals(
     opts = bootstrap_options(evaluation_cfg)
     if opts is None:
         return {}
-    columns = _ci_columns(metrics)
+    columns = ci_columns(metrics)
     out: dict[str, float] = {}
     for alias, key in _headline_keys(evaluation_cfg):
         if key not in columns:
@@ -325,7 +348,7 @@ def finite(metrics: Mapping[str, float]) -> dict[str, float]:
 
 
 def _not_a_count(score: str) -> bool:
-    return score.rsplit("/", 1)[-1] not in COUNTS
+    return score.rsplit("/", 1)[-1] not in (*COUNTS, UNANSWERED)
 
 
 def split_metrics(
@@ -395,11 +418,41 @@ class Scoring:
             except Exception:
                 log.exception("metric %s: closing it failed", family.name)
 
+    def follow_selected_headline(self) -> dict[str, str]:
+        """Where `evaluation.primary_<type>` is no score of the selected families (the default
+        `closed_acc` under `metric=[mcq]`), make it the first selected family's headline score
+        of that answer type (`mcq_acc`), in the evaluation node itself, so the record, the
+        summary and RR show what was selected; return the changes. A key some family computes
+        (its headline or a per-sample mean: `open_bleu1`) stays as set."""
+        known = {key for f in self.families for key in (*f.headline().values(), *f.ci_columns())}
+        changed = {}
+        for kind in ("closed", "open"):
+            key = f"primary_{kind}"
+            offered = [f.headline()[kind] for f in self.families if kind in f.headline()]
+            if self.evaluation[key] not in known and offered:
+                log.info(
+                    "evaluation.%s=%s is no score of the selected metric families: the "
+                    "headline %s score is %s",
+                    key,
+                    self.evaluation[key],
+                    kind,
+                    offered[0],
+                )
+                self.evaluation[key] = changed[key] = offered[0]
+        return changed
+
+    def headline_scores(self) -> list[str]:
+        """The scores a summary shows: the primary closed and open ones, then each selected
+        family's headline (in `metric`'s order), once each."""
+        keys = [str(self.evaluation.primary_closed), str(self.evaluation.primary_open)]
+        keys += [key for f in self.families for key in f.headline().values()]
+        return list(dict.fromkeys(keys))
+
     def score_info(self, score: str) -> ScoreInfo:
         """What `score` (a split's aggregate, `field=value/` breakdowns included) is, as the
         family that computed it declares (`MetricFamily.score_info`)."""
         base = score.rsplit("/", 1)[-1]
-        if base in COUNTS:
+        if base in (*COUNTS, UNANSWERED):
             return COUNT
         if base in self._extra:
             return self._extra[base]
@@ -465,6 +518,8 @@ class Scoring:
     def _warn_missing_headline(self, scores: Mapping[str, Mapping[str, float]]) -> None:
         for name in ("closed", "open"):
             key = self.evaluation[f"primary_{name}"]
+            if not any(name in f.headline() for f in self.families):
+                continue  # no selected family scores this answer type: nothing to miss
             if not any(key in split_scores for split_scores in scores.values()):
                 log.warning(
                     "evaluation.primary_%s=%s is not a score of the selected metric families, "

@@ -70,6 +70,7 @@ __all__ = [
     "paired_rr_diff",
     "percentile_ci",
     "rr_ci",
+    "seed_case_replicates",
 ]
 
 STATS = ("mean", "cluster_mean")
@@ -546,6 +547,84 @@ def ci_entries(
         )
         out.update(ci.entries(name))
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# Over cases and seeds: several trained models (seeds) of each side on the same questions
+# --------------------------------------------------------------------------------------------
+
+
+def seed_case_replicates(
+    cases: Sequence[int],
+    sides: Sequence[Sequence[Sequence[tuple[int, Any, Any]]]],
+    B: int = Bootstrap.samples,
+    seed: int = Bootstrap.seed,
+) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+    """A bootstrap over cases and over seeds: each replicate draws every block's cases (the
+    cases of one set of test questions) and every side's seeds (a method's trained models)
+    with replacement.
+
+    ``cases[b]``: the number of cases of block b. ``sides[s][k][t] = (block, sums, counts)``:
+    side s's model (seed) k, its statistic t (a test split's mean score) from the per-case
+    sums and counts (length ``cases[block]``) of the block its rows belong to. Models whose
+    rows are the same questions share a block, so one draw of cases pairs them (two methods,
+    or two seeds, on the same test split). Returns ``(replicates, seeds, points)``, per side:
+    ``replicates[s]`` (B, models, statistics) each model's means over the replicate's cases,
+    ``seeds[s]`` (B, models) the models the replicate draws, ``points[s]`` (models,
+    statistics) each model's means over all cases. A statistic of the sides is computed per
+    replicate from ``numpy.take_along_axis(replicates[s], seeds[s][..., None], 1)`` (e.g. its
+    mean over the drawn models).
+
+    Draw contract: per replicate, ``rng.random(n_total)`` with ``n_total`` the cases of every
+    block, then the models of every side, in order; index ``min(floor(u * n), n - 1)``."""
+    _check("mean", B, 0.95)
+    if not sides or any(not models for models in sides) or min(cases, default=0) < 1:
+        raise ValueError("seed_case_replicates: every side needs a model, every block cases")
+    stats = len(sides[0][0])
+    # Per block, every (side, model, statistic) that uses it, as the columns of one matrix.
+    columns: list[list[tuple[int, int, int]]] = [[] for _ in cases]
+    sums: list[list[np.ndarray]] = [[] for _ in cases]
+    counts: list[list[np.ndarray]] = [[] for _ in cases]
+    points = [np.empty((len(models), stats)) for models in sides]
+    for s, models in enumerate(sides):
+        for k, model in enumerate(models):
+            for t, (block, a, c) in enumerate(model):
+                a, c = np.asarray(a, dtype=float), np.asarray(c, dtype=float)
+                if a.shape != (cases[block],) or c.shape != a.shape:
+                    raise ValueError(
+                        f"seed_case_replicates: side {s}, model {k}, statistic {t}: totals of "
+                        f"shape {a.shape}, {c.shape} for block {block} of {cases[block]} cases"
+                    )
+                columns[block].append((s, k, t))
+                sums[block].append(a)
+                counts[block].append(c)
+                points[s][k, t] = _point(a, c)
+    matrices = [
+        (np.stack(a, axis=1), np.stack(c, axis=1)) if a else None
+        for a, c in zip(sums, counts, strict=True)
+    ]
+    out = [np.empty((int(B), len(models), stats)) for models in sides]
+    drawn = [np.empty((int(B), len(models)), dtype=np.intp) for models in sides]
+    n_models = [len(models) for models in sides]
+    for start, stop, u in _uniforms(sum(cases) + sum(n_models), int(B), seed):
+        m, offset = stop - start, 0
+        for block, k in enumerate(cases):
+            idx = np.minimum((u[:, offset : offset + k] * k).astype(np.intp), k - 1)
+            offset += k
+            if matrices[block] is None:
+                continue
+            flat = (idx + (np.arange(m) * k)[:, None]).ravel()
+            weights = np.bincount(flat, minlength=m * k).reshape(m, k).astype(float)
+            a, c = matrices[block]
+            means = _ratio(weights @ a, weights @ c)
+            for j, (s, model, t) in enumerate(columns[block]):
+                out[s][start:stop, model, t] = means[:, j]
+        for s, n in enumerate(n_models):
+            drawn[s][start:stop] = np.minimum(
+                (u[:, offset : offset + n] * n).astype(np.intp), n - 1
+            )
+            offset += n
+    return out, drawn, points
 
 
 # --------------------------------------------------------------------------------------------

@@ -155,6 +155,7 @@ class GenerationData(L.LightningDataModule):
         )
         self.by_id = [t.frame.set_index(R.ID) for t in self.targets]
         self.n_todo = 0
+        self.progress_label: str | None = None  # its progress lines' name (PredictProgress)
         # Fewer rows left than ranks (a resumed split, a tiny one): some ranks get none. They
         # still run the loop's set-up collectives; the merge waits for every rank after it.
         self.allow_zero_length_dataloader_with_multiple_devices = True
@@ -209,12 +210,30 @@ class GenerationData(L.LightningDataModule):
         """Prediction records by target: the row's fields, split, weights fingerprint, the
         answer and its log-probabilities (`GenerationModule.predict_step`)."""
         out: dict[int, list[dict[str, Any]]] = {}
-        for (target, rid), text, mean, low, count, by_temperature in answers:
-            split = self.targets[target].split
-            record = {k: jsonable(v) for k, v in self.by_id[target].loc[rid].items()}
-            record.update({R.ID: rid, SPLIT: split, MODEL: self.model_id, R.PREDICTION: text})
-            record.update({R.LOGPROB_MEAN: jsonable(mean), R.LOGPROB_MIN: jsonable(low)})
-            record[R.ANSWER_TOKENS] = count
-            record[R.LOGPROB_BY_TEMPERATURE] = by_temperature
+        for (target, rid), *answer in answers:
+            row = self.by_id[target].loc[rid]
+            record = prediction_record(row, rid, self.targets[target].split, self.model_id, *answer)
             out.setdefault(target, []).append(record)
         return out
+
+
+def prediction_record(
+    row: Any,
+    rid: str,
+    split: str,
+    model_id: str,
+    text: str | None,
+    mean: float,
+    low: float,
+    count: int,
+    by_temperature: dict[str, float],
+) -> dict[str, Any]:
+    """One line of a predictions file: the row's fields, its split, the fingerprint of what
+    answered (weights, or a served model), the answer (None: never answered) and its
+    log-probabilities (mean and min at temperature 1, tokens, sums by temperature)."""
+    record = {k: jsonable(v) for k, v in row.items()}
+    record.update({R.ID: rid, SPLIT: split, MODEL: model_id, R.PREDICTION: text})
+    record.update({R.LOGPROB_MEAN: jsonable(mean), R.LOGPROB_MIN: jsonable(low)})
+    record[R.ANSWER_TOKENS] = count
+    record[R.LOGPROB_BY_TEMPERATURE] = by_temperature
+    return record

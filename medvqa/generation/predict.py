@@ -51,6 +51,7 @@ from medvqa.models.adapters import merged_adapters
 from medvqa.models.prompting import PLAIN, PromptTemplate
 from medvqa.models.saving import weights_fingerprint
 from medvqa.training.datamodule import META_KEY
+from medvqa.training.progress import PredictProgress
 from medvqa.training.spec import DataSchema, TrainerSchema
 from medvqa.training.strategies import prediction_strategy
 
@@ -139,7 +140,7 @@ def prediction_trainer(trainer_cfg: Any = None) -> L.Trainer:
         "logger": False,
         "enable_checkpointing": False,
         "enable_model_summary": False,
-        "callbacks": [PredictionWriter()],
+        "callbacks": [PredictionWriter(), PredictProgress()],
         "use_distributed_sampler": False,  # GenerationData shards the rows itself
     }
     if trainer_cfg is None:
@@ -214,6 +215,7 @@ def generate_targets(
     module = GenerationModule(model, processor.tokenizer, settings)
     split = ", ".join(dict.fromkeys(t.split for t in targets))
     names = "+".join(t.out_path.stem for t in targets)
+    data.progress_label = f"generate {split} -> {names}"
     with (
         stage(f"generate {split} -> {names}"),
         measured(f"generate/{names}", "rows") as phase,

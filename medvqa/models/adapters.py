@@ -274,7 +274,8 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
 def compiles_layers(model_cfg: Any, accelerator: str) -> bool:
     """Whether the fit compiles the decoder layers: `model.compile_layers`, where `auto` means
     on CUDA GPUs unless Liger's kernels are on (torch.compile cannot trace them). Measured on
-    an H100 (docs/gpus.md): LoRA on LLaVA-Med 7B 13.8 -> 23.5 samples/s, 56.8 -> 49.8 GiB."""
+    an H100: LoRA on LLaVA-Med 7B faster and in less memory compiled than eager
+    (docs/measurements.md, gpu-h100-2026-11-26 training lines 22 and 31)."""
     value = model_cfg.get("compile_layers", ModelSchema.compile_layers)
     if value == "auto":
         liger = model_cfg.get("liger_kernels", ModelSchema.liger_kernels)

@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
 import medvqa.models.processors  # noqa: F401  (registers torchvision-free processors)
+from medvqa.errors import ConfigError
 from medvqa.models.architectures import load_architecture, shrink
 from medvqa.models.prompting import chat_template
 from medvqa.models.rehearsal import random_vlm
@@ -76,10 +77,17 @@ def _model_type(source: str) -> str | None:
 
 def processor_kwargs(model_cfg: Any) -> dict[str, Any]:
     """`model.processor_kwargs` as plain values: what AutoProcessor.from_pretrained gets, over
-    the checkpoint's own processor files (e.g. Qwen's max_pixels)."""
+    the checkpoint's own processor files (e.g. Qwen's max_pixels). Remote code has one switch,
+    `model.trust_remote_code`, passed beside these on every path (a rehearsal's too)."""
     kwargs = model_cfg.get("processor_kwargs")  # a bare spec (a test's) may omit it
     if isinstance(kwargs, DictConfig):
         kwargs = OmegaConf.to_container(kwargs, resolve=True)
+    if "trust_remote_code" in (kwargs or {}):
+        raise ConfigError(
+            "model.processor_kwargs.trust_remote_code: remote code is turned on by "
+            "model.trust_remote_code alone (for the processor and the model together); "
+            "remove it from processor_kwargs and set model.trust_remote_code=true instead."
+        )
     return dict(kwargs or {})
 
 
@@ -161,6 +169,7 @@ def load_vlm(model_cfg: Any) -> tuple[torch.nn.Module, Any]:
             dtype,
             attention,
             processor_kwargs(model_cfg),
+            remote,
         )
     else:
         model, processor = _from_pretrained(model_cfg, source, dtype, attention, remote)

@@ -42,12 +42,13 @@ def random_vlm(
     dtype: torch.dtype,
     attention: str,
     processor_kwargs: dict[str, Any],
+    trust_remote_code: bool = False,
 ) -> tuple[torch.nn.Module, Any]:
     """(model with seeded random weights on this rank's device, processor) of `source`'s
     `architecture` (its config, as shrunk or not, and image-token fields;
     `medvqa.models.loading.architecture`)."""
     config, preprocessor = architecture
-    processor = own_processor(source, processor_kwargs)
+    processor = own_processor(source, processor_kwargs, trust_remote_code)
     if processor is None:
         processor = stand_in_processor(config, preprocessor)
         point_config_at(config, processor.tokenizer)
@@ -82,12 +83,16 @@ def _device() -> torch.device:
     return torch.device("cpu")
 
 
-def own_processor(source: str, processor_kwargs: dict[str, Any]) -> Any | None:
-    """The checkpoint directory's own processor, where it has a tokenizer (else None)."""
+def own_processor(
+    source: str, processor_kwargs: dict[str, Any], trust_remote_code: bool = False
+) -> Any | None:
+    """The checkpoint directory's own processor, where it has a tokenizer (else None); its
+    code runs only with `model.trust_remote_code` (never from `processor_kwargs`)."""
     directory = Path(source)
     if not any((directory / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
         return None
-    return AutoProcessor.from_pretrained(directory, **processor_kwargs)
+    kwargs = {k: v for k, v in processor_kwargs.items() if k != "trust_remote_code"}
+    return AutoProcessor.from_pretrained(directory, trust_remote_code=trust_remote_code, **kwargs)
 
 
 def stand_in_processor(config: PretrainedConfig, preprocessor: dict[str, Any]) -> Any:

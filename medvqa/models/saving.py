@@ -17,6 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from medvqa.atomic import write_file
 from medvqa.hashing import Hasher, content_hash, file_hash
+from medvqa.untrusted import UntrustedDataError, read_plain_json
 
 log = logging.getLogger(__name__)
 
@@ -70,13 +71,17 @@ def save_trainable(
 
 
 def read_manifest(weights_dir: Path) -> dict[str, Any] | None:
-    """The manifest of complete weights in `weights_dir` (both files there), else None."""
+    """The manifest of complete weights in `weights_dir` (both files there), else None (also
+    for one that cannot be read). Read as plain values (`medvqa.untrusted`): a manifest that
+    names code is refused with `UntrustedDataError`, naming the key."""
     meta_path = Path(weights_dir) / META_FILE
     if not meta_path.is_file() or not (Path(weights_dir) / WEIGHTS_FILE).is_file():
         return None
     try:
-        meta = json.loads(meta_path.read_text())
-    except (OSError, ValueError):
+        meta = read_plain_json(meta_path, "weights manifest", "train again").value
+    except UntrustedDataError:
+        raise
+    except ValueError:
         return None
     return meta if isinstance(meta, dict) else None
 

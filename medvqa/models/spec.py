@@ -22,6 +22,29 @@ class ModuleRoles:
 
 
 @dataclass
+class ServedSchema:
+    """A model behind an OpenAI-compatible chat-completions endpoint (`model=served`: vLLM,
+    SGLang, TGI, a hosted API), asked the protocol's questions and never loaded or trained here
+    (`medvqa.generation.served`; docs/export.md#evaluating-a-served-model)."""
+
+    # Both required; unset, the run is refused when it starts (medvqa.config.check_config).
+    base_url: str | None = None  # e.g. http://localhost:8000/v1
+    model: str | None = None  # the name the server serves it under
+    # The *name* of the environment variable holding the key (never the key); null: none sent
+    # (a placeholder), as for the judge (medvqa.evaluation.judge.keys).
+    api_key_env: str | None = None
+    timeout: float = 120.0  # seconds per request
+    retries: int = 4  # more tries after a timeout, a dropped connection, HTTP 429/5xx, garbage
+    backoff: float = 2.0  # seconds before the first retry, doubled at each
+    concurrency: int = 8  # requests in flight at once
+    seed: int | None = 0  # sent where the server takes one (greedy anyway: temperature 0)
+    logprobs: bool = True  # ask for the answer tokens' log-probabilities (calibration)
+    # Each answer stored under (endpoint, model, messages, settings) as it arrives: a killed run
+    # asks only what it lacks, a re-run nothing. null: asked afresh every time.
+    cache_dir: str | None = None
+
+
+@dataclass
 class ModelSchema:
     """A VLM: a local directory or hub id, or an offline `builder` that makes one."""
 
@@ -97,6 +120,9 @@ class ModelSchema:
     # `{min_pixels: 3136, max_pixels: 401408}`; part of what answers are keyed by (through the
     # loaded image processor's settings), and what task=plan counts image tokens with.
     processor_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # A model behind an endpoint (conf/model/served.yaml): its answers come from the server,
+    # and nothing above applies to it; null for a model loaded here.
+    served: ServedSchema | None = None
 
 
 # `model.decode` (medvqa.generation.decode): a KV cache allocated once per batch, or grown a

@@ -64,6 +64,7 @@ from medvqa.planning.memory import step_time as time_model
 from medvqa.planning.rates import GenerateRow, JobRow, Measured, TrainRow, rows
 from medvqa.planning.setup import eval_batch_size, injectable, uses_fp8
 from medvqa.training.spec import TrainerSchema
+from medvqa.untrusted import read_plain_json
 
 # Composes one job's config from its overrides (Hydra's compose API, as run.py composes it).
 Composer = Callable[[Sequence[str]], DictConfig]
@@ -232,8 +233,13 @@ def known_sizes(cfg: DictConfig, splits: str | Path | None = None) -> Sizes | st
 def _splits_report(path: Path, dataset: str, shift: str) -> tuple[Path, dict[str, Any]] | None:
     candidates = [path] if path.is_file() else sorted(path.rglob(SPLITS_FILE))
     for candidate in candidates:
-        report = json.loads(candidate.read_text())
-        if report.get("dataset") == dataset and report.get("shift") == shift:
+        # A run folder's file: plain values, refused by name if it names code (untrusted).
+        report = read_plain_json(candidate, SPLITS_FILE, "give another run's splits.json").value
+        if (
+            isinstance(report, dict)
+            and report.get("dataset") == dataset
+            and report.get("shift") == shift
+        ):
             return candidate, report
     return None
 
@@ -773,6 +779,16 @@ class SweepCost:
         return sorted({s for g in self.groups for s in g.cost.sources})
 
 
+def seed_groups(jobs: Sequence[Sequence[str]]) -> dict[tuple[str, ...], list[Sequence[str]]]:
+    """A sweep's jobs grouped by their overrides without `seed` (and without the task's): the
+    jobs of one group have the same rows, method and settings."""
+    groups: dict[tuple[str, ...], list[Sequence[str]]] = {}
+    for overrides in jobs:
+        key = tuple(o for o in job_overrides(overrides) if o.split("=", 1)[0] != "seed")
+        groups.setdefault(key, []).append(overrides)
+    return groups
+
+
 def sweep_cost(
     jobs: Sequence[Sequence[str]],
     grid_keys: Iterable[str],
@@ -784,10 +800,7 @@ def sweep_cost(
     """The estimate of every job of a sweep (`sweep_jobs`): jobs whose overrides differ only in
     `seed` are composed and estimated once; a base pass several jobs share counts once. Each
     group is named by the values of the `grid_keys` that vary over the sweep."""
-    groups: dict[tuple[str, ...], list[Sequence[str]]] = {}
-    for overrides in jobs:
-        key = tuple(o for o in job_overrides(overrides) if o.split("=", 1)[0] != "seed")
-        groups.setdefault(key, []).append(overrides)
+    groups = seed_groups(jobs)
     values: dict[str, set[str]] = {k: set() for k in grid_keys if k != "seed"}
     for overrides in jobs:
         for o in overrides:

@@ -131,7 +131,9 @@ KINDS: dict[str, type[Row]] = {"train": TrainRow, "generate": GenerateRow, "job"
 # -- reading raw benchmark rows (benchmarks/measured_rates.py) ------------------------------------
 
 
-def _measured(raw: dict[str, Any], source: str, gpu: str) -> Measured:
+def measured(raw: dict[str, Any], source: str, gpu: str) -> Measured:
+    """Where a raw row was measured: its date (the row's, else its file name's) and commit
+    (None where the row predates recording it); docs/measurements.md's captions read it too."""
     file = source.rsplit(":", 1)[0]
     date = raw.get("date") or _DATE.search(file)
     if date is None:
@@ -168,7 +170,7 @@ def train_row(raw: dict[str, Any], source: str) -> TrainRow:
     return TrainRow(
         preset, pretrained, method, rank, _data(raw["data"]), int(fields_["micro_batch"]),
         int(fields_["checkpoint_every"]), kernels, float(raw["samples_s"]),
-        _measured(raw, source, str(raw["gpu"])), bool(fields_.get("fp8", False)),
+        measured(raw, source, str(raw["gpu"])), bool(fields_.get("fp8", False)),
     )  # fmt: skip
 
 
@@ -182,7 +184,7 @@ def generate_row(raw: dict[str, Any], source: str) -> GenerateRow:
     batch = int(raw.get("gen_batch") or 64)
     return GenerateRow(
         preset, pretrained, _data(raw["data"]), merged, batch, new_tokens,
-        float(raw["gen_rows_s"]), _measured(raw, source, str(raw["gpu"])),
+        float(raw["gen_rows_s"]), measured(raw, source, str(raw["gpu"])),
     )  # fmt: skip
 
 
@@ -198,7 +200,7 @@ def job_row(raw: dict[str, Any], source: str) -> JobRow:
     kernels = "compiled" if m.get("perf/fit/compiled_layers") else "eager"
     gpu = str(raw["device"]).removeprefix("cuda: ").rsplit(" x", 1)[0]
     compile_s = float(seconds) - float(samples) / float(steady)
-    return JobRow(preset, pretrained, kernels, compile_s, _measured(raw, source, gpu))
+    return JobRow(preset, pretrained, kernels, compile_s, measured(raw, source, gpu))
 
 
 def _data(name: str) -> str:

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import json
 import logging
+import tempfile
 from collections.abc import Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 from hydra.utils import instantiate
-from lightning.pytorch.loggers import Logger
+from lightning.pytorch.loggers import Logger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
+from medvqa.analysis.explorer import wandb_images
 from medvqa.analysis.summary import print_summary, summary_table, write_summary
 from medvqa.data import records as R
 from medvqa.data.annotated import DEFAULT_ON_BAD_ROW, check_images
@@ -24,7 +26,7 @@ from medvqa.errors import DataError
 from medvqa.evaluation.scoring import finite
 from medvqa.provenance import add_data
 from medvqa.record import REHEARSAL_NOTE, is_rehearsal
-from medvqa.tracking import log_metrics, log_table
+from medvqa.tracking import log_metrics, log_rows, log_table
 
 log = logging.getLogger(__name__)
 # splits.json: each split's row ids as used (after data.limit and the image check), and the
@@ -41,10 +43,13 @@ def report_run(
     metrics: Mapping[str, float],
     rows: Sequence[tuple[str, str]],
     predictions: pd.DataFrame | None = None,
+    source: VQASource | None = None,
 ) -> None:
     """The summary table (terminal, CSV, Markdown) and everything the loggers should get.
 
     `rows` are (label, metric-name prefix) pairs: the run itself first, then reference rows.
+    `predictions`: the rows table (`explorer.run_rows`), logged as `predictions`; W&B's holds
+    each row's image as `source` shows it to the model (`explorer.wandb_images`).
     """
     table = summary_table(metrics, rows, cfg.evaluation.primary_closed, cfg.evaluation.primary_open)
     note = REHEARSAL_NOTE if is_rehearsal(cfg) else None
@@ -54,7 +59,10 @@ def report_run(
     log_metrics(loggers, finite(metrics))
     log_table(loggers, "summary", table)
     if predictions is not None:
-        log_table(loggers, "predictions", predictions)
+        wandb = source is not None and any(isinstance(lg, WandbLogger) for lg in loggers)
+        with tempfile.TemporaryDirectory(prefix="medvqa-thumbnails-") as thumbs:
+            images = wandb_images(predictions, source, Path(thumbs)) if wandb else None
+            log_rows(loggers, "predictions", predictions, images)
 
 
 def split_rows(frames: Mapping[str, pd.DataFrame]) -> dict[str, Any]:

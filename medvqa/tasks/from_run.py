@@ -2,11 +2,13 @@
 
 Run folders travel (downloaded, shared on clusters), so what one may give an evaluation is
 limited and checked:
-- **choices and plain values, never code**: the model, method, seed, precision and training
-  image mode the weights need (`ADOPTED`); every `_target_` among them is checked against what
-  medvqa builds from a record (`medvqa.targets`), and `model.trust_remote_code` is taken only if
-  the command line asks for it too. A model or method the user composed that is not the run's is
-  refused, never silently replaced;
+- **choices and plain values, never code**: the record is read as plain values
+  (`medvqa.untrusted`); the model and method the weights need are composed from the installed
+  conf/ (the run's options, with their classes), and the run's plain values of them, its seed,
+  precision and training image mode (`ADOPTED`) set over them. A class the record names where
+  the installed option builds another is refused by name; remote code (`trust_remote_code`
+  anywhere in the record) only if the command line turns it on. A model or method the user
+  composed that is not the run's is refused, never silently replaced;
 - **weights checked before any work**: the manifest's method, the record's copy of it, and the
   file's size and SHA-256 (`medvqa.models.saving.verify_weights`);
 - **rows the weights never saw**: the run's splits.json names the rows of each split; an
@@ -18,8 +20,8 @@ limited and checked:
 
 from __future__ import annotations
 
-import json
 import logging
+import re
 from collections.abc import Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,9 +33,17 @@ from medvqa.data import records as R
 from medvqa.data.shifts import SPLITS_FILE
 from medvqa.models.spec import ModelSchema
 from medvqa.record import RESULTS_FILE, read_record
-from medvqa.targets import check_targets
 from medvqa.tasks.common import ROWS, TRAIN, TRAIN_CASES
 from medvqa.training.spec import PeftSchema
+from medvqa.untrusted import (
+    CALL_KEYS,
+    CLASS_KEY,
+    TARGET_KEY,
+    UntrustedDataError,
+    current_class,
+    plain_values,
+    read_plain_json,
+)
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +61,9 @@ ADOPTED_CHOICES = ("model", "peft")
 SPLIT_KEYS = ("dataset", "shift", "seed", "data.limit", "experiment", "study", "debug")
 # The adopted plain values the command line may set instead (checked then, row by row).
 USER_MAY_SET = ("seed",)
+# A config option's name (a file under conf/<group>/): what a record's choice must look like
+# before it is composed (no sweep list, no interpolation, no override syntax).
+OPTION_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./-]*")
 
 
 class RunFolderError(ValueError):
@@ -104,35 +117,34 @@ def adopt_run(
     path = Path(from_run) / RESULTS_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{where}: no {RESULTS_FILE} there; give a run dir")
-    record = read_record(path)
+    remote: list[str] = []
+    try:  # plain values: no class, interpolation or remote code
+        record = read_record(path, remote)
+    except UntrustedDataError:
+        raise
+    except ValueError as err:  # not a record
+        raise RunFolderError(f"{where}: {err}") from err
     if record["status"] not in ("finished", "incomplete"):
-        raise ValueError(
+        raise RunFolderError(
             f"{where}: the run is {record['status']!r}; only a run that finished training has "
             "weights to evaluate."
         )
     if not isinstance(record.get("config"), dict):
-        raise ValueError(
+        raise RunFolderError(
             f"{where}: {path} records no config, so the model and method its weights need are "
             "unknown; evaluate a run whose record has one."
         )
-    # Before any value is read through OmegaConf (which would resolve an interpolation): the
-    # adopted groups' targets, and interpolations anywhere.
-    check_targets(
-        {k: v for k, v in record["config"].items() if k in {a.split(".")[0] for a in ADOPTED}},
-        f"{where} ({path})",
-    )
-    check_targets(record["config"], f"{where} ({path})", targets=False)
+    installed = installed_groups(record, f"{where} ({path})")
     trained = OmegaConf.create(record["config"])
     named = named_keys(overrides)
     _check_choices(cfg, trained, choices, named, defaults or {}, where)
     check_trained_weights(Path(from_run), trained, record.get("provenance"))
     trust = ModelSchema.trust_remote_code
-    remote = OmegaConf.select(trained, "model.trust_remote_code", default=trust)
     if remote and not OmegaConf.select(cfg, "model.trust_remote_code", default=trust):
         raise RunFolderError(
-            f"{where}: the run's model.trust_remote_code=true would run the code of its "
-            f"checkpoint ({OmegaConf.select(trained, 'model.pretrained')}). A run folder never "
-            "turns it on: add model.trust_remote_code=true yourself if you trust that code."
+            f"{where}: the run's {', '.join(remote)} would run the code of its checkpoint "
+            f"({OmegaConf.select(trained, 'model.pretrained')}). A run folder never turns it on: "
+            "add model.trust_remote_code=true yourself if you trust that code."
         )
     kept = {k: OmegaConf.select(cfg, k) for k, _ in named if _names(k, ADOPTED_CHOICES)}
     cfg = cfg.copy()
@@ -143,9 +155,9 @@ def adopt_run(
             value = OmegaConf.select(trained, key, default=None)
             if value is None:  # a record from before the key was adopted: keep the composed one
                 continue
-            if isinstance(value, DictConfig):  # a group: replaced, not merged
+            if isinstance(value, DictConfig):  # a group: the installed option, the run's values
                 schema = OmegaConf.get_type(cfg, key)
-                value = OmegaConf.to_container(value)
+                value = _onto(installed.get(key, {}), OmegaConf.to_container(value))
                 if schema not in (None, dict):
                     value = OmegaConf.merge(OmegaConf.structured(schema), value)
             OmegaConf.update(cfg, key, value, merge=False)
@@ -161,6 +173,103 @@ def adopt_run(
     log.info("evaluating the weights of %s: %s", from_run, record.get("choices", {}))
     adopted = {k: v for k, v in record.get("choices", {}).items() if k in ADOPTED_CHOICES}
     return cfg, {**choices, **adopted}
+
+
+def installed_groups(record: Mapping[str, Any], where: str) -> dict[str, dict[str, Any]]:
+    """The adopted groups (`ADOPTED_CHOICES`) as the installed configs compose the run's options
+    (`choices`, else the group's `name`), unresolved: what is built, and how, comes from there.
+    A class the record names at a key where that option builds another class (or none) is
+    refused, naming the key and both classes; an option not among the configs here too."""
+    config = record.get("config") or {}
+    options: dict[str, str] = {}
+    for group in ADOPTED_CHOICES:
+        node = config.get(group)
+        option = (record.get("choices") or {}).get(group)
+        if option is None and isinstance(node, Mapping):
+            option = node.get("name")
+        if option is None:
+            continue  # a record without the group: the composed one stays
+        if not isinstance(option, str) or not OPTION_NAME.fullmatch(option):
+            raise RunFolderError(
+                f"{where}: the run's {group} option {option!r} is not the name of a config "
+                f"(conf/{group}/<name>.yaml); the record was edited. Evaluate a run medvqa wrote."
+            )
+        options[group] = option
+    if not options:
+        return {}
+    try:
+        composed = _compose([f"{group}={option}" for group, option in options.items()])
+    except Exception as err:  # Hydra's own message says which option is missing and where
+        raise RunFolderError(
+            f"{where}: the run's {', '.join(f'{g}={o}' for g, o in options.items())} cannot be "
+            f"composed here ({type(err).__name__}: {err}). Evaluate it where its configs are "
+            "installed (or add their folder with hydra.searchpath)."
+        ) from err
+    out: dict[str, dict[str, Any]] = {}
+    problems: list[str] = []
+    for group, option in options.items():
+        node = OmegaConf.to_container(composed[group], resolve=False)
+        ours = plain_values(node).value  # its `_target_`s as class names, to compare
+        problems += _other_classes(config.get(group), ours, group, f"conf/{group}/{option}.yaml")
+        out[group] = node  # type: ignore[assignment]
+    if problems:
+        raise UntrustedDataError(
+            f"{where}: the record names classes the installed configs do not build there; "
+            "nothing from it was built or imported:\n"
+            + "\n".join(f"  - {p}" for p in problems)
+            + "\nThe record was edited or written by other code. Use a run folder medvqa "
+            "wrote, or compose the config yourself (conf/, the command line)."
+        )
+    return out
+
+
+def _compose(overrides: list[str]) -> DictConfig:
+    """The primary config with `overrides`, as this process composes: the running app's search
+    path (the user's config folders too), or the installed conf/ where Hydra is not set up."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
+    from medvqa import CONF_DIR
+
+    if GlobalHydra.instance().is_initialized():
+        name = HydraConfig.get().job.config_name if HydraConfig.initialized() else "config"
+        return compose(config_name=name, overrides=overrides)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+def _other_classes(recorded: Any, installed: Any, key: str, source: str) -> list[str]:
+    """`key._target_=<class>: why` for each class the record names where `installed` (plain
+    values of the composed option) builds another or none."""
+    if not isinstance(recorded, Mapping):
+        return []
+    out = []
+    theirs = recorded.get(CLASS_KEY)
+    ours = installed.get(CLASS_KEY) if isinstance(installed, Mapping) else None
+    if theirs is not None and (
+        not isinstance(theirs, str) or current_class(theirs) != current_class(str(ours))
+    ):
+        builds = f"builds {ours!r}" if ours else "builds nothing"
+        out.append(f"{key}.{TARGET_KEY}={theirs!r}: {source} {builds} there")
+    for name, value in recorded.items():
+        child = installed.get(name) if isinstance(installed, Mapping) else None
+        out += _other_classes(value, child, f"{key}.{name}", source)
+    return out
+
+
+def _onto(installed: Mapping[str, Any], recorded: Mapping[str, Any]) -> dict[str, Any]:
+    """The installed option's node with the run's plain values over it: its classes and how
+    they are called (`_target_`, `_args_`, `_partial_`, ...) stay the installed config's."""
+    out = dict(installed)
+    for name, value in recorded.items():
+        if name == CLASS_KEY or name in CALL_KEYS:
+            continue
+        if isinstance(value, Mapping) and isinstance(out.get(name), Mapping):
+            out[name] = _onto(out[name], value)
+        else:
+            out[name] = value
+    return out
 
 
 def _changes(
@@ -225,7 +334,7 @@ def check_trained_weights(
     if task not in (None, "train_eval"):
         source = OmegaConf.select(trained, "eval.from_run", default=None)
         evaluated = f" (this one evaluated eval.from_run={source})" if source else ""
-        raise ValueError(
+        raise RunFolderError(
             f"{where}: that is a task={task} run; it trained no weights{evaluated}. Give the "
             "directory of a task=train_eval run."
         )
@@ -240,17 +349,17 @@ def check_trained_weights(
         )
     meta = read_manifest(run_dir / TRAINED_DIR)
     if meta is None:
-        raise ValueError(f"{where}: {manifest} cannot be read as a manifest; train again")
+        raise RunFolderError(f"{where}: {manifest} cannot be read as a manifest; train again")
     method = OmegaConf.select(trained, "peft.name", default=None)
     if method is not None and meta.get("method") != method:
-        raise ValueError(
+        raise RunFolderError(
             f"{where}: {weights} holds {meta.get('method')!r} weights, but the run's method is "
             f"{method!r}; the folder was overwritten. Train again (task=train_eval)."
         )
     recorded = (provenance or {}).get("trained")
     if isinstance(recorded, dict) and recorded != meta:
         differ = sorted(k for k in {*recorded, *meta} if recorded.get(k) != meta.get(k))
-        raise ValueError(
+        raise RunFolderError(
             f"{where}: {manifest} is not the manifest the run recorded (they differ in "
             f"{differ}: recorded {[recorded.get(k) for k in differ]}, found "
             f"{[meta.get(k) for k in differ]}); the trained/ folder was replaced by another "
@@ -269,12 +378,14 @@ def _read_splits(run_dir: Path) -> dict[str, Any] | None:
     before they were kept). A malformed file is refused naming the file and key."""
     path = run_dir / SPLITS_FILE
     fix = "restore the run's splits.json, or evaluate another run"
-    try:
-        report = json.loads(path.read_text())
-    except FileNotFoundError:
+    if not path.exists():
         return None
-    except (OSError, ValueError) as err:
-        raise RunFolderError(f"{path}: not a readable splits.json ({err}); {fix}") from err
+    try:  # plain values (medvqa.untrusted): a file naming code is refused by name
+        report = read_plain_json(path, SPLITS_FILE, fix).value
+    except UntrustedDataError:
+        raise
+    except ValueError as err:
+        raise RunFolderError(f"{err}; {fix}") from err
     if not isinstance(report, dict):
         raise RunFolderError(f"{path}: not a JSON object; {fix}")
     if ROWS not in report:
@@ -291,8 +402,11 @@ def _read_splits(run_dir: Path) -> dict[str, Any] | None:
 
 
 def _value(cfg: DictConfig, key: str) -> Any:
+    """A value as the record reader returns a record's (plain values: classes by name, no
+    `trust_remote_code`), so that a composed value and a recorded one compare alike."""
     node = OmegaConf.select(cfg, key, default=None)
-    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+    value = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+    return plain_values(value).value
 
 
 def _config_diff(trained: Mapping[str, Any], cfg: DictConfig) -> list[str]:

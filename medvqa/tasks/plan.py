@@ -9,12 +9,17 @@ No data is loaded and no weights are downloaded (`medvqa.planning`). The numbers
 results.json as `plan/...`; a run that cannot fit is refused (status `failed`, exit status 1)
 with the settings that would make it fit. The GPU-hours of the job, and of every job of the
 sweep a `sweep=` file describes, are estimated from the measured throughput
-(`medvqa.planning.cost`), labelled with the GPU and date of the measurement.
+(`medvqa.planning.cost`), labelled with the GPU and date of the measurement. The power table
+says, per shift and test split, the smallest difference between two methods the runs can find
+(`plan_power`, medvqa.planning.power); `+task.icc_from=<a finished run of the dataset>` measures
+its clustering and spread instead of assuming them (docs/protocols.md#how-to-size-a-study).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 from collections.abc import MutableMapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
@@ -28,18 +33,24 @@ from rich.console import Console
 from rich.table import Table
 
 from medvqa import CONF_DIR
+from medvqa.analysis.claims import PER_PAIR
+from medvqa.data.shifts import SPLITS_FILE
 from medvqa.models.adapters import checkpoint_every, compiles_layers
 from medvqa.planning.cost import (
     Composer,
     JobCost,
     Planner,
     SweepCost,
+    capped,
     cost_metrics,
+    dataset_name,
     describe_cost,
     describe_sweep,
     job_cost,
     job_overrides,
+    known_sizes,
     memoized,
+    seed_groups,
     sweep_cost,
     sweep_jobs,
     sweep_metrics,
@@ -60,7 +71,11 @@ from medvqa.planning.memory import (
     step_time,
 )
 from medvqa.planning.memory import refusal as refusal_text
+from medvqa.planning.power import ALPHA, FEW_CLUSTERS, POWER, Detectable, detectable
 from medvqa.planning.setup import PlanError, build_setup
+from medvqa.tasks.finished_runs import TEST_SPLITS, FinishedRun, finished_runs
+from medvqa.tasks.finished_runs import designs as finished_designs
+from medvqa.tasks.finished_runs import spreads as finished_spreads
 from medvqa.tracking import log_metrics
 
 log = logging.getLogger(__name__)
@@ -75,13 +90,16 @@ def plan(
     text_tokens: int = TEXT_TOKENS,
     devices: int | None = None,
     splits: str | None = None,
+    icc_from: str | None = None,
 ) -> dict[str, float]:
     """Print the plan of `cfg` and record it; refuse (PlanError) a run that cannot fit.
 
     `gpu_gib`: each GPU's memory (None: this machine's, or an 80 GB GPU's without one);
     `text_tokens`: tokens per sample beside the image's; `devices`: the GPUs per node assumed
     for `trainer.devices=-1` on a machine that has none; `splits`: a run's splits.json (or a
-    folder of runs) whose row counts the GPU-hours use where none are documented.
+    folder of runs) whose row counts the GPU-hours use where none are documented; `icc_from`:
+    a finished run (or a folder of runs) of the dataset whose scored rows give the power table
+    its clustering and spread (`plan_power`).
     """
     result = estimate(build_setup(cfg, gpu_gib, text_tokens, devices))
     print_plan(result)
@@ -94,8 +112,16 @@ def plan(
         f"{cfg.trainer.accelerator}; auto compiles on CUDA GPUs without Liger)"
     )
     metrics = plan_metrics(result) | {"plan/compiled_layers": float(compiled)}
+    study: list[DictConfig] = []
     if HydraConfig.initialized():  # the job and the sweep need Hydra to compose them
-        metrics |= plan_cost(result, gpu_gib, text_tokens, devices, splits, provenance)
+        hydra = HydraConfig.get()
+        compose = memoized(_composer(str(hydra.job.config_name)))
+        jobs = sweep_jobs(hydra) if hydra.mode == RunMode.RUN else []
+        metrics |= plan_cost(
+            result, gpu_gib, text_tokens, devices, splits, provenance, compose, jobs
+        )
+        study = [compose(job_overrides(group[0])) for group in seed_groups(jobs).values()]
+    metrics |= plan_power(cfg, study, splits, icc_from, provenance)
     log_metrics(loggers, metrics)
     if not result.fits:
         raise PlanError(refusal_text(result, fixes(result.setup)))
@@ -157,17 +183,21 @@ def plan_cost(
     devices: int | None,
     splits: str | None,
     provenance: MutableMapping[str, Any] | None = None,
+    compose: Composer | None = None,
+    jobs: Sequence[Sequence[str]] | None = None,
 ) -> dict[str, float]:
     """Print and return the GPU-hours of the job this command line plans and, outside `-m`, of
-    every job of its sweep (`sweep=...`); their labels and bases go to `provenance["cost"]`."""
+    every job of its sweep (`sweep=...`: `jobs`, composed by `compose`); their labels and bases
+    go to `provenance["cost"]`."""
     hydra = HydraConfig.get()
-    compose = memoized(_composer(str(hydra.job.config_name)))
+    compose = compose or memoized(_composer(str(hydra.job.config_name)))
     job = compose(job_overrides(hydra.overrides.task))
     cost = job_cost(job, lambda _: (result.setup, result.fits), compose, splits, text_tokens)
     print_job_cost(cost)
     metrics = cost_metrics(cost)
     described: dict[str, Any] = {"job": describe_cost(cost)}
-    jobs = sweep_jobs(hydra) if hydra.mode == RunMode.RUN else []
+    if jobs is None:
+        jobs = sweep_jobs(hydra) if hydra.mode == RunMode.RUN else []
     if jobs:
         grid = hydra.sweeper.params.keys()
         sweep = sweep_cost(
@@ -179,6 +209,151 @@ def plan_cost(
     if provenance is not None:
         provenance["cost"] = described
     return metrics
+
+
+def plan_power(
+    cfg: DictConfig,
+    study: Sequence[DictConfig],
+    splits: str | None,
+    icc_from: str | None,
+    provenance: MutableMapping[str, Any] | None = None,
+    console: Console | None = None,
+) -> dict[str, float]:
+    """Print and return what the test splits can decide between two methods (medvqa.planning.
+    power): for the shift of `cfg` and, for a sweep, of each shift of its jobs (`study`, one
+    composed job per group of seeds), per split and headline score the rows, cases, design
+    effect and minimum detectable difference at 80 % power and α = 0.05 two-sided, and that
+    of the sweep's family of comparisons (α over the family: the strictest step of Holm's
+    adjustment, medvqa-report's default). Rows are the documented ones (or `splits`, or a same-shift
+    run under `icc_from`); clustering and spread come from the finished runs under `icc_from`,
+    else the stated defaults. The job's shift's figures are `plan/power/...` metrics; every
+    row goes to `provenance["power"]`."""
+    runs = finished_runs(icc_from) if icc_from else []
+    shifts: dict[tuple[str, str], list[DictConfig]] = {}
+    for job in study or [cfg]:
+        shifts.setdefault((dataset_name(job), str(job.shift.name)), []).append(job)
+    family = sum(
+        PER_PAIR * math.comb(len({str(j.peft.name) for j in jobs if not j.get("baseline")}), 2)
+        for jobs in shifts.values()
+    )
+    own = (dataset_name(cfg), str(cfg.shift.name))
+    metrics: dict[str, float] = {}
+    described: list[dict[str, Any]] = []
+    for (dataset, shift), jobs in shifts.items():
+        job = jobs[0]
+        rows = _test_rows(job, runs, dataset, shift, splits)
+        if isinstance(rows, str):
+            (console or _wide()).print(f"power of shift {shift}: no estimate: {rows}.")
+            continue
+        counts, source = rows
+        scores = {
+            "closed": str(job.evaluation.primary_closed),
+            "open": str(job.evaluation.primary_open),
+        }
+        table = detectable(
+            shift,
+            finished_designs(runs, dataset, shift, counts, source),
+            finished_spreads(runs, dataset, shift, scores),
+            scores,
+            max(family, 1),
+        )
+        print_power(table, family, console)
+        described += [dataclasses.asdict(row) for row in table]
+        if (dataset, shift) == own:
+            metrics |= power_metrics(table, family)
+    if provenance is not None:
+        provenance["power"] = {"icc_from": icc_from, "family": family, "rows": described}
+    return metrics
+
+
+def _test_rows(
+    job: DictConfig,
+    runs: Sequence[FinishedRun],
+    dataset: str,
+    shift: str,
+    splits: str | None,
+) -> tuple[dict[str, int], str] | str:
+    """The job's rows per test split (under `data.limit`) and where they come from: a finished
+    run of the same dataset and shift, else the documented or `splits` counts; a string says
+    why there are none."""
+    same = next((r for r in runs if (r.dataset, r.shift) == (dataset, shift)), None)
+    if same is not None and all(s in same.splits["splits"] for s in TEST_SPLITS):
+        counts = {s: int(same.splits["splits"][s]["n"]) for s in TEST_SPLITS}
+        source = str(same.source / SPLITS_FILE)
+    else:
+        sizes = known_sizes(job, splits)
+        if isinstance(sizes, str):
+            return f"{sizes}, or +task.icc_from=<a finished run of this shift>"
+        counts, source = {s: sizes.split(s) for s in TEST_SPLITS}, sizes.source
+    limit = job.data.get("limit") or {}
+    return {s: capped(n, limit.get(s)) for s, n in counts.items()}, source
+
+
+def power_metrics(table: Sequence[Detectable], family: int) -> dict[str, float]:
+    """`plan/power/<split>/<score>_mdd` (and `_mdd_family`, `_cases`, `_design_effect`);
+    RR's under `plan/power/robustness/rr_<closed|open>`."""
+    out: dict[str, float] = {}
+    for row in table:
+        key = (
+            f"plan/power/robustness/rr_{row.answer_type}"
+            if row.split == "RR"
+            else f"plan/power/{row.split}/{row.score}"
+        )
+        out[f"{key}_mdd"] = row.mdd
+        if family > 1:
+            out[f"{key}_mdd_family"] = row.mdd_family
+        if row.split != "RR":
+            out[f"{key}_cases"] = row.clusters
+            out[f"{key}_design_effect"] = row.design_effect
+    return out
+
+
+def print_power(table: Sequence[Detectable], family: int, console: Console | None = None) -> None:
+    """One shift's power table; each row's bases listed below it by number."""
+    if not table:
+        return
+    bases = list(dict.fromkeys(row.basis for row in table))
+    view = Table(
+        title=f"What two methods' runs of shift {table[0].shift} can tell apart · smallest "
+        f"difference found at {POWER:.0%} power, α = {ALPHA} two-sided, paired over rows, "
+        "cases as clusters",
+        caption_justify="left",
+        caption="\n".join(f"[{i}] {basis}" for i, basis in enumerate(bases, 1))
+        + (
+            f"\n*: under {FEW_CLUSTERS} cases, the normal approximation is optimistic"
+            if any(row.few_clusters for row in table)
+            else ""
+        )
+        + (
+            f"\nfamily: {family} comparisons of the sweep's methods, tested at α / {family} "
+            "(the strictest step of Holm's adjustment, medvqa-report's default)"
+            if family > 1
+            else ""
+        ),
+    )
+    columns = ["split", "score", "rows", "cases", "ICC", "design effect", "MDD"]
+    columns += ["MDD in the family"] * (family > 1) + ["from"]
+    for column in columns:
+        view.add_column(column, justify="left" if column in ("split", "score") else "right")
+    for row in table:
+        unit = " sd" if row.unit == "sd" else ""
+        star = "*" if row.few_clusters else ""
+        cells = [
+            row.split,
+            row.score,
+            f"{row.rows:,}",
+            f"{row.clusters:,.0f}{star}",
+            _number(row.icc, "{:.2f}"),
+            _number(row.design_effect, "{:.2f}"),
+            _number(row.mdd, "{:.3f}") + unit,
+        ]
+        cells += [_number(row.mdd_family, "{:.3f}") + unit] * (family > 1)
+        view.add_row(*cells, f"[{bases.index(row.basis) + 1}]")
+    (console or _wide()).print(view)
+
+
+def _number(value: float, form: str) -> str:
+    return "—" if math.isnan(value) else form.format(value)
 
 
 def _composer(config_name: str) -> Composer:

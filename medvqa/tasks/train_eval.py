@@ -17,11 +17,13 @@ from omegaconf import DictConfig
 from medvqa import measure
 from medvqa.analysis.aggregate import REFERENCES as AGGREGATED_REFERENCES
 from medvqa.analysis.aggregate import method_name
+from medvqa.analysis.explorer import run_rows
 from medvqa.cluster import GPU_ACCELERATORS
 from medvqa.data import records as R
 from medvqa.distributed import is_global_zero
 from medvqa.evaluation.baselines import chance_scores
 from medvqa.evaluation.consistency import check_reorderable, reordered
+from medvqa.evaluation.lengths import generation_length
 from medvqa.evaluation.passes import (
     CHANCE,
     EvalPass,
@@ -31,6 +33,7 @@ from medvqa.evaluation.passes import (
 )
 from medvqa.evaluation.scoring import (
     Scoring,
+    ci_columns,
     prefixed,
     scores_path,
     split_metrics,
@@ -39,6 +42,7 @@ from medvqa.evaluation.scoring import (
 from medvqa.evaluation.views import score_job
 from medvqa.generation.job import from_config as generation_settings
 from medvqa.generation.predict import PassFiles, generate_passes, prediction_trainer
+from medvqa.generation.served import ServedEndpoint, answer_pass
 from medvqa.interrupts import stage
 from medvqa.models.adapters import (
     apply_method,
@@ -73,6 +77,7 @@ from medvqa.training.checkpoints import AtomicCheckpointIO, set_aside_stale
 from medvqa.training.datamodule import VQADataModule, check_partners
 from medvqa.training.hardware import check_precision, check_trainer
 from medvqa.training.module import SampleCounter, VQAModule
+from medvqa.training.progress import FitProgress
 from medvqa.training.strategies import is_deepspeed, resident
 
 log = logging.getLogger(__name__)
@@ -157,26 +162,30 @@ def train_eval(
             check_unseen(
                 cfg, from_run, source.name, splits.frames, eval_splits, allow_seen_rows, provenance
             )
-        with measure.measured("load"):
-            model, processor = load_vlm(cfg.model)
-        add_model(provenance, model)
-        generate = _generator(
-            cfg, model, processor, source, frames, prompt, planned, out_dir, provenance
-        )
-        answers = generate(model, [p for p in passes if p.base])  # the untuned base
-        model = apply_method(
-            model,
-            cfg.peft,
-            roles_,
-            processor,
-            images=str(cfg.data.train_image) != "none",
-            trainable_dtype=None if is_deepspeed(cfg.trainer.strategy) else torch.float32,
-        )
-        global_step = _weights(
-            cfg, model, roles_, processor, splits, source, prompt, out_dir, loggers, callbacks,
-            planned, fit, trained, reused, provenance,
-        )  # fmt: skip
-        answers |= generate(model, [p for p in passes if not p.base])
+        if cfg.model.get("served") is not None:  # behind an endpoint: asked, never loaded
+            answers = _served(cfg, source, frames, prompt, out_dir, provenance)(passes)
+            global_step = None
+        else:
+            with measure.measured("load"):
+                model, processor = load_vlm(cfg.model)
+            add_model(provenance, model)
+            generate = _generator(
+                cfg, model, processor, source, frames, prompt, planned, out_dir, provenance
+            )
+            answers = generate(model, [p for p in passes if p.base])  # the untuned base
+            model = apply_method(
+                model,
+                cfg.peft,
+                roles_,
+                processor,
+                images=str(cfg.data.train_image) != "none",
+                trainable_dtype=None if is_deepspeed(cfg.trainer.strategy) else torch.float32,
+            )
+            global_step = _weights(
+                cfg, model, roles_, processor, splits, source, prompt, out_dir, loggers,
+                callbacks, planned, fit, trained, reused, provenance,
+            )  # fmt: skip
+            answers |= generate(model, [p for p in passes if not p.base])
         if not is_global_zero():
             return {}  # rank 0 scores and reports
 
@@ -187,7 +196,9 @@ def train_eval(
             scored = _score(cfg, scoring, passes, answers, frames, references, out_dir, metrics)
         metrics.update(measure.metrics())
         rows = report_rows(passes, reference_label("chance") if "chance" in references else None)
-        report_run(cfg, out_dir, loggers, metrics, rows, scored[""])
+        headlines = (cfg.evaluation.primary_closed, cfg.evaluation.primary_open)
+        table = run_rows(scored, headlines, ci_columns(scoring.families), cfg.shift.get("field"))
+        report_run(cfg, out_dir, loggers, metrics, rows, table, source)
         return metrics
 
 
@@ -250,8 +261,7 @@ def _generator(
     shared = Path(cfg.paths.cache_dir) / SHARED_PREDICTIONS
 
     def files(p: EvalPass) -> PassFiles:
-        rows = {s: reordered(f, p.order) for s, f in frames.items()} if p.order else frames
-        return PassFiles(rows, p.path(out_dir), shared if p.shared else None)
+        return _pass_files(p, frames, out_dir, shared)
 
     def run(model: torch.nn.Module, passes: Sequence[EvalPass]) -> dict[str, Any]:
         answers: dict[str, Any] = {}
@@ -272,6 +282,48 @@ def _generator(
                 model_id=model_id,
             )
             answers |= {p.prefix: None if out is None else out[i] for i, p in enumerate(group)}
+        return answers
+
+    return run
+
+
+def _pass_files(
+    p: EvalPass, frames: dict[str, pd.DataFrame], out_dir: Path, shared: Path | None
+) -> PassFiles:
+    """A pass's rows (its options reordered where it reorders them) and files."""
+    rows = {s: reordered(f, p.order) for s, f in frames.items()} if p.order else frames
+    return PassFiles(rows, p.path(out_dir), shared if p.shared else None)
+
+
+def _served(
+    cfg: DictConfig,
+    source: Any,
+    frames: dict[str, pd.DataFrame],
+    prompt: Any,
+    out_dir: Path,
+    provenance: MutableMapping[str, Any] | None,
+) -> Callable[[Sequence[EvalPass]], dict[str, Any]]:
+    """`model=served`: every pass asked of the endpoint (`generation.served`), with the
+    protocol's answer length; its settings recorded where a loaded model's are."""
+    endpoint = ServedEndpoint.from_config(cfg.model.served, generation_length(cfg.model, source))
+    if provenance is not None:
+        provenance["generation"] = endpoint.record()
+        provenance["model"] = {"served": endpoint.record()["served"]}
+        provenance["model"]["weights_fingerprint"] = endpoint.identity()
+
+    def run(passes: Sequence[EvalPass]) -> dict[str, Any]:
+        answers = {}
+        for p in passes:
+            files = _pass_files(p, frames, out_dir, None)
+            answers[p.prefix] = answer_pass(
+                endpoint,
+                source,
+                files.frames,
+                files.out_path,
+                image_mode=p.image_mode,
+                prompt=prompt,
+                mismatch_field=str(cfg.data.mismatch_field),
+            )
         return answers
 
     return run
@@ -443,7 +495,7 @@ def _fit(
         fp8_frozen_weights(model, fp8, roots=list(decoder_layers(model))) as fp8_layers,
         compiled_decoder_layers(model, compiled, fallback=cfg.model.compile_layers == "auto"),
     ):
-        trainer.callbacks.append(SampleCounter(phase))
+        trainer.callbacks += [SampleCounter(phase), FitProgress()]
         trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
     rates = fit_rates(model, roles_, phase, trainer.world_size)
     measure.note("fit", {**rates, "compiled_layers": compiled, "fp8_layers": fp8_layers})

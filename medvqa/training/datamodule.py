@@ -25,8 +25,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from medvqa.data import records as R
 from medvqa.data.base import VQASource
-from medvqa.data.shifts import IMAGE_TRANSFORM
-from medvqa.data.transforms import apply_transform, transformed_identity
+from medvqa.data.shifts import seen_image, seen_key
 from medvqa.distributed import host_sum
 from medvqa.models.prompting import PLAIN, PromptTemplate, encode, labelled_tokens, pad_batch
 from medvqa.training.spec import IMAGE_MODES, PARTNER_MODES, DataSchema
@@ -170,26 +169,18 @@ class VQADataset(Dataset):
 
     def _image(self, row: pd.Series) -> Image.Image:
         """The image of `row` as the model sees it (with its transform shift, if any)."""
-        image = self.source.load_image(row[R.IMAGE], row[R.ID])
-        spec = row.get(IMAGE_TRANSFORM)
-        if isinstance(spec, str):  # transform shifts (corruption, Kvasir augments)
-            image = apply_transform(image, spec, str(row[R.ID]), str(row[R.IMAGE_ID]))
-        return image
+        return seen_image(self.source, row)
 
     def image_key(self, i: int) -> str:
         """Which pixels row `i` is shown, from its metadata (no pixels read): rows with one key
         see the same pixels (the image file and what its transform draws from,
-        `transformed_identity`; "none" without an image)."""
+        `shifts.seen_key`; "none" without an image)."""
         row = self.frame.iloc[i]
         if self.image_mode == "none":
             return "none"
         if self.image_mode in PARTNER_MODES:
             row = self.pool.iloc[self.partners[str(row[R.ID])]]
-        spec = row.get(IMAGE_TRANSFORM)
-        drawn = ""
-        if isinstance(spec, str):
-            drawn = transformed_identity(spec, str(row[R.ID]), str(row[R.IMAGE_ID]))
-        key = f"{row[R.IMAGE]}\0{drawn}"
+        key = seen_key(row)
         return f"blank\0{key}" if self.image_mode == "blank" else key  # a blank keeps the size
 
     def by_image(self) -> list[int]:
@@ -207,12 +198,17 @@ class VQADataset(Dataset):
         image = self._image(row)
         return Image.new("RGB", image.size) if self.image_mode == "blank" else image
 
+    def question(self, i: int) -> str:
+        """The user turn's text of row `i`: its question through the protocol's template."""
+        row = self.frame.iloc[i]
+        return self.prompt.question(row[R.QUESTION], row.get(R.ANSWER_TYPE), row.get(R.CANDIDATES))
+
     def example(self, i: int, image: Image.Image | None, processor: Any) -> dict[str, Any]:
         """Row `i` tokenised with `image` (`image(i)`) by `processor`, its id beside."""
         row = self.frame.iloc[i]
         features: dict[str, Any] = encode(
             processor,
-            self.prompt.question(row[R.QUESTION], row.get(R.ANSWER_TYPE), row.get(R.CANDIDATES)),
+            self.question(i),
             image,
             answer=row[R.ANSWER] if self.with_answer else None,
             system=self.prompt.system,

@@ -154,14 +154,28 @@ def configure_compile_cache(cache_dir: str | Path, environ: Any = os.environ) ->
     `paths.cache_dir/inductor`, for this process and the ranks it starts: the jobs of a sweep
     share `paths.cache_dir`, so every job after the first compiles its layers and its decode
     from the cache (torch's default, a per-user folder under /tmp, is neither shared between
-    nodes nor kept). A directory the user exported wins. Returns the directory in use."""
+    nodes nor kept). A directory the user exported wins; torch's own default, which torch sets
+    in the environment when it is imported (`import lightning` does), is not an export. Returns
+    the directory in use."""
     current = environ.get(INDUCTOR_CACHE_ENV)
-    if current and current not in _SET_HERE:  # exported by the user
-        return Path(current)
+    if current and current not in _SET_HERE and current != _torch_default_cache():
+        return Path(current)  # exported by the user
     path = Path(cache_dir).expanduser() / COMPILE_CACHE
     environ[INDUCTOR_CACHE_ENV] = str(path)
     _SET_HERE.add(str(path))  # a later job in this process (a local multirun) sets its own
     return path
+
+
+def _torch_default_cache() -> str:
+    """The folder torch's inductor uses (and writes into the environment) when none is set."""
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:  # a torch without it: its long-standing default
+        import getpass
+        import tempfile
+
+        return os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")
+    return os.path.abspath(default_cache_dir())
 
 
 class HardwareError(RuntimeError):

@@ -21,7 +21,8 @@ open one), per answer type:
 
 ECE, Brier and AURC are errors (lower is better; no relative robustness). A row that has a
 right/wrong but no recorded confidence (answers generated before confidences were recorded,
-or a baseline that does not generate) makes its split's figures NaN: never a calibration of
+a baseline that does not generate, a served model whose server returns no log-probabilities)
+makes its split's figures NaN: never a calibration of
 the rows that happen to have one.
 """
 
@@ -168,7 +169,8 @@ class CalibrationMetric(MetricFamily):
                 if len(correct):
                     log.warning(
                         "calibration: %d of %d %s answers have no recorded confidence "
-                        "(generated before confidences were recorded?): their figures are NaN",
+                        "(generated before confidences were recorded, or by a served model "
+                        "whose server returns no logprobs): their figures are NaN",
                         int(np.isnan(confidence).sum()),
                         len(confidence),
                         answer_type,

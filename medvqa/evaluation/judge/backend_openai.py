@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -35,7 +35,7 @@ from medvqa.evaluation.judge.keys import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["OpenAIBackend", "score_token_probs"]
+__all__ = ["OpenAIBackend", "create_with_retries", "openai_client", "score_token_probs"]
 
 
 class _FeatureRejected(Exception):
@@ -45,6 +45,66 @@ class _FeatureRejected(Exception):
 
 _STRUCTURED_WORDS = ("response_format", "json_schema", "structured", "guided")
 _LOOPBACK = ("localhost", "127.0.0.1", "::1")
+# HTTP statuses worth asking again (a timeout, too many requests); 5xx are too.
+RETRYABLE = (408, 429)
+
+
+def openai_client(base_url: str | None, api_key_env: str | None, timeout: float, who: str) -> Any:
+    """The official client for `base_url` (None: OpenAI's API) with the key
+    `keys.api_key_for` allows there, its own retries off (`create_with_retries` retries, so
+    every request is counted); the log names `who` and where the key comes from, never it."""
+    from openai import OpenAI
+
+    # Explicit, so that $OPENAI_BASE_URL cannot send OpenAI's key to another server.
+    url = base_url or OPENAI_URL
+    key, source = api_key_for(url, api_key_env)
+    parts = urlsplit(url)
+    log.info("%s at %s: sending %s", who, parts.hostname, source)
+    if key and parts.scheme == "http" and parts.hostname not in _LOOPBACK:
+        log.warning(
+            "%s at %s is plain http: the key in $%s crosses the network unencrypted; use https",
+            who,
+            url,
+            api_key_env,
+        )
+    return OpenAI(base_url=url, api_key=key or LOCAL_KEY, max_retries=0, timeout=timeout)
+
+
+def create_with_retries(
+    create: Callable[[], Any],
+    *,
+    retries: int,
+    backoff: float,
+    timeout: float,
+    refused: Callable[[Any], None],
+    transient: tuple[type[Exception], ...] = (),
+) -> tuple[Any | None, int, str]:
+    """Send one request (`create`) until it is answered, at most `retries` more times, waiting
+    `backoff * 2**attempt` seconds between tries: after a timeout, a connection error, HTTP
+    408/429/5xx or one of the `transient` errors (a reply that is not one). Any other HTTP
+    error goes to `refused`, which raises (asking again cannot help). Returns (the response,
+    or None; the attempts made; the last error)."""
+    import openai
+
+    last_error = ""
+    for attempt in range(retries + 1):
+        try:
+            return create(), attempt + 1, ""
+        except openai.APITimeoutError:
+            last_error = f"timed out after {timeout:g}s"
+        except openai.APIConnectionError as err:
+            last_error = f"connection error: {err}"
+        except openai.APIStatusError as err:
+            if err.status_code < 500 and err.status_code not in RETRYABLE:
+                refused(err)
+            last_error = f"HTTP {err.status_code}: {err.message}"
+        except transient as err:
+            last_error = f"{type(err).__name__}: {err}"
+        if attempt < retries:
+            delay = backoff * 2**attempt
+            log.debug("request failed (%s); retry in %.2fs", last_error, delay)
+            time.sleep(delay)
+    return None, retries + 1, last_error
 
 
 @dataclass(kw_only=True)
@@ -90,21 +150,9 @@ class OpenAIBackend(JudgeBackend):
 
     @cached_property
     def client(self) -> Any:
-        from openai import OpenAI
-
-        # Explicit, so that $OPENAI_BASE_URL cannot send OpenAI's key to another server.
-        url = self.base_url or OPENAI_URL
-        key, source = api_key_for(url, self.api_key_env)
-        parts = urlsplit(url)
-        log.info("judge %s at %s: sending %s", self.judge_id, parts.hostname, source)
-        if key and parts.scheme == "http" and parts.hostname not in _LOOPBACK:
-            log.warning(
-                "judge.base_url=%s is plain http: the key in $%s crosses the network "
-                "unencrypted; use https",
-                url,
-                self.api_key_env,
-            )
-        return OpenAI(base_url=url, api_key=key or LOCAL_KEY, max_retries=0, timeout=self.timeout)
+        return openai_client(
+            self.base_url, self.api_key_env, self.timeout, f"judge {self.judge_id}"
+        )
 
     def complete(self, requests: Sequence[JudgeRequest]) -> list[Reply]:
         return [self._one(r) for r in requests]
@@ -128,8 +176,6 @@ class OpenAIBackend(JudgeBackend):
         return sent and rejected and self._turn_off("structured", error, "structured output")
 
     def _send(self, request: JudgeRequest) -> Reply:
-        import openai
-
         kwargs: dict[str, Any] = {
             "model": self.model,
             "messages": self.messages(request),
@@ -140,35 +186,28 @@ class OpenAIBackend(JudgeBackend):
             kwargs.update(logprobs=True, top_logprobs=self.top_logprobs)
         elif self.structured:
             kwargs["response_format"] = reply_schema(request.labels)
-        last_error = ""
-        for attempt in range(self.retries + 1):
-            try:
-                response = self.client.chat.completions.create(**kwargs)
-            except openai.APITimeoutError:
-                last_error = f"timed out after {self.timeout:g}s"
-            except openai.APIConnectionError as err:
-                last_error = f"connection error: {err}"
-            except openai.APIStatusError as err:
-                code = err.status_code
-                if code == 400 and (
-                    self.drop_system_role(err.message, kwargs["messages"])
-                    or self._drop_structured(err.message, kwargs)
-                ):
-                    raise _FeatureRejected from err
-                if code < 500 and code not in (408, 429):
-                    raise JudgeConfigError(
-                        f"judge server {self.base_url or OPENAI_HOST} answered HTTP {code} "
-                        f"for model {self.model!r}: {err.message}. Check judge.model, "
-                        f"judge.base_url and the key in ${self.api_key_env}."
-                    ) from err
-                last_error = f"HTTP {code}: {err.message}"
-            else:
-                return self._reply(response, attempt + 1, request.labels)
-            if attempt < self.retries:
-                delay = self.backoff * 2**attempt
-                log.debug("judge request failed (%s); retry in %.2fs", last_error, delay)
-                time.sleep(delay)
-        attempts = self.retries + 1
+
+        def refused(err: Any) -> None:
+            if err.status_code == 400 and (
+                self.drop_system_role(err.message, kwargs["messages"])
+                or self._drop_structured(err.message, kwargs)
+            ):
+                raise _FeatureRejected from err
+            raise JudgeConfigError(
+                f"judge server {self.base_url or OPENAI_HOST} answered HTTP {err.status_code} "
+                f"for model {self.model!r}: {err.message}. Check judge.model, "
+                f"judge.base_url and the key in ${self.api_key_env}."
+            ) from err
+
+        response, attempts, last_error = create_with_retries(
+            lambda: self.client.chat.completions.create(**kwargs),
+            retries=self.retries,
+            backoff=self.backoff,
+            timeout=self.timeout,
+            refused=refused,
+        )
+        if response is not None:
+            return self._reply(response, attempts, request.labels)
         return Reply(error=f"{last_error} (gave up after {attempts} attempts)", attempts=attempts)
 
     def _reply(self, response: Any, attempts: int, labels: tuple[str, ...]) -> Reply:

@@ -23,7 +23,14 @@ from typing import Any
 
 from medvqa.hashing import content_hash
 
-__all__ = ["CACHE_FILE", "STATUSES", "CachedJudgment", "JudgeCache", "cache_from_config"]
+__all__ = [
+    "CACHE_FILE",
+    "STATUSES",
+    "CachedJudgment",
+    "JudgeCache",
+    "SqliteStore",
+    "cache_from_config",
+]
 
 CACHE_FILE = "judgments.sqlite"
 STATUSES = ("ok", "failed")
@@ -62,11 +69,19 @@ class CachedJudgment:
     created: float
 
 
-class JudgeCache:
-    """A SQLite judgment store in `cache_dir`; use as a context manager or call `close()`."""
+class SqliteStore:
+    """One SQLite file of records written the moment they are made, shared by runs and
+    concurrent jobs (WAL, a writer waits for another); use as a context manager or call
+    `close()`. Subclasses give the file's name, its schema and the setting that moves it."""
+
+    FILE: str
+    SCHEMA: str
+    VERSION: int
+    WHAT: str  # what the store holds, for the error ("the judge cache")
+    SETTING: str  # the config key that chooses its folder ("judge.cache_dir")
 
     def __init__(self, cache_dir: str | Path) -> None:
-        self.path = Path(cache_dir).expanduser() / CACHE_FILE
+        self.path = Path(cache_dir).expanduser() / self.FILE
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._conn = sqlite3.connect(
@@ -75,16 +90,33 @@ class JudgeCache:
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=NORMAL")
             self._conn.execute("PRAGMA busy_timeout=60000")
-            self._conn.executescript(_SCHEMA)
-            self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            self._conn.executescript(self.SCHEMA)
+            self._conn.execute(f"PRAGMA user_version={self.VERSION}")
         except (OSError, sqlite3.Error) as err:
             raise OSError(
-                f"cannot open the judge cache {self.path}: {err}. Set judge.cache_dir (or "
+                f"cannot open {self.WHAT} {self.path}: {err}. Set {self.SETTING} (or "
                 "paths.cache_dir / MEDVQA_CACHE) to a writable directory."
             ) from err
-        # The metric writes from one thread, but nothing stops a caller from sharing the
-        # object; a lock keeps the single connection safe either way.
+        # The callers may share the object between threads (a judge's or a served model's
+        # concurrent requests); a lock keeps the single connection safe.
         self._lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> SqliteStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class JudgeCache(SqliteStore):
+    """A SQLite judgment store in `cache_dir`."""
+
+    FILE, SCHEMA, VERSION = CACHE_FILE, _SCHEMA, SCHEMA_VERSION
+    WHAT, SETTING = "the judge cache", "judge.cache_dir"
 
     @staticmethod
     def key(judge_id: str, rubric_id: str, question: str, answer: str, prediction: str) -> str:
@@ -160,16 +192,6 @@ class JudgeCache:
                 "SELECT status, COUNT(*) FROM judgments GROUP BY status"
             ).fetchall()
         return {status: 0 for status in STATUSES} | dict(rows)
-
-    def close(self) -> None:
-        with self._lock:
-            self._conn.close()
-
-    def __enter__(self) -> JudgeCache:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def cache_from_config(cfg: Mapping[str, Any]) -> JudgeCache | None:

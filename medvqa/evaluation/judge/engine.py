@@ -39,6 +39,7 @@ from medvqa.evaluation.judge.replies import (
     reminder_messages,
 )
 from medvqa.evaluation.judge.rubrics import INPUT_KEYS, Rubric, build_messages
+from medvqa.progress import Ticker
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +181,7 @@ class JudgeEngine:
         chunks = [list(pending[i : i + size]) for i in range(0, len(pending), size)]
         results: dict[str, Judgment] = {}
         stored: set[Future] = set()
+        ticker = Ticker(f"judge {self.backend.judge_id}", len(pending), "items")
         with ThreadPoolExecutor(max_workers=self.backend.concurrency) as pool:
             futures = [pool.submit(self._judge_chunk, chunk) for chunk in chunks]
             try:
@@ -187,6 +189,7 @@ class JudgeEngine:
                     done = fut.result()
                     self._store(done, results)
                     stored.add(fut)
+                    ticker.update(len(results))
                     if self.on_judgment is not None:
                         for p, judgment in done:
                             self.on_judgment(p.key, judgment)

@@ -80,15 +80,16 @@ def _described(value: str) -> str:
     return f"a {len(value)}-character value{start}"
 
 
-def check_api_key_env(value: Any) -> None:
-    """Refuse a `judge.api_key_env` that is not an environment variable's name, or that looks
-    like a key pasted in its place. None or "" (no key) passes."""
+def check_api_key_env(value: Any, setting: str = "judge.api_key_env") -> None:
+    """Refuse an `api_key_env` (`setting`: which one, for the message) that is not an
+    environment variable's name, or that looks like a key pasted in its place. None or ""
+    (no key) passes."""
     if value is None or value == "":
         return
     if not isinstance(value, str):
         raise JudgeConfigError(
-            f"judge.api_key_env must be the name of an environment variable, got a "
-            f"{type(value).__name__}; e.g. judge.api_key_env=VLLM_KEY"
+            f"{setting} must be the name of an environment variable, got a "
+            f"{type(value).__name__}; e.g. {setting}=VLLM_KEY"
         )
     if looks_like_secret(value):
         problem = "looks like an API key"
@@ -97,9 +98,9 @@ def check_api_key_env(value: Any) -> None:
     else:
         return
     raise JudgeConfigError(
-        f"judge.api_key_env holds {_described(value)} that {problem}. It takes the *name* of "
-        "the variable that holds the judge's key, never the key: `export VLLM_KEY=...` and "
-        "pass judge.api_key_env=VLLM_KEY (a long name mixing cases and digits looks like a "
+        f"{setting} holds {_described(value)} that {problem}. It takes the *name* of the "
+        "variable that holds the server's key, never the key: `export VLLM_KEY=...` and "
+        f"pass {setting}=VLLM_KEY (a long name mixing cases and digits looks like a "
         "key: rename it, e.g. in UPPER_SNAKE_CASE). "
         "If a key was pasted on a command line, remove it from the shell history and consider "
         "rotating it."
@@ -159,6 +160,8 @@ def check_composed(config: DictConfig) -> None:
     """`check_api_key_env` on a composed config's `judge.api_key_env`, and on each value its
     command-line overrides give that key (a multirun's config does not hold swept values)."""
     check_api_key_env(OmegaConf.select(config, "judge.api_key_env"))  # None: no judge node
+    served = "model.served.api_key_env"  # model=served's key, as the judge's
+    check_api_key_env(OmegaConf.select(config, served, default=None), served)
     for juror in OmegaConf.select(config, "judge.jury") or []:  # None: no judge node
         if "api_key_env" in juror:  # a juror without one inherits the node's, checked above
             check_api_key_env(juror["api_key_env"])

@@ -20,12 +20,13 @@ figures of the run that made it.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pandas as pd
 
-from medvqa.evaluation.scoring import Scoring, bootstrap_options, prefixed
+from medvqa.evaluation.scoring import Scoring, bootstrap_options, prefixed, unanswered
 from medvqa.evaluation.views.base import JobRows, views
 
 log = logging.getLogger(__name__)
@@ -95,5 +96,9 @@ def score_job(
         bootstrap=bootstrap_options(scoring.evaluation),
     )
     scored[""], figures = run_views(rows, scoring.families)
+    if any(unanswered(table).any() for table in scored.values()):
+        # The views compare a job's passes row by row: never over the rows that happen to have
+        # answers (`scoring.UNANSWERED` counts the others; the next run asks them again).
+        figures = dict.fromkeys(figures, math.nan)
     metrics.update(figures)
     return metrics, scored
