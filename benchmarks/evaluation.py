@@ -28,14 +28,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from medvqa.config import JudgeSchema  # noqa: E402
-from medvqa.evaluation.families.judge import JudgeMetric  # noqa: E402
-from medvqa.evaluation.families.kvasir_official import KvasirOfficial  # noqa: E402
-from medvqa.evaluation.families.text import TextMetric  # noqa: E402
-from medvqa.evaluation.families.traditional import TraditionalMetric  # noqa: E402
-from medvqa.evaluation.judge.backends import build_backend  # noqa: E402
-from medvqa.evaluation.judge.cache import JudgeCache  # noqa: E402
-from medvqa.evaluation.scoring import score_frame  # noqa: E402
-from medvqa.evaluation.statistics import cluster_bootstrap  # noqa: E402
+from medvqa.judge.backends import build_backend  # noqa: E402
+from medvqa.judge.cache import JudgeCache  # noqa: E402
+from medvqa.scoring.metrics.judge import JudgeMetric  # noqa: E402
+from medvqa.scoring.metrics.kvasir_official import KvasirOfficial  # noqa: E402
+from medvqa.scoring.metrics.text import TextMetric  # noqa: E402
+from medvqa.scoring.metrics.traditional import TraditionalMetric  # noqa: E402
+from medvqa.scoring.pipeline import score_frame  # noqa: E402
+from medvqa.statistics.bootstrap import cluster_bootstrap  # noqa: E402
 
 WORDS = ("left right lung liver kidney mass cyst small large ct mri x-ray axial chest head").split()  # noqa: SIM905
 

@@ -26,10 +26,10 @@ sys.path.insert(0, str(ROOT))
 
 import medvqa.config  # noqa: E402,F401
 from medvqa.data.shifts import Shift, make_splits  # noqa: E402
-from medvqa.generation.job import from_config  # noqa: E402
 from medvqa.generation.predict import generate_predictions  # noqa: E402
 from medvqa.models.adapters import apply_method  # noqa: E402
 from medvqa.models.loading import load_vlm, roles  # noqa: E402
+from medvqa.tasks.generation import from_config  # noqa: E402
 from medvqa.training.datamodule import VQADataModule  # noqa: E402
 from medvqa.training.module import VQAModule  # noqa: E402
 

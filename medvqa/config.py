@@ -25,11 +25,11 @@ from medvqa.cluster import GPU_ACCELERATORS, rank_log_name, slurm_gpus, slurm_me
 from medvqa.data import records as R
 from medvqa.data.shifts import IMAGE_TRANSFORM, SPLITS, Shift
 from medvqa.errors import ConfigError
-from medvqa.evaluation.judge.config import JudgeConfig
-from medvqa.evaluation.statistics import Bootstrap
 from medvqa.hashing import content_hash
+from medvqa.judge.config import JudgeConfig
 from medvqa.models.spec import DECODE_ENGINES, ModelSchema, random_weights_kind
 from medvqa.progress import WHEN, ProgressSettings
+from medvqa.statistics.bootstrap import Bootstrap
 from medvqa.training.hardware import cuda_allocator_problem
 
 # PeftSchema, DataSchema and TrainerSchema sit with the training code that reads their defaults.
@@ -76,8 +76,8 @@ def check_judge_config(cfg: Any) -> None:
     `judge.api_key_env` (it takes a variable's name; a juror's too) would otherwise be written to
     results.json with the resolved config, and a jury that cannot be built would fail only after
     the answers. Raises JudgeConfigError; a config without a judge passes."""
-    from medvqa.evaluation.judge.config import JURY_KEYS
-    from medvqa.evaluation.judge.keys import check_api_key_env
+    from medvqa.judge.config import JURY_KEYS
+    from medvqa.judge.keys import check_api_key_env
 
     judge = cfg.get("judge") if hasattr(cfg, "get") else None
     if judge is not None:
@@ -90,7 +90,7 @@ def check_judge_config(cfg: Any) -> None:
             JudgeConfig(**jury)
 
 
-# The bootstrap settings are those of `medvqa.evaluation.statistics.Bootstrap` (declared there).
+# The bootstrap settings are those of `medvqa.statistics.bootstrap.Bootstrap` (declared there).
 BootstrapSchema = Bootstrap
 
 
@@ -373,8 +373,8 @@ def _served_problems(cfg: DictConfig) -> list[str]:
     """What `model=served` cannot run with: a method that would train (a served model is asked,
     never trained here), an endpoint or model left unset, a key pasted where the name of its
     variable belongs, numbers that cannot work."""
-    from medvqa.evaluation.judge.errors import JudgeConfigError
-    from medvqa.evaluation.judge.keys import check_api_key_env
+    from medvqa.judge.errors import JudgeConfigError
+    from medvqa.judge.keys import check_api_key_env
 
     if OmegaConf.select(cfg, "model.served") is None:
         return []

@@ -2,7 +2,7 @@
 accuracy is a class, found, never listed.
 
 A dataset source (subclass of `medvqa.data.base.VQASource`), a metric family (subclass of
-`medvqa.evaluation.families.base.MetricFamily`) or a model family (subclass of
+`medvqa.scoring.metrics.base.MetricFamily`) or a model family (subclass of
 `medvqa.models.families.base.ModelFamily`, named by its architecture's `model_type`) that sets a
 `name` class attribute is registered under that name when its module is imported. A dataset's
 or metric family's config schema is *generated* from the signature of its constructor (or of
@@ -40,9 +40,9 @@ log = logging.getLogger(__name__)
 # Plug-in kind -> the package whose modules are its built-in plug-ins.
 PACKAGES: dict[str, str] = {
     "dataset": "medvqa.data.sources",
-    "metric": "medvqa.evaluation.families",
+    "metric": "medvqa.scoring.metrics",
     "family": "medvqa.models.families",  # model families, keyed by model_type; no config group
-    "view": "medvqa.evaluation.views",  # views beyond accuracy; no config group
+    "view": "medvqa.views",  # views beyond accuracy; no config group
 }
 # The kinds that are config groups too: each plug-in's schema is stored under its name there.
 GROUPS = ("dataset", "metric")

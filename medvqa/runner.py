@@ -43,12 +43,12 @@ from medvqa.atomic import LockHeld, describe_owner, hold_lock
 from medvqa.config import check_config, check_judge_config
 from medvqa.distributed import Job, global_rank, is_global_zero, job_ranks
 from medvqa.errors import ConfigError, DataError
-from medvqa.evaluation.judge.errors import JudgeConfigError
-from medvqa.evaluation.scoring import failed_items
 from medvqa.interrupts import as_interrupted, interrupts_job, where
+from medvqa.judge.errors import JudgeConfigError
 from medvqa.models.saving import WeightsMismatch
 from medvqa.provenance import environment
 from medvqa.record import RunRecord
+from medvqa.scoring.pipeline import failed_items
 from medvqa.tasks.from_run import RunFolderError, adopt_run, default_choices
 from medvqa.tracking import finish, instantiate_group, log_config, log_status
 from medvqa.training.hardware import (

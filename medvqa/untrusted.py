@@ -46,6 +46,11 @@ MOVED_CLASSES = {
     "medvqa.models.builders.tiny.": "medvqa.zoo.tiny.",
     "medvqa.models.builders.smollm2.": "medvqa.zoo.smollm2.",
     "medvqa.models.builders.families.": "medvqa.zoo.families.",
+    # evaluation/ split into rooms of their own (0.2.0)
+    "medvqa.evaluation.families.": "medvqa.scoring.metrics.",
+    "medvqa.evaluation.judge.family.": "medvqa.scoring.metrics.judged.",
+    "medvqa.evaluation.judge.": "medvqa.judge.",
+    "medvqa.evaluation.views.": "medvqa.views.",
 }
 
 

@@ -1,4 +1,4 @@
-"""Issue #48, items 2 and 6: agreement between raters (medvqa.evaluation.agreement) on the
+"""Issue #48, items 2 and 6: agreement between raters (medvqa.statistics.agreement) on the
 published worked examples, on planted disagreements computed by hand here, and between the
 jurors of a jury in a scored run (the `judge agreement` view)."""
 
@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from medvqa.cli.score import main as score_main
-from medvqa.evaluation.agreement import (
+from medvqa.statistics.agreement import (
     CLOSED_LEVELS,
     OPEN_LEVELS,
     agreement,
@@ -23,9 +23,9 @@ from medvqa.evaluation.agreement import (
     kendall_tau,
     krippendorff_alpha,
 )
-from medvqa.evaluation.statistics import cluster_bootstrap, cluster_statistic_ci
-from medvqa.evaluation.views import presented
-from medvqa.evaluation.views.judge_agreement import judge_agreement
+from medvqa.statistics.bootstrap import cluster_bootstrap, cluster_statistic_ci
+from medvqa.views import presented
+from medvqa.views.judge_agreement import judge_agreement
 from tests import test_jury
 from tests.judge_server import JudgeServer
 from tests.test_jury import GRADERS, jury_args, predictions
@@ -216,7 +216,7 @@ def test_rows_no_judge_read_add_no_agreement() -> None:
     agreement is over the rows the judges read."""
     import pandas as pd
 
-    from medvqa.evaluation.judge.engine import SHORTCUT_REASON
+    from medvqa.judge.engine import SHORTCUT_REASON
 
     read = pd.DataFrame(
         {
@@ -317,7 +317,7 @@ def test_cohen_kappa_equals_scikit_learns(quadratic: bool) -> None:
     )
 )
 def test_a_verdict_exists_exactly_where_every_juror_answered(rows: list[list[float]]) -> None:
-    from medvqa.evaluation.judge.jury import jury_verdict
+    from medvqa.judge.jury import jury_verdict
 
     scores = np.array(rows)
     for rule in ("majority", "median", "mean"):
@@ -336,7 +336,7 @@ def test_the_mean_verdict_is_medhelms_jury_where_every_juror_answered() -> None:
     `judge.jury_open=mean` gives the same number row for row where every juror answered. Where
     one did not, MedHELM averages the others (and scores 0 when none answered): medvqa gives
     no verdict, since the survivors' mean is not the jury's."""
-    from medvqa.evaluation.judge.jury import jury_verdict
+    from medvqa.judge.jury import jury_verdict
     from tests.peers.medhelm_jury import LLMJuryMetric
 
     jurors = ("gpt", "claude", "llama")

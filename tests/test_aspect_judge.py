@@ -10,16 +10,16 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from medvqa.evaluation.families.aspect_judge import (
+from medvqa.judge.cache import JudgeCache
+from medvqa.judge.rubrics import CLASS_RUBRIC, RUBRICS, Rubric
+from medvqa.scoring.metrics.aspect_judge import (
     CLASS_ACC,
     CLASS_FAILED,
     CLASS_SCORES,
     AspectJudgeMetric,
     aspects_of,
 )
-from medvqa.evaluation.judge.cache import JudgeCache
-from medvqa.evaluation.judge.rubrics import CLASS_RUBRIC, RUBRICS, Rubric
-from medvqa.evaluation.scoring import build_families, counters, score_frame
+from medvqa.scoring.pipeline import build_families, counters, score_frame
 from tests.conftest import compose
 from tests.judge_server import JudgeServer
 from tests.test_judge import openai_backend

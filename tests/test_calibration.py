@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from medvqa.data import records as R
-from medvqa.evaluation.families.calibration import (
+from medvqa.scoring.metrics.calibration import (
     CalibrationMetric,
     accuracy_at_coverage,
     adaptive_ece,
@@ -134,7 +134,7 @@ def test_a_temperature_fitted_on_validation_answers_tempers_an_overconfident_mod
     """Confident (margin 5: p = 0.993) but right half of the time: the fitted temperature is
     the grid's largest (the confidence nearest 0.5), it is applied to the test splits, and
     their ECE and Brier fall; the fit is the grid's least binary NLL, checked by hand."""
-    from medvqa.evaluation.families.calibration import (
+    from medvqa.scoring.metrics.calibration import (
         binary_nll,
         confidence_at,
         fit_temperature,
@@ -173,7 +173,7 @@ def test_too_few_answers_give_nan_with_a_warning(caplog: pytest.LogCaptureFixtur
     """One closed answer used to give `ece 0.99`: its distance from 0 or 1. Below
     `min_rows` (10, as the subgroup family's) the figures are NaN and a warning says why; the
     count stays."""
-    from medvqa.evaluation.families.calibration import temperature_metrics
+    from medvqa.scoring.metrics.calibration import temperature_metrics
 
     preds = _preds([math.log(0.99)], [1], ["no"], ["yes"], ["closed"])
     family = CalibrationMetric()

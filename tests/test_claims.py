@@ -16,7 +16,7 @@ from statsmodels.stats.multitest import multipletests
 
 from medvqa.analysis.aggregate import collect
 from medvqa.analysis.claims import ADJUSTMENTS, COLUMNS, RR, adjust, family, study_sides
-from medvqa.evaluation.statistics import seed_case_replicates
+from medvqa.statistics.bootstrap import seed_case_replicates
 from tests.planted import plant
 
 

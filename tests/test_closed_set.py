@@ -11,13 +11,13 @@ import pandas as pd
 import pytest
 from sklearn.metrics import balanced_accuracy_score, f1_score, recall_score
 
-from medvqa.evaluation.families.closed_set import (
+from medvqa.scoring.metrics.closed_set import (
     CS_CHOICE,
     ClosedSetMetric,
     balanced_accuracy,
     macro_f1,
 )
-from medvqa.evaluation.statistics import Bootstrap, cluster_sum_replicates
+from medvqa.statistics.bootstrap import Bootstrap, cluster_sum_replicates
 
 Q5 = ["blurry", "clear", "mixed"]
 YES_NO = ["no", "yes"]
@@ -230,7 +230,7 @@ def test_config_scores_the_loader_records(tmp_path) -> None:
     builds: predicting the truth gives accuracy 1, but macro-F1 only (labels seen) / (labels
     in the fixed list), since each label absent from truth and prediction counts 0."""
     from medvqa.data.sources.robosurg_vqa import RoboSurgVqa
-    from medvqa.evaluation.scoring import build_families
+    from medvqa.scoring.pipeline import build_families
     from tests.conftest import compose
     from tests.native.robosurg_vqa import write as write_robosurg
 

@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 
 from medvqa.data import records as R
-from medvqa.evaluation.consistency import (
+from medvqa.scoring.metrics.traditional import per_sample_scores
+from medvqa.views.consistency import (
     AGREES,
     ORDER_FLIPS,
     add_agreement,
@@ -20,7 +21,6 @@ from medvqa.evaluation.consistency import (
     paraphrase_pairs,
     reordered,
 )
-from medvqa.evaluation.families.traditional import per_sample_scores
 
 
 def _scored(rows: list[tuple[str, str, str, str, str, str, str]]) -> pd.DataFrame:
@@ -190,7 +190,7 @@ def test_vqarad_paraphrase_run_reports_flips_between_the_free_form_and_the_parap
 def test_option_orders_without_options_are_refused_before_the_model_loads() -> None:
     """A split whose questions all have fewer than two candidates has no order to change:
     refused naming the split, instead of generating the same answers again."""
-    from medvqa.evaluation.consistency import check_reorderable
+    from medvqa.views.consistency import check_reorderable
 
     frames = {
         "test_iid": pd.DataFrame({R.ID: ["a", "b"], R.CANDIDATES: [["yes", "no"], None]}),

@@ -51,10 +51,10 @@ NOT_THE_SETTING = {
     ("medvqa.training.datamodule", "make_loader", "num_workers"): (
         "a resolved process count (DataLoader's own default)"
     ),
-    ("medvqa.evaluation.scoring", "Scoring.score", "breakdown"): (
+    ("medvqa.scoring.pipeline", "Scoring.score", "breakdown"): (
         "None: the scoring's configured breakdown"
     ),
-    ("medvqa.evaluation.scoring", "score_frame", "breakdown"): (
+    ("medvqa.scoring.pipeline", "score_frame", "breakdown"): (
         "(): no breakdown; a run passes evaluation.breakdown"
     ),
     ("medvqa.planning.setup", "build_setup", "devices"): "None: the trainer config's devices",
@@ -539,7 +539,7 @@ def test_the_guard_fails_on_a_planted_signature_default() -> None:
 def test_the_guard_fails_on_a_default_of_a_parameter_the_package_passes_a_setting() -> None:
     """A parameter a call passes a setting (`int(job.data.option_orders)`, by position or by
     name) has no literal default wherever its function is defined, in a module that names no
-    schema too (evaluation/passes.py's `option_orders: int = 0` before it read DataSchema); one
+    schema too (generation/passes.py's `option_orders: int = 0` before it read DataSchema); one
     passed something else is not."""
     historic = (
         "def job_passes(label, eval_image, tuned, zero_shot_label=None, extra_images=(),\n"

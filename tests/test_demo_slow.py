@@ -91,7 +91,7 @@ def test_the_demo_report_has_an_explorer_a_browser_filters(
     from medvqa.analysis.aggregate import collect
     from medvqa.analysis.explorer import ASSETS, THUMBS
     from medvqa.analysis.report import build_report
-    from medvqa.evaluation.families.traditional import binary_correct
+    from medvqa.scoring.metrics.traditional import binary_correct
     from tests.test_browser import _count, _select, shown_images
 
     report = build_report(collect([demo_run]), tmp_path / "report")

@@ -1,4 +1,4 @@
-"""Embedding cosine with the packaged all-MiniLM-L6-v2 (medvqa.evaluation.families.embedding)."""
+"""Embedding cosine with the packaged all-MiniLM-L6-v2 (medvqa.scoring.metrics.embedding)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from medvqa.evaluation.families.embedding import (
+from medvqa.scoring.metrics.embedding import (
     COSINE,
     COSINE_ALL,
     EMPTY_REFS,

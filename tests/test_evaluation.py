@@ -12,12 +12,12 @@ import torch
 from omegaconf import OmegaConf
 
 from medvqa.analysis.summary import summary_table
-from medvqa.evaluation.baselines import chance_scores, expected_chance_accuracy
-from medvqa.evaluation.prediction_files import read_predictions
-from medvqa.evaluation.scoring import split_metrics
+from medvqa.generation.files import read_predictions
 from medvqa.generation.predict import generate_predictions
 from medvqa.models.loading import load_vlm
 from medvqa.record import RunRecord, read_record
+from medvqa.scoring.baselines import chance_scores, expected_chance_accuracy
+from medvqa.scoring.pipeline import split_metrics
 from tests.conftest import SMALL, compose
 from tests.generating import settings
 
@@ -155,7 +155,7 @@ def test_run_record_roundtrip(tmp_path: Path) -> None:
 
 
 def test_most_frequent_with_ties_and_unseen_questions() -> None:
-    from medvqa.evaluation.baselines import most_frequent_answers, most_frequent_predictions
+    from medvqa.scoring.baselines import most_frequent_answers, most_frequent_predictions
 
     train = pd.DataFrame(
         {
@@ -172,8 +172,8 @@ def test_most_frequent_with_ties_and_unseen_questions() -> None:
 
 
 def test_deltas_are_sighted_minus_other() -> None:
-    from medvqa.evaluation.families.traditional import TraditionalMetric
-    from medvqa.evaluation.scoring import Scoring
+    from medvqa.scoring.metrics.traditional import TraditionalMetric
+    from medvqa.scoring.pipeline import Scoring
 
     deltas = Scoring([TraditionalMetric()], METRIC).deltas
 
@@ -197,7 +197,7 @@ def test_deltas_are_sighted_minus_other() -> None:
 
 def test_failed_items_counts_each_split_once_and_by_family() -> None:
     """Breakdown values and engine counters repeat the split counts: never counted twice."""
-    from medvqa.evaluation.scoring import failed_items
+    from medvqa.scoring.pipeline import failed_items
 
     metrics = {
         "test_iid/judge_failures": 2.0,
@@ -215,7 +215,7 @@ def test_failed_items_counts_each_split_once_and_by_family() -> None:
 
 
 def test_scores_parquet_keeps_every_column_even_ones_arrow_cannot_type(tmp_path: Path) -> None:
-    from medvqa.evaluation.scoring import scores_path, write_scores
+    from medvqa.scoring.pipeline import scores_path, write_scores
 
     scored = pd.DataFrame(
         {
@@ -240,8 +240,8 @@ def test_a_headline_no_family_computes_is_named(
     """headline=judge without the judge family: no RR and a warning naming the fix; the token
     headline on the same rows (also a split without open questions) raises none."""
     from medvqa.data.records import PREDICTION
-    from medvqa.evaluation.families.traditional import TraditionalMetric
-    from medvqa.evaluation.scoring import Scoring
+    from medvqa.scoring.metrics.traditional import TraditionalMetric
+    from medvqa.scoring.pipeline import Scoring
 
     def split(n: int) -> pd.DataFrame:
         types = ["closed"] * n if closed_only else ["closed", "open"] * (n // 2)
@@ -267,12 +267,12 @@ def test_a_headline_no_family_computes_is_named(
             "bootstrap": {"samples": 0, "seed": 0, "level": 0.95},
         }
     )
-    with caplog.at_level("WARNING", logger="medvqa.evaluation.scoring"):
+    with caplog.at_level("WARNING", logger="medvqa.scoring.pipeline"):
         results, _ = Scoring([TraditionalMetric()], tokens).score(preds, tmp_path / "p.parquet")
     assert results["robustness/rr_closed"] == 1.0
     assert not [r for r in caplog.records if "primary_" in r.message]
     judge = OmegaConf.merge(tokens, {"primary_closed": "judge_closed_acc"})
-    with caplog.at_level("WARNING", logger="medvqa.evaluation.scoring"):
+    with caplog.at_level("WARNING", logger="medvqa.scoring.pipeline"):
         results, _ = Scoring([TraditionalMetric()], judge).score(preds, tmp_path / "q.parquet")
     assert "robustness/rr_closed" not in results
     (warning,) = [r.message for r in caplog.records if "primary_" in r.message]
@@ -285,8 +285,8 @@ def test_the_answer_frequency_prior_may_count_validation_too(
 ) -> None:
     """`task.prior_splits=[train,val]` (RoboSurg-VQA's answer-frequency prior) answers each test
     question with its most frequent answer over both splits; an evaluated split is refused."""
-    from medvqa.evaluation.baselines import most_frequent_predictions
     from medvqa.runner import task_of
+    from medvqa.scoring.baselines import most_frequent_predictions
     from medvqa.tasks.common import prepare_splits
 
     cfg = compose(["debug=smoke", "baseline=most_frequent", "logger=csv"], cache_dir)

@@ -15,7 +15,7 @@ import torch
 import yaml
 
 from medvqa.models.adapters import apply_method
-from medvqa.models.architectures import load_architecture
+from medvqa.models.architectures import SHIPPED, load_architecture
 from medvqa.models.families.base import families
 from medvqa.models.loading import architecture, load_vlm, roles
 from medvqa.models.saving import load_trainable, save_trainable
@@ -110,8 +110,8 @@ def test_every_preset_has_a_family_and_every_family_a_preset() -> None:
 
 def _facts(cache: Path) -> dict[str, object]:
     """Everything the code asks of the PaliGemma family, as plain values."""
-    from medvqa.generation.prefix import family_refusal
     from medvqa.models.architectures import image_tokens, shrink
+    from medvqa.models.families.base import family_refusal
     from medvqa.models.flops import counts_flops
     from medvqa.models.prompting import chat_template
     from medvqa.models.rehearsal import stand_in_processor
@@ -341,3 +341,21 @@ def test_paligemma_answer_is_causal(paligemma) -> None:
     """Answer tokens are typed 1 (causal suffix), as PaliGemma's own `suffix=` path types them."""
     ours, ref = _paligemma_pair(paligemma[1])
     assert torch.equal(ours["token_type_ids"], ref["token_type_ids"])
+
+
+@pytest.mark.parametrize("model_id", sorted(SHIPPED))
+def test_the_plan_and_the_run_decide_prefix_sharing_by_one_rule(model_id: str) -> None:
+    """task=plan asks the config's image token, a run its processor's: one rule
+    (`sharing_refusal`), the same answer for every shipped architecture (with the processor a
+    rehearsal builds from the shipped preprocessor config)."""
+    from medvqa.generation.prefix import image_token_id
+    from medvqa.models.families.base import config_image_token, sharing_refusal
+    from medvqa.models.rehearsal import stand_in_processor
+
+    config, preprocessor = load_architecture(model_id)
+    processor = stand_in_processor(config, preprocessor)
+    # the stand-in tokenizer numbers its tokens its own way: both name one, or neither does
+    assert (config_image_token(config) is None) == (image_token_id(processor) is None)
+    assert sharing_refusal(config, config_image_token(config)) == sharing_refusal(
+        config, image_token_id(processor)
+    )

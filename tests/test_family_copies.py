@@ -23,9 +23,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from medvqa import plugins
-from medvqa.evaluation.families.base import MetricFamily
-from medvqa.evaluation.scoring import COUNTS, Scoring, build_families, score_frame
 from medvqa.provenance import add_metrics
+from medvqa.scoring.metrics.base import MetricFamily
+from medvqa.scoring.pipeline import COUNTS, Scoring, build_families, score_frame
 from tests.conftest import compose
 from tests.judge_server import JudgeServer
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from medvqa.evaluation.prediction_files import read_predictions
 from medvqa.generation import predict as generation
+from medvqa.generation.files import read_predictions
 from medvqa.generation.predict import generate_predictions
 from medvqa.models.loading import load_vlm
 from medvqa.record import read_record

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from medvqa.data import records as R
-from medvqa.evaluation.reliance import QUADRANTS, add_reliance, reliance_metrics
 from medvqa.training.datamodule import VQADataset, shuffled_partners
+from medvqa.views.reliance import QUADRANTS, add_reliance, reliance_metrics
 from tests.conftest import compose, run_main
 
 
@@ -245,7 +245,7 @@ def test_a_view_without_its_familys_columns_is_skipped_naming_them(caplog) -> No
     missing only the open answers' column, it still gives the closed answers' figures."""
     import logging
 
-    from medvqa.evaluation.views import JobRows, run_views
+    from medvqa.views import JobRows, run_views
 
     ids = [("test_iid", "a"), ("test_iid", "b"), ("test_iid", "c")]
     full = _scored(ids, ["yes", "no", "lung"], ["yes", "yes", "lung"],

@@ -16,41 +16,24 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "medvqa"
 
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
+
+
+def read_layers(path: Path = ARCHITECTURE) -> dict[str, int]:
+    r"""Folder or top-level module -> layer, from docs/architecture.md's table (its rows
+    `| \`name\` | layer | ... |`): the doc is the one place the layers are written."""
+    layers = {}
+    for line in path.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 2 and cells[0].startswith("`") and cells[1].isdigit():
+            name = cells[0].split("`")[1]
+            layers[name] = int(cells[1])
+    return layers
+
+
 # Lower layers never import higher ones. A module's layer is that of its first dotted part
 # below `medvqa` (the package's own modules are listed one by one).
-LAYERS: dict[str, int] = {
-    # leaves: every layer may import them
-    "": 0,
-    "errors": 0,
-    "hashing": 0,
-    "atomic": 0,
-    "redaction": 0,
-    "cluster": 0,
-    "distributed": 0,
-    "interrupts": 0,
-    "measure": 0,  # a run's own timings and GPU peaks
-    "plugins": 0,
-    "numerics": 0,  # portable CPU numerics (torch imported where applied)
-    "progress": 0,  # progress lines in a batch job's log
-    "quiet": 0,  # third-party noise silenced for the commands
-    "data": 1,
-    "models": 2,
-    "training": 3,
-    "zoo": 4,  # model builders that pre-train with medvqa.training
-    "evaluation": 5,
-    "generation": 5,  # inference: reads prediction files, sized by the plan
-    "planning": 5,
-    "config": 6,  # the schemas of every group, the checks at start
-    "record": 6,
-    "untrusted": 0,  # a run folder's files as plain values (the one reader)
-    "provenance": 6,
-    "tracking": 6,
-    "runner": 7,
-    "tasks": 7,
-    "export": 7,  # a run's weights as peft/transformers folders (task=export, medvqa-export)
-    "analysis": 7,
-    "cli": 8,
-}
+LAYERS: dict[str, int] = read_layers()
 
 
 def _modules() -> dict[str, Path]:
@@ -149,7 +132,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def layer(module: str) -> int:
     part = module.split(".")[1] if "." in module else ""
     if part not in LAYERS:
-        pytest.fail(f"{module} is in no layer: add {part!r} to tests/test_imports.py LAYERS")
+        pytest.fail(f"{module} is in no layer: add a row for {part!r} to docs/architecture.md")
     return LAYERS[part]
 
 
@@ -172,6 +155,33 @@ def test_no_import_cycle() -> None:
     found = cycles(import_graph())
     assert not found, "import cycles (break each by moving the shared part down a layer):\n" + (
         "\n".join(" <-> ".join(c) for c in found)
+    )
+
+
+def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Folder (first part below `medvqa`) -> the other folders its modules import."""
+    out: dict[str, set[str]] = defaultdict(set)
+    for module, targets in graph.items():
+        for target in targets:
+            a, b = (m.split(".")[1] if "." in m else "" for m in (module, target))
+            if a != b:
+                out[a].add(b)
+    return out
+
+
+def test_the_layers_come_from_the_architecture_doc() -> None:
+    assert LAYERS["data"] == 1 and LAYERS["cli"] == max(LAYERS.values())
+    folders = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    modules = {p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
+    missing = sorted((folders | modules) - set(LAYERS))
+    assert not missing, f"folders or modules without a row in docs/architecture.md: {missing}"
+
+
+def test_no_folder_loop() -> None:
+    """No two folders import each other, directly or round a longer loop."""
+    found = cycles(folder_graph(import_graph()))
+    assert not found, "folders that import each other:\n" + "\n".join(
+        " <-> ".join(c) for c in found
     )
 
 

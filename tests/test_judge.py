@@ -18,17 +18,17 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from medvqa.evaluation.families.judge import JUDGE_FAILED, JUDGE_RUBRIC, JUDGE_SCORE, JudgeMetric
-from medvqa.evaluation.judge.backend_hf import HFBackend
-from medvqa.evaluation.judge.backend_openai import OpenAIBackend
-from medvqa.evaluation.judge.backends import build_backend
-from medvqa.evaluation.judge.base import JudgeRequest
-from medvqa.evaluation.judge.cache import CACHE_FILE, JudgeCache
-from medvqa.evaluation.judge.config import CONFIG_KEYS, JudgeConfig
-from medvqa.evaluation.judge.engine import SHORTCUT_REASON, JudgeEngine, JudgeItem
-from medvqa.evaluation.judge.errors import JudgeConfigError
-from medvqa.evaluation.judge.replies import parse_judgment
-from medvqa.evaluation.judge.rubrics import CLASS_RUBRIC, RUBRICS, Rubric, select_rubric
+from medvqa.judge.backend_hf import HFBackend
+from medvqa.judge.backend_openai import OpenAIBackend
+from medvqa.judge.backends import build_backend
+from medvqa.judge.base import JudgeRequest
+from medvqa.judge.cache import CACHE_FILE, JudgeCache
+from medvqa.judge.config import CONFIG_KEYS, JudgeConfig
+from medvqa.judge.engine import SHORTCUT_REASON, JudgeEngine, JudgeItem
+from medvqa.judge.errors import JudgeConfigError
+from medvqa.judge.replies import parse_judgment
+from medvqa.judge.rubrics import CLASS_RUBRIC, RUBRICS, Rubric, select_rubric
+from medvqa.scoring.metrics.judge import JUDGE_FAILED, JUDGE_RUBRIC, JUDGE_SCORE, JudgeMetric
 from tests.conftest import compose
 from tests.judge_server import JudgeServer
 
@@ -587,7 +587,7 @@ def test_shared_prefix_logits_equal_full_runs() -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from medvqa.evaluation.judge.backend_hf import next_token_logits
+    from medvqa.judge.backend_hf import next_token_logits
 
     torch.manual_seed(0)
     config = LlamaConfig(

@@ -11,8 +11,8 @@ import pytest
 
 from medvqa.analysis.rater.analysis import read_items
 from medvqa.cli.rater import main as rater_main
-from medvqa.evaluation.judge.cache import JudgeCache
-from medvqa.evaluation.prediction_files import read_predictions
+from medvqa.generation.files import read_predictions
+from medvqa.judge.cache import JudgeCache
 from tests.conftest import SMALL_MODEL, run_main
 from tests.judge_server import JudgeServer, judge_overrides
 from tests.native.slake import write as write_slake

@@ -23,9 +23,9 @@ from medvqa.analysis.summary import summary_table, write_summary
 from medvqa.analysis.tables import issues_table, long_table, write_tables
 from medvqa.cli.score import compose
 from medvqa.cli.score import main as score_main
-from medvqa.evaluation.judge.backend_openai import OpenAIBackend
-from medvqa.evaluation.judge.errors import JudgeConfigError
-from medvqa.evaluation.judge.selfcheck import ITEMS
+from medvqa.judge.backend_openai import OpenAIBackend
+from medvqa.judge.errors import JudgeConfigError
+from medvqa.judge.selfcheck import ITEMS
 from tests.conftest import run_main
 from tests.judge_server import JudgeServer
 from tests.test_report import headline, write_record
@@ -119,7 +119,7 @@ def backend(base_url: str | None, **kwargs: object) -> OpenAIBackend:
 
 
 def ask(b: OpenAIBackend) -> None:
-    from medvqa.evaluation.families.judge import JudgeMetric
+    from medvqa.scoring.metrics.judge import JudgeMetric
     from tests.test_judge import MIXED
 
     JudgeMetric(b).per_sample(MIXED.iloc[[4]])  # one row that needs a call
@@ -154,7 +154,7 @@ def test_openai_api_key_goes_only_to_api_openai_com(
         assert client.api_key == OPENAI_SECRET and client.base_url.host == "api.openai.com"
 
 
-CALLBACK = "medvqa.evaluation.judge.keys.RefuseKeysInConfig"  # conf/hydra/default.yaml's
+CALLBACK = "medvqa.judge.keys.RefuseKeysInConfig"  # conf/hydra/default.yaml's
 SECRETS = (
     "sk-abc123def456",
     "sk-proj-Abc123Def456Ghi789Jkl012Mno345",
@@ -183,7 +183,7 @@ def test_a_key_pasted_as_api_key_env_is_refused_and_never_recorded(
     assert not any(secret in p.read_text(errors="ignore") for p in written)
 
     from medvqa.config import check_judge_config
-    from medvqa.evaluation.judge.keys import check_api_key_env, redact_secrets
+    from medvqa.judge.keys import check_api_key_env, redact_secrets
 
     cfg = compose(["metric=[judge]", f"judge.api_key_env={secret}"], tmp_path / "composed")
     with pytest.raises(JudgeConfigError, match=r"judge\.api_key_env"):
@@ -196,7 +196,7 @@ def test_a_key_pasted_as_api_key_env_is_refused_and_never_recorded(
         assert value not in str(err.value)  # the error (and so any log) never shows it
 
     # Hydra's own files: the callback stops a run or multirun before Hydra writes anything.
-    from medvqa.evaluation.judge.keys import RefuseKeysInConfig
+    from medvqa.judge.keys import RefuseKeysInConfig
 
     def hydra_config(override: str) -> DictConfig:
         return OmegaConf.create(

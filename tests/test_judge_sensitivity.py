@@ -16,7 +16,7 @@ import pytest
 from medvqa.analysis.aggregate import collect
 from medvqa.analysis.judges import judge_sensitivity
 from medvqa.analysis.report import build_report
-from medvqa.evaluation.statistics import paired_rr_diff
+from medvqa.statistics.bootstrap import paired_rr_diff
 from tests.test_report import headline, write_record
 
 N = 80  # closed questions per split, four per case

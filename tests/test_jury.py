@@ -17,10 +17,10 @@ import pytest
 
 from medvqa.cli.score import main as score_main
 from medvqa.config import check_judge_config
-from medvqa.evaluation.families.judge import JudgeJury, JudgeMetric, jurors_of
-from medvqa.evaluation.judge.config import JudgeConfig, JudgeConfigError
-from medvqa.evaluation.judge.jury import jury_verdict
-from medvqa.evaluation.judge.keys import check_composed
+from medvqa.judge.config import JudgeConfig, JudgeConfigError
+from medvqa.judge.jury import jury_verdict
+from medvqa.judge.keys import check_composed
+from medvqa.scoring.metrics.judge import JudgeJury, JudgeMetric, jurors_of
 from tests.conftest import run_main
 from tests.judge_server import JudgeServer, default_score
 
@@ -163,7 +163,7 @@ def test_a_verdict_rule_and_a_twin_juror_are_refused(tmp_path: Path) -> None:
 
 
 def test_only_the_answer_judge_grades_with_a_jury(tmp_path: Path) -> None:
-    from medvqa.evaluation.families.aspect_judge import AspectJudgeMetric
+    from medvqa.scoring.metrics.aspect_judge import AspectJudgeMetric
 
     jury = ({"name": "a", "model": "m"}, {"name": "b", "model": "n"})
     with pytest.raises(JudgeConfigError, match="metric=aspect_judge does not grade with a jury"):

@@ -16,14 +16,14 @@ from hydra.utils import instantiate
 from rouge_score import rouge_scorer, scoring
 
 from medvqa import plugins
-from medvqa.evaluation.families.kvasir_official import (
+from medvqa.scoring.metrics.kvasir_official import (
     EMPTY_REFS,
     KvasirOfficial,
     bleu_13a,
     bootstrap_mid,
     corpus_bleu,
 )
-from medvqa.evaluation.scoring import ci_columns, failed_items, score_frame
+from medvqa.scoring.pipeline import ci_columns, failed_items, score_frame
 from tests.conftest import compose
 
 

@@ -22,7 +22,7 @@ from tabulate import tabulate
 
 from medvqa.cli.score import main
 from medvqa.errors import ConfigError
-from medvqa.evaluation.families.llava_med_eval import (
+from medvqa.scoring.metrics.llava_med_eval import (
     LlavaMedEval,
     closed_hit,
     exact_match,
@@ -31,7 +31,7 @@ from medvqa.evaluation.families.llava_med_eval import (
     normalize_word,
     read_candidates,
 )
-from medvqa.evaluation.scoring import Scoring, build_families
+from medvqa.scoring.pipeline import Scoring, build_families
 from tests.conftest import compose
 from tests.peers import llava, llava_med_eval
 

@@ -11,10 +11,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from medvqa.data.answers import closed_choice, key_option, resolve_prediction
 from medvqa.data.questions import closed_candidates, or_options
-from medvqa.evaluation.answers import closed_choice, key_option, resolve_prediction
-from medvqa.evaluation.families.mcq import MCQ_CHOICE, McqMetric
-from medvqa.evaluation.statistics import Bootstrap, cluster_bootstrap
+from medvqa.scoring.metrics.mcq import MCQ_CHOICE, McqMetric
+from medvqa.statistics.bootstrap import Bootstrap, cluster_bootstrap
 
 # (case, options, answer, prediction, resolved option or None)
 POOL = [
@@ -179,7 +179,7 @@ def test_real_records_through_the_configured_family(tmp_path) -> None:
     answering each question by its letter is always valid and right."""
     from medvqa.data.questions import LETTERS
     from medvqa.data.sources.oncology_mcq import OncologyMcq
-    from medvqa.evaluation.scoring import build_families, score_frame
+    from medvqa.scoring.pipeline import build_families, score_frame
     from tests.conftest import compose
     from tests.native.oncology_mcq import write as write_oncology
 

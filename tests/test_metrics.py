@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torchmetrics.functional.text import bleu_score
 
-from medvqa.evaluation.answers import closed_choice, closed_correct, normalize_answer
-from medvqa.evaluation.families.traditional import (
+from medvqa.data.answers import closed_choice, closed_correct, normalize_answer
+from medvqa.scoring.metrics.traditional import (
     EMPTY_REFS,
     OPEN_METRICS,
     TraditionalMetric,
@@ -366,7 +366,7 @@ def test_chinese_yes_no_answers_get_their_own_answer_space(caplog: pytest.LogCap
     side), a reply's side read from lmms-eval's synonym lists; a non-English answer with no
     answer space rule is warned about."""
     from medvqa.data.questions import closed_candidates
-    from medvqa.evaluation.families.traditional import per_sample_scores
+    from medvqa.scoring.metrics.traditional import per_sample_scores
 
     assert closed_candidates("图像正常吗?", "是") == ["是", "否"]
     assert closed_candidates("有病变吗?", "没有") == ["是", "没有"]

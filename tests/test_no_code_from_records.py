@@ -51,7 +51,7 @@ RECORD_PARTS = {
 }
 # Every such call, as `module:function` -> its source; and where its argument comes from.
 REVIEWED = {
-    "medvqa/evaluation/scoring.py:build_families": (
+    "medvqa/scoring/pipeline.py:build_families": (
         "instantiate(node, _convert_='all')",
         "the composed `metric` node (Scoring.from_config(cfg.metric, ...))",
     ),

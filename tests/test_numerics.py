@@ -247,7 +247,7 @@ def test_gradient_checkpointing_gives_the_same_gradients_and_trains(
 def test_generation_length_is_the_larger_of_model_and_dataset(tmp_path: Path) -> None:
     from medvqa.data.sources.mimic_cxr_vqa import MimicCxrVqa
     from medvqa.data.sources.synthetic import SyntheticVQA
-    from medvqa.evaluation.lengths import generation_length
+    from medvqa.generation.lengths import generation_length
 
     model = OmegaConf.create({"max_new_tokens": 12})
     mimic = MimicCxrVqa(root=tmp_path)

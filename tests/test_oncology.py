@@ -225,7 +225,7 @@ def test_cohort_shift_uses_a_validate_split(tmp_path: Path) -> None:
 
 def test_the_model_is_asked_the_stem_with_lettered_options(oncology, tmp_path: Path) -> None:
     """The options reach the prompt (answers are scored against them, by text or letter)."""
-    from medvqa.evaluation.answers import resolve_prediction
+    from medvqa.data.answers import resolve_prediction
 
     table = OncologyMcq(oncology.root, cache_dir=tmp_path / "cache").table()
     row = oncology.rows[0]

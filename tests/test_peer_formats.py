@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from medvqa.cli.score import main
-from medvqa.evaluation.readers import ScoreInputError, read
+from medvqa.peers.readers import ScoreInputError, read
 from tests.peers import llava, vlmevalkit
 
 
@@ -226,7 +226,7 @@ def test_xlsx_and_parquet_tables_score_as_the_same_rows_in_jsonl(tmp_path: Path)
 def test_binary_parquet_columns_are_read_as_their_utf8_text(tmp_path: Path) -> None:
     """A bytes column (`b"yes"`) is its text, not "b'yes'"; one that is not UTF-8 is refused,
     naming the file, column and row, and nothing is scored."""
-    from medvqa.evaluation.prediction_files import ScoreInputError, load_table
+    from medvqa.peers.prediction_files import ScoreInputError, load_table
 
     jsonl = tmp_path / "preds.jsonl"
     jsonl.write_text("".join(json.dumps(r) + "\n" for r in TABLE))

@@ -295,7 +295,7 @@ def test_task_plan_prints_and_records_the_job_and_its_sweep(
     record = read_record(tmp_path / "plan" / "results.json")
     metrics = record["metrics"]
     assert 0.1 < metrics["plan/gpu_hours"] < 1 and metrics["plan/sweep_jobs"] == 3
-    # the power table of the job's shift (medvqa.planning.power; tests/test_power.py)
+    # the power table of the job's shift (medvqa.statistics.power; tests/test_power.py)
     assert "What two methods' runs of shift slake_modality can tell apart" in run.stdout
     assert metrics["plan/power/test_ood/judge_closed_acc_mdd"] > 0
     # three seeds of the job; the base's answers once
@@ -317,7 +317,7 @@ def test_the_estimate_counts_the_passes_train_eval_runs(
 ) -> None:
     """The plan reads `passes.job_passes`, the one list of a job's generation passes: a pass
     kind added there is in the GPU-hours without touching the plan."""
-    from medvqa.evaluation import passes
+    from medvqa.generation import passes
 
     job = composer([*STUDY_JOB, *LORA_R16_EAGER, "data.extra_eval_images=[blank]"])
     before = cost.job_cost(job, planner(setup()), composer)

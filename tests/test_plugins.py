@@ -70,8 +70,8 @@ METRIC_MODULE = '''
 
 import pandas as pd
 
-from medvqa.evaluation.families.base import MetricFamily
-from medvqa.evaluation.statistics import mean_or_nan
+from medvqa.scoring.metrics.base import MetricFamily
+from medvqa.statistics.bootstrap import mean_or_nan
 
 
 class AnswerLength(MetricFamily):
@@ -221,7 +221,7 @@ def test_throwaway_dataset_runs_task_splits(
 
 
 def test_throwaway_metric_family_scores(throwaway: dict[str, Path]) -> None:
-    from medvqa.evaluation.scoring import build_families, score_frame
+    from medvqa.scoring.pipeline import build_families, score_frame
 
     cfg = compose(
         [_searchpath(throwaway["conf"]), "metric=[traditional,answer_length]"],
@@ -312,7 +312,7 @@ def test_a_plugin_is_listed_by_medvqa_list(throwaway: dict[str, Path]) -> None:
 
 VIEW_PLUGIN = '''"""Answer length: how many words the answers have, per split (a view from outside)."""
 
-from medvqa.evaluation.views import Presentation, View
+from medvqa.views import Presentation, View
 
 
 class AnswerWords(View):

@@ -1,4 +1,4 @@
-"""The power plan (medvqa.planning.power): the minimum detectable difference (MDD) between two
+"""The power plan (medvqa.statistics.power): the minimum detectable difference (MDD) between two
 methods, checked by simulation: clustered outcomes whose true difference is the stated MDD are
 detected by the paired, case-clustered test in 80 % ± 3 % of draws (and the test keeps its level
 at no difference). Every simulation is vectorised over draws (numpy), so each takes well under a
@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from medvqa.planning import power as P
+from medvqa.statistics import power as P
 
 DRAWS = 4000  # Monte-Carlo SE of a power of 0.8: 0.0063, so ±3 % is about 4.7 SE
 Z = stats.norm.ppf(1 - P.ALPHA / 2)

@@ -15,7 +15,7 @@ from medvqa.analysis.rater.analysis import analyze, read_items, read_ratings
 from medvqa.analysis.rater.export import export
 from medvqa.analysis.rater.study import SHEET_HTML, RatingError
 from medvqa.cli.rater import main
-from medvqa.evaluation.families.traditional import bleu1, exact_match, ref_word_precision, token_f1
+from medvqa.scoring.metrics.traditional import bleu1, exact_match, ref_word_precision, token_f1
 
 WORDS = [
     "liver",

@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 
 from medvqa.cli.score import main
-from medvqa.evaluation.prediction_files import ReadLimits
-from medvqa.evaluation.readers import ScoreInputError, read
+from medvqa.peers.prediction_files import ReadLimits
+from medvqa.peers.readers import ScoreInputError, read
 
 HEADER = ("question", "answer", "prediction")
 ROW = ("Is it?", "yes", "no")

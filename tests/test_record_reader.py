@@ -332,7 +332,7 @@ def test_the_reports_paired_bootstrap_builds_nothing_a_record_names(
         record["config"]["peft"].update(name=method, label=label)
         record["provenance"]["metrics"] = {"traditional": {}}  # no ci_columns
         record["config"]["metric"]["closed_set"] = {  # a family that takes the bootstrap
-            TARGET_KEY: "medvqa.evaluation.families.closed_set.ClosedSetMetric",
+            TARGET_KEY: "medvqa.scoring.metrics.closed_set.ClosedSetMetric",
             "tasks": ["q6"],
             "primary": ["q6"],
         }

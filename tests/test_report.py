@@ -732,7 +732,7 @@ def test_paired_method_differences_come_from_the_scored_tables(tmp_path: Path) -
     assert list(paired["split"]) == ["test_ood"]  # the i.i.d. pair has no number
 
     # The interval follows the run's evaluation.bootstrap; 0 samples turns it off.
-    from medvqa.evaluation.statistics import paired_bootstrap_diff
+    from medvqa.statistics.bootstrap import paired_bootstrap_diff
 
     def set_bootstrap(boot: dict[str, Any]) -> None:
         for path in tmp_path.rglob("results.json"):
@@ -774,7 +774,7 @@ def _closed_set_run(root: Path, name: str, predictions: list[str], **record: Any
     data["config"]["evaluation"]["primary_closed"] = "cs_primary_macro_f1"
     data["config"]["metric"] = {
         "closed_set": {
-            "_target_": "medvqa.evaluation.families.closed_set.ClosedSetMetric",
+            "_target_": "medvqa.scoring.metrics.closed_set.ClosedSetMetric",
             "tasks": ["q6"],
             "primary": ["q6"],
         }
@@ -898,8 +898,8 @@ def test_a_family_node_recorded_before_the_one_bootstrap_setting_keeps_its_resam
     `level` in the family's node: those still decide its resamples when the report rebuilds
     it; a newer node takes the run's setting; a family without one is left as it is."""
     from medvqa.analysis.paired import _with_bootstrap
-    from medvqa.evaluation.families.closed_set import ClosedSetMetric
-    from medvqa.evaluation.families.traditional import TraditionalMetric
+    from medvqa.scoring.metrics.closed_set import ClosedSetMetric
+    from medvqa.scoring.metrics.traditional import TraditionalMetric
 
     run = {"samples": 300, "seed": 7, "level": 0.9}
     old = _with_bootstrap(ClosedSetMetric, {"B": 500, "seed": 1}, run)

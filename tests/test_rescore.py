@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from medvqa.cli.score import main
-from medvqa.evaluation.readers import ScoreInputError, read
+from medvqa.peers.readers import ScoreInputError, read
 from tests.conftest import run_main
 from tests.judge_server import JudgeServer, judge_overrides
 
@@ -316,9 +316,9 @@ def test_csv_answers_stay_text(tmp_path: Path) -> None:
 
 def test_closed_answers_compare_normalised_on_both_sides() -> None:
     """A "Yes" reference, the lower-case yes/no space and a "YES." prediction agree."""
+    from medvqa.data.answers import closed_correct
     from medvqa.data.questions import closed_candidates
-    from medvqa.evaluation.answers import closed_correct
-    from medvqa.evaluation.families.traditional import per_sample_scores
+    from medvqa.scoring.metrics.traditional import per_sample_scores
 
     cands = closed_candidates("Is there a mass?", "Yes")
     assert closed_correct("YES.", "Yes", cands) == 1.0

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from medvqa.evaluation.robustness import relative_robustness, robustness_metrics
+from medvqa.scoring.robustness import relative_robustness, robustness_metrics
 
 
 def test_rr_known_values() -> None:

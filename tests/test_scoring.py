@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from medvqa.evaluation.families.traditional import TraditionalMetric
-from medvqa.evaluation.scoring import build_families, counters, score_frame
+from medvqa.scoring.metrics.traditional import TraditionalMetric
+from medvqa.scoring.pipeline import build_families, counters, score_frame
 from tests.conftest import compose
 
 
@@ -81,7 +81,7 @@ def test_build_from_config_and_errors() -> None:
         OmegaConf.create(
             {
                 "traditional": {
-                    "_target_": "medvqa.evaluation.families.traditional.TraditionalMetric",
+                    "_target_": "medvqa.scoring.metrics.traditional.TraditionalMetric",
                     "open_metrics": ["f1"],
                 }
             }
@@ -95,7 +95,7 @@ def test_build_from_config_and_errors() -> None:
             OmegaConf.create(
                 {
                     "traditional": {
-                        "_target_": "medvqa.evaluation.families.traditional.TraditionalMetric",
+                        "_target_": "medvqa.scoring.metrics.traditional.TraditionalMetric",
                         "open_metrics": ["f2"],
                     }
                 }
@@ -144,7 +144,7 @@ def test_each_family_says_which_of_its_scores_are_performances(
 
 
 def test_robustness_ratios_only_for_what_the_families_call_performances() -> None:
-    from medvqa.evaluation.scoring import Scoring
+    from medvqa.scoring.pipeline import Scoring
 
     evaluation = OmegaConf.create(
         {
@@ -168,7 +168,7 @@ def test_robustness_ratios_only_for_what_the_families_call_performances() -> Non
 
 
 def test_the_pipeline_closes_every_family_also_after_an_error() -> None:
-    from medvqa.evaluation.scoring import Scoring
+    from medvqa.scoring.pipeline import Scoring
 
     closed = []
 
@@ -183,8 +183,8 @@ def test_the_pipeline_closes_every_family_also_after_an_error() -> None:
 
 
 def test_headline_intervals_resample_cases() -> None:
-    from medvqa.evaluation.scoring import headline_intervals
-    from medvqa.evaluation.statistics import cluster_bootstrap, rr_ci
+    from medvqa.scoring.pipeline import headline_intervals
+    from medvqa.statistics.bootstrap import cluster_bootstrap, rr_ci
 
     rng = __import__("numpy").random.default_rng(0)
 
@@ -240,9 +240,9 @@ def test_judge_headline_gets_intervals_unless_a_judgment_failed() -> None:
     """The judge's headline scores (raw 1-5 open score, closed accuracy) get case-clustered
     CIs and an RR interval; a split with a failed judgment has a NaN score and no interval,
     and RR/difference get none either (no interval around the survivors)."""
-    from medvqa.evaluation.families.judge import JUDGE_FAILED, JUDGE_SCORE, JudgeMetric
-    from medvqa.evaluation.scoring import headline_intervals
-    from medvqa.evaluation.statistics import cluster_bootstrap, rr_ci
+    from medvqa.scoring.metrics.judge import JUDGE_FAILED, JUDGE_SCORE, JudgeMetric
+    from medvqa.scoring.pipeline import headline_intervals
+    from medvqa.statistics.bootstrap import cluster_bootstrap, rr_ci
 
     def split(closed: list[float], open_: list[float]) -> pd.DataFrame:
         n = len(closed) + len(open_)
@@ -301,7 +301,7 @@ def test_judge_headline_gets_intervals_unless_a_judgment_failed() -> None:
 def test_one_bootstrap_setting_turns_every_interval_off() -> None:
     """`evaluation.bootstrap.samples=0`: no interval anywhere, the families' own included (the
     mcq and closed_set YAML take `bootstrap: ${evaluation.bootstrap}`)."""
-    from medvqa.evaluation.families.mcq import McqMetric
+    from medvqa.scoring.metrics.mcq import McqMetric
 
     for samples, has_ci in ((0, False), (50, True)):
         cfg = compose(["metric=[mcq,closed_set]", f"evaluation.bootstrap.samples={samples}"])
@@ -326,7 +326,7 @@ def test_one_bootstrap_setting_turns_every_interval_off() -> None:
 def test_a_breakdown_value_with_a_slash_keeps_the_key_readable() -> None:
     """MIMIC's ethnicity "HISPANIC/LATINO": "/" separates splits, breakdowns and scores, so a
     value's own "/" is written "_" (the report's breakdown figures parse these keys)."""
-    from medvqa.evaluation.families.base import breakdown_prefix
+    from medvqa.scoring.metrics.base import breakdown_prefix
 
     preds = pd.DataFrame(
         {

@@ -12,12 +12,12 @@ import pytest
 from medvqa.analysis.aggregate import collect
 from medvqa.analysis.summary import summary_table, write_summary
 from medvqa.analysis.tables import long_table
-from medvqa.evaluation.families.aspect_judge import AspectJudgeMetric
-from medvqa.evaluation.families.judge import JudgeMetric
-from medvqa.evaluation.judge.cache import JudgeCache
-from medvqa.evaluation.judge.rubrics import RUBRICS
-from medvqa.evaluation.judge.selfcheck import CLASS_ITEMS, ITEMS, selfcheck_items
-from medvqa.evaluation.scoring import unreliable
+from medvqa.judge.cache import JudgeCache
+from medvqa.judge.rubrics import RUBRICS
+from medvqa.judge.selfcheck import CLASS_ITEMS, ITEMS, selfcheck_items
+from medvqa.scoring.metrics.aspect_judge import AspectJudgeMetric
+from medvqa.scoring.metrics.judge import JudgeMetric
+from medvqa.scoring.pipeline import unreliable
 from tests.judge_server import JudgeServer
 from tests.test_judge import MIXED, needs_smollm2, openai_backend
 from tests.test_report import headline, write_record

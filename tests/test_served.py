@@ -201,8 +201,8 @@ def _answers(predictions: list[str | None]) -> pd.DataFrame:
 
 
 def test_unanswered_items_make_every_aggregate_over_them_nan() -> None:
-    from medvqa.evaluation.scoring import Scoring, failed_items
-    from medvqa.evaluation.views import score_job
+    from medvqa.scoring.pipeline import Scoring, failed_items
+    from medvqa.views import score_job
 
     cfg = compose(["metric=[traditional]", "evaluation.breakdown=[question_type]"])
     answered = _answers(["yes", "liver", "no", "liver"])
@@ -229,10 +229,10 @@ def test_a_pass_the_server_could_not_answer_is_recorded_and_counted(
     are written, the unanswered ones with no prediction and the reason; scored, they are
     counted and every aggregate over them is NaN."""
     from medvqa.data.sources.synthetic import SyntheticVQA
-    from medvqa.evaluation.scoring import Scoring, failed_items
-    from medvqa.evaluation.views import score_job
     from medvqa.generation.served import answer_pass
     from medvqa.models.prompting import PLAIN
+    from medvqa.scoring.pipeline import Scoring, failed_items
+    from medvqa.views import score_job
 
     source = SyntheticVQA(cache_dir, n_cases=6, image_size=32, questions_per_image=2)
     frame = source.table().head(4)
@@ -253,8 +253,8 @@ def test_a_pass_the_server_could_not_answer_is_recorded_and_counted(
 
 
 def test_without_logprobs_calibration_says_why_it_has_no_figures(caplog) -> None:
-    from medvqa.evaluation.scoring import Scoring
-    from medvqa.evaluation.views import score_job
+    from medvqa.scoring.pipeline import Scoring
+    from medvqa.views import score_job
 
     cfg = compose(["metric=[traditional,calibration]", "metric.calibration.min_rows=1"])
     frame = _answers(["yes", "liver", "no", "liver"])

@@ -144,7 +144,7 @@ def test_invalid_json_names_the_file(slake) -> None:
 def test_real_release_oddities_are_kept_and_counted(slake, tmp_path: Path) -> None:
     """The real train.json has an English OPEN row with an empty answer (the paper's 4866
     include it): it is kept, scored without error, and counted, as are numeric answers."""
-    from medvqa.evaluation.scoring import build_families, score_frame
+    from medvqa.scoring.pipeline import build_families, score_frame
     from tests.conftest import compose
 
     source = Slake(slake.root, cache_dir=tmp_path / "cache")

@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from medvqa.evaluation import statistics as S
-from medvqa.evaluation.statistics import (
+from medvqa.statistics import bootstrap as S
+from medvqa.statistics.bootstrap import (
     BootstrapCI,
     ci_entries,
     cluster_bootstrap,

@@ -11,14 +11,14 @@ import pytest
 from scipy.stats import false_discovery_control
 
 from medvqa import plugins
-from medvqa.evaluation.families.subgroups import (
+from medvqa.scoring.metrics.subgroups import (
     SubgroupsMetric,
     bh_q_values,
     block_labels,
     permutation_p,
     permuted_block_labels,
 )
-from medvqa.evaluation.statistics import Bootstrap, cluster_bootstrap
+from medvqa.statistics.bootstrap import Bootstrap, cluster_bootstrap
 
 P = 200  # permutations: enough for the known answers below, fast
 BOOT = Bootstrap(samples=200, seed=7, level=0.95)
@@ -296,7 +296,7 @@ def _predictions(flip: int) -> pd.DataFrame:
 
 
 def test_scoring_pipeline_with_traditional_and_subgroups() -> None:
-    from medvqa.evaluation.scoring import Scoring
+    from medvqa.scoring.pipeline import Scoring
     from tests.conftest import compose
 
     cfg = compose(
@@ -333,7 +333,7 @@ def test_scoring_pipeline_with_traditional_and_subgroups() -> None:
 
 
 def test_composed_default_reads_the_datasets_fields() -> None:
-    from medvqa.evaluation.scoring import build_families
+    from medvqa.scoring.pipeline import build_families
     from tests.conftest import compose
 
     _, metric = build_families(compose(["metric=[traditional,subgroups]"]).metric)

@@ -1,4 +1,4 @@
-"""Known-answer tests for ROUGE, chrF++, BLEU-4 and METEOR (medvqa.evaluation.families.text)."""
+"""Known-answer tests for ROUGE, chrF++, BLEU-4 and METEOR (medvqa.scoring.metrics.text)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from sacrebleu import corpus_chrf
 
-from medvqa.evaluation.families.text import EMPTY_REFS, TEXT_METRICS, TextMetric
+from medvqa.scoring.metrics.text import EMPTY_REFS, TEXT_METRICS, TextMetric
 
 
 @pytest.fixture(scope="module")

@@ -14,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from medvqa.cli.score import main
-from medvqa.evaluation import vlmevalkit_matching
-from medvqa.evaluation.families.mcq import McqMetric
-from medvqa.evaluation.readers import read
-from medvqa.evaluation.statistics import Bootstrap
+from medvqa.peers.readers import read
+from medvqa.scoring import vlmevalkit_matching
+from medvqa.scoring.metrics.mcq import McqMetric
+from medvqa.statistics.bootstrap import Bootstrap
 from tests.peers import vlmevalkit
 
 # (index, options A-D, key, reply): the replies the two readings disagree on (issue 49), the
@@ -206,7 +206,7 @@ def test_an_unknown_matching_is_refused(
 
 def test_the_readings_keys_are_classed_as_their_medvqa_namesakes() -> None:
     """Relative robustness and deltas apply to the same scores under either reading."""
-    from medvqa.evaluation.families.base import COUNT, ERROR_RATE, REFERENCE
+    from medvqa.scoring.metrics.base import COUNT, ERROR_RATE, REFERENCE
 
     for reading in ("mcq_", "mcq_vlmevalkit_exact_"):
         assert McqMetric.score_info(f"test_ood/{reading}invalid_rate") == ERROR_RATE

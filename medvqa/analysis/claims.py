@@ -45,9 +45,9 @@ from medvqa.analysis.aggregate import method_sort_key
 from medvqa.analysis.paired import recorded_bootstrap, scored_table, split_rows
 from medvqa.analysis.tables import USABLE, role, with_role
 from medvqa.data import records as R
-from medvqa.evaluation.statistics import percentile_ci, seed_case_replicates
-from medvqa.planning.power import ALPHA
 from medvqa.record import read_record
+from medvqa.statistics.bootstrap import percentile_ci, seed_case_replicates
+from medvqa.statistics.power import ALPHA
 
 log = logging.getLogger(__name__)
 

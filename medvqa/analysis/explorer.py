@@ -38,13 +38,13 @@ from medvqa.analysis.aggregate import REFERENCES, config_get, method_name
 from medvqa.analysis.paired import scored_table
 from medvqa.analysis.tables import USABLE
 from medvqa.data import records as R
+from medvqa.data.answers import normalize_answer
 from medvqa.data.shifts import IMAGE_TRANSFORM, seen_image, seen_key
-from medvqa.evaluation.answers import normalize_answer
-from medvqa.evaluation.families.judge import JUDGE_SCORE, juror_column, jurors_of
-from medvqa.evaluation.families.traditional import binary_correct
-from medvqa.evaluation.scoring import SCORES_FILE
 from medvqa.generation.files import MODEL
 from medvqa.record import read_record
+from medvqa.scoring.metrics.judge import JUDGE_SCORE, juror_column, jurors_of
+from medvqa.scoring.metrics.traditional import binary_correct
+from medvqa.scoring.pipeline import SCORES_FILE
 from medvqa.untrusted import CALL_KEYS, CLASS_KEY, current_class
 
 log = logging.getLogger(__name__)

@@ -25,14 +25,14 @@ from medvqa.analysis.aggregate import method_sort_key
 from medvqa.analysis.paired import scored_table
 from medvqa.analysis.tables import select_rows, slug
 from medvqa.data import records as R
-from medvqa.evaluation.families.calibration import CalibrationMetric, risk_coverage
-from medvqa.evaluation.reliance import QUADRANTS
-from medvqa.evaluation.views import SPLIT_LABELS
+from medvqa.scoring.metrics.calibration import CalibrationMetric, risk_coverage
+from medvqa.views import SPLIT_LABELS
+from medvqa.views.reliance import QUADRANTS
 
 log = logging.getLogger(__name__)
 
 RR_COLUMNS = {"closed": "closed RR", "open": "open RR"}
-# `<split>/<field>=<value>/<score>`: the breakdown metric names of medvqa.evaluation.
+# `<split>/<field>=<value>/<score>`: the breakdown metric names of medvqa.scoring.
 _BREAKDOWN = re.compile(r"^(test_iid|test_ood)/([^/=]+)=([^/]+)/([^/]+)$")
 
 

@@ -44,8 +44,8 @@ import pandas as pd
 from medvqa.analysis.claims import RR, SPLITS, Estimate, Sides, estimate
 from medvqa.analysis.tables import USABLE
 from medvqa.data import records as R
-from medvqa.planning.power import ALPHA
 from medvqa.record import read_record
+from medvqa.statistics.power import ALPHA
 
 PEFT = ("prompt_tuning", "lora", "ia3")
 FULL = "full"

@@ -38,10 +38,10 @@ from medvqa.analysis.aggregate import method_sort_key
 from medvqa.analysis.paired import recorded_bootstrap, same_questions, scored_table, split_rows
 from medvqa.analysis.tables import USABLE, role
 from medvqa.data import records as R
-from medvqa.evaluation.families.judge import JUDGE_SCORE, juror_column, jurors_of
-from medvqa.evaluation.robustness import relative_robustness
-from medvqa.evaluation.statistics import mean_or_nan, paired_rr_diff
 from medvqa.record import read_record
+from medvqa.scoring.metrics.judge import JUDGE_SCORE, juror_column, jurors_of
+from medvqa.scoring.robustness import relative_robustness
+from medvqa.statistics.bootstrap import mean_or_nan, paired_rr_diff
 
 log = logging.getLogger(__name__)
 

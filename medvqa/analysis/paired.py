@@ -42,9 +42,9 @@ from medvqa import plugins
 from medvqa.analysis.aggregate import as_number, config_get, method_sort_key
 from medvqa.analysis.tables import USABLE, role
 from medvqa.data import records as R
-from medvqa.evaluation.scoring import SCORES_FILE, RecordedMeans, paired_delta
-from medvqa.evaluation.statistics import Bootstrap
 from medvqa.record import RESULTS_FILE, read_record
+from medvqa.scoring.pipeline import SCORES_FILE, RecordedMeans, paired_delta
+from medvqa.statistics.bootstrap import Bootstrap
 from medvqa.untrusted import CALL_KEYS, CLASS_KEY
 
 log = logging.getLogger(__name__)

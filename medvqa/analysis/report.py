@@ -50,8 +50,8 @@ from medvqa.analysis.tables import (
     write_tables,
 )
 from medvqa.atomic import staged_dir
-from medvqa.evaluation.views import presented
 from medvqa.record import REHEARSAL_NOTE
+from medvqa.views import presented
 
 log = logging.getLogger(__name__)
 

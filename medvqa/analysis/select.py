@@ -35,8 +35,8 @@ from omegaconf import OmegaConf
 from medvqa import CONF_DIR
 from medvqa.analysis.aggregate import as_number, config_get, find_records, run_identity
 from medvqa.data import records as R
-from medvqa.evaluation.scoring import unreliable
 from medvqa.record import read_record
+from medvqa.scoring.pipeline import unreliable
 
 log = logging.getLogger(__name__)
 

@@ -58,7 +58,7 @@ def summary_table(
     """One row per (label, metric-name prefix); a missing number is NaN, never dropped. For
     each i.i.d./OoD cell, `<column> failed` counts the items its score could not score (a
     judge that did not answer; the score is then NaN)."""
-    from medvqa.evaluation.scoring import failed_items, unreliable
+    from medvqa.scoring.pipeline import failed_items, unreliable
 
     val_only = not any(k.startswith(tuple(_SPLITS.values())) for k in metrics) and any(
         k.startswith(_VAL_SPLITS[R.VAL]) for k in metrics

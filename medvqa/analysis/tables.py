@@ -21,7 +21,7 @@ import pandas as pd
 
 from medvqa.analysis.aggregate import BASELINES, PROVENANCE_COLUMNS, method_sort_key
 from medvqa.analysis.summary import COLUMNS, markdown_table, markdown_text
-from medvqa.evaluation.views import presented
+from medvqa.views import presented
 
 log = logging.getLogger(__name__)
 

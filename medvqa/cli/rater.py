@@ -14,7 +14,7 @@ from medvqa.analysis.rater.export import export
 from medvqa.analysis.rater.study import SHEET_CSV, SHEET_HTML, RatingError
 from medvqa.atomic import OutputDirError, restrict_umask
 from medvqa.cli.refusal import REFUSALS, refused
-from medvqa.evaluation.scoring import SCORES_FILE
+from medvqa.scoring.pipeline import SCORES_FILE
 
 log = logging.getLogger(__name__)
 

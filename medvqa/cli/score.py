@@ -1,5 +1,5 @@
 """`medvqa-score`: score a predictions file (medvqa, SURE-VQA, lmms-eval, VLMEvalKit, LLaVA's
-answers with their question file, or a table; `medvqa.evaluation.readers`) with the selected
+answers with their question file, or a table; `medvqa.peers.readers`) with the selected
 metric families, breakdowns and intervals, as a run would."""
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from medvqa.atomic import OutputDirError, restrict_umask, staged_dir
 from medvqa.cli.refusal import refused
 from medvqa.data.records import SPLIT
 from medvqa.errors import ConfigError
-from medvqa.evaluation.judge.errors import JudgeConfigError
-from medvqa.evaluation.passes import mode_prefix, order_prefix, prediction_path
-from medvqa.evaluation.prediction_files import limit_option
-from medvqa.evaluation.readers import READERS, ReadLimits, ScoreInputError, read
-from medvqa.evaluation.reliance import COUNTERFACTUAL_MODES
+from medvqa.generation.passes import mode_prefix, order_prefix, prediction_path
+from medvqa.judge.errors import JudgeConfigError
+from medvqa.peers.prediction_files import limit_option
+from medvqa.peers.readers import READERS, ReadLimits, ScoreInputError, read
 from medvqa.record import RunRecord
+from medvqa.views.reliance import COUNTERFACTUAL_MODES
 
 # The config (its plug-in discovery imports every dataset and metric module), scoring and the
 # views are imported in `score_file`: `medvqa-score --help` and a refused argument answer at once.
@@ -80,9 +80,9 @@ def score_file(
     deltas); `orders`: with the closed options reordered (k -> file: option-order flips);
     `limits`: how far an .xlsx or .parquet file may unpack before it is refused."""
     from medvqa.config import check_config, check_judge_config
-    from medvqa.evaluation.scoring import Scoring, failed_items, scores_path, write_scores
-    from medvqa.evaluation.views import score_job
     from medvqa.provenance import add_metrics, environment
+    from medvqa.scoring.pipeline import Scoring, failed_items, scores_path, write_scores
+    from medvqa.views import score_job
 
     out_dir = Path(out_dir)
     cfg = compose(overrides, out_dir)

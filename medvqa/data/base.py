@@ -27,7 +27,7 @@ class VQASource(Plugin, ABC):
     name: ClassVar[str] = "dataset"
     # New tokens a generated answer may need. 0: the model's `max_new_tokens` suffices (short
     # answers); datasets with long answers (lists, sentences) raise it, and generation takes
-    # the larger of the two (medvqa.evaluation.lengths.generation_length).
+    # the larger of the two (medvqa.generation.lengths.generation_length).
     answer_tokens: ClassVar[int] = 0
     # Real clinical data (False: generated for running the pipeline): a toy model trained on it
     # would produce rows that look like results (medvqa.tasks.train_eval.check_model_for_data).

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,6 @@ import pandas as pd
 from medvqa.atomic import write_file
 from medvqa.data import records as R
 from medvqa.data.records import PREDICTION
-from medvqa.evaluation.prediction_files import read_predictions
 from medvqa.hashing import file_hash
 
 log = logging.getLogger(__name__)
@@ -145,3 +145,33 @@ def ours(preds: pd.DataFrame, split: str, model_id: str) -> pd.DataFrame:
     if preds.empty:
         return pd.DataFrame(columns=[R.ID, SPLIT, MODEL, PREDICTION])
     return preds.loc[(preds[SPLIT] == split) & (preds.get(MODEL) == model_id)]
+
+
+def json_lines(
+    lines: Iterable[str], bad_line: Callable[[int, json.JSONDecodeError], None]
+) -> Iterator[tuple[int, Any]]:
+    """(line number from 1, value) of each non-blank line of JSONL text. A line that is not
+    JSON goes to `bad_line`, which raises (naming the file) or notes it and lets it be skipped:
+    each reader decides whether a torn line is an error."""
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as err:
+            bad_line(number, err)
+            continue
+        yield number, value
+
+
+def read_predictions(path: Path) -> pd.DataFrame:
+    """All prediction records in a medvqa predictions JSONL file (a torn last line from a crash
+    is ignored); no model code, so that readers and console scripts start quickly."""
+    if not path.is_file():
+        return pd.DataFrame()
+
+    def torn(number: int, err: json.JSONDecodeError) -> None:
+        log.warning("%s:%d is not valid JSON (interrupted write?); ignoring it", path, number)
+
+    with path.open() as fh:
+        return pd.DataFrame([row for _, row in json_lines(fh, torn)])

@@ -30,7 +30,6 @@ from medvqa.atomic import write_file
 from medvqa.data import records as R
 from medvqa.data.base import VQASource
 from medvqa.distributed import is_global_zero
-from medvqa.evaluation.prediction_files import read_predictions
 from medvqa.generation.data import GenerationData, Target
 from medvqa.generation.decode import Decoder
 from medvqa.generation.files import (
@@ -39,6 +38,7 @@ from medvqa.generation.files import (
     intact_shared,
     merge_shards,
     ours,
+    read_predictions,
     set_aside_other_weights,
     shard_path,
 )

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from medvqa.models.families.base import family_of_config
+from medvqa.models.families.base import sharing_refusal
 from medvqa.models.prompting import pad_batch, per_token_keys
 
 log = logging.getLogger(__name__)
@@ -40,19 +40,10 @@ IMAGE_KEY = "image_identity"
 POSITION_INPUTS = ("image_grid_thw",)
 
 
-def family_refusal(config: Any) -> str | None:
-    """Why models of `config`'s family cannot share image prefixes (`ModelFamily.unshareable`:
-    their image keys and values depend on what follows the image), or None when they can."""
-    kind = family_of_config(config)
-    return kind.unshareable if kind is not None else None
-
-
-def sharing_refusal(model: torch.nn.Module, processor: Any) -> str | None:
-    """Why `model` with `processor` cannot share image prefixes, or None when it can."""
-    refusal = family_refusal(getattr(model, "config", None))
-    if refusal is None and image_token_id(processor) is None:
-        refusal = "its processor names no image token"
-    return refusal
+def model_sharing_refusal(model: torch.nn.Module, processor: Any) -> str | None:
+    """Why `model` with `processor` cannot share image prefixes, or None when it can
+    (`sharing_refusal` with the processor's image token)."""
+    return sharing_refusal(getattr(model, "config", None), image_token_id(processor))
 
 
 def sliding_window(config: Any) -> int | None:

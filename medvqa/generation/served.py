@@ -13,13 +13,13 @@ Each answer is stored the moment it arrives, under a hash of (endpoint, model, m
 settings), in a SQLite file (`ReplyCache`, the judge cache's kind of store): a killed run asks
 only what it lacks, a re-run asks nothing. Requests run `concurrency` at a time; a timeout, a
 dropped connection, HTTP 408/429/5xx or a reply that is not one are retried with backoff
-(`evaluation.judge.backend_openai.create_with_retries`, as the judge's); HTTP 401/403/404 stop
+(`judge.backend_openai.create_with_retries`, as the judge's); HTTP 401/403/404 stop
 the run (asking again cannot help: the URL, model or key is wrong); any other refusal of one
 request (HTTP 400: a prompt too long) leaves that item unanswered. An unanswered item is
 recorded with no prediction and the reason (`SERVED_ERROR`); the scoring pipeline counts it
 (`unanswered`), makes every aggregate over it NaN and the run `incomplete`; the next run asks
 it again. The key comes from the environment variable `api_key_env` names, as the judge's
-(`evaluation.judge.keys`): never in a config, a record or a log.
+(`judge.keys`): never in a config, a record or a log.
 
 Log-probabilities: with `logprobs`, the server's per-token log-probabilities of the answer give
 its mean, min, token count and sum (at temperature 1 only: the other temperatures need the
@@ -49,14 +49,13 @@ from medvqa.atomic import write_file
 from medvqa.data import records as R
 from medvqa.data.base import VQASource
 from medvqa.errors import ConfigError
-from medvqa.evaluation.judge.backend_openai import create_with_retries, openai_client
-from medvqa.evaluation.judge.cache import SqliteStore
-from medvqa.evaluation.judge.errors import JudgeConfigError
-from medvqa.evaluation.prediction_files import read_predictions
 from medvqa.generation.data import prediction_record
-from medvqa.generation.files import ours
+from medvqa.generation.files import ours, read_predictions
 from medvqa.hashing import content_hash
 from medvqa.interrupts import stage
+from medvqa.judge.backend_openai import create_with_retries, openai_client
+from medvqa.judge.cache import SqliteStore
+from medvqa.judge.errors import JudgeConfigError
 from medvqa.measure import measured
 from medvqa.models.prompting import PromptTemplate, build_messages
 from medvqa.training.datamodule import VQADataset

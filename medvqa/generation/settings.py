@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from medvqa.generation.prefix import sharing_refusal, sliding_window
+from medvqa.generation.prefix import model_sharing_refusal, sliding_window
 from medvqa.models.adapters import mergeable_layers
 from medvqa.models.spec import DECODE_ENGINES, ModelSchema
 
@@ -96,7 +96,7 @@ def resolve(
     merge decision) narrowed to what the model's family can do, each refusal logged once."""
     share = bool(share_image_prefix)
     if share:
-        refusal = sharing_refusal(model, processor)
+        refusal = model_sharing_refusal(model, processor)
         if refusal is not None:
             log.info("generating without shared image prefixes: %s", refusal)
             share = False

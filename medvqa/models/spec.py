@@ -31,7 +31,7 @@ class ServedSchema:
     base_url: str | None = None  # e.g. http://localhost:8000/v1
     model: str | None = None  # the name the server serves it under
     # The *name* of the environment variable holding the key (never the key); null: none sent
-    # (a placeholder), as for the judge (medvqa.evaluation.judge.keys).
+    # (a placeholder), as for the judge (medvqa.judge.keys).
     api_key_env: str | None = None
     timeout: float = 120.0  # seconds per request
     retries: int = 4  # more tries after a timeout, a dropped connection, HTTP 429/5xx, garbage

@@ -43,7 +43,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from medvqa.data import records as R
 from medvqa.data.shifts import SPLITS, SPLITS_FILE
-from medvqa.evaluation import passes as eval_passes
+from medvqa.generation import passes as eval_passes
 from medvqa.models.adapters import (
     apply_method,
     build_adapter_config,

@@ -21,8 +21,7 @@ from omegaconf import DictConfig
 from medvqa.atomic import write_file
 from medvqa.cluster import GPU_ACCELERATORS, device_count
 from medvqa.errors import ConfigError
-from medvqa.evaluation.lengths import generation_length
-from medvqa.generation.prefix import family_refusal
+from medvqa.generation.lengths import generation_length
 from medvqa.hashing import Hasher
 from medvqa.models.adapters import (
     AUTO,
@@ -35,6 +34,7 @@ from medvqa.models.adapters import (
     on_meta,
 )
 from medvqa.models.architectures import image_tokens, meta_model
+from medvqa.models.families.base import config_image_token, sharing_refusal
 from medvqa.models.fp8 import fp8_params, fp8_supported
 from medvqa.models.loading import architecture, roles, torch_dtype
 from medvqa.models.spec import ModelSchema
@@ -117,7 +117,8 @@ def build_setup(
         offload_optimizer=_offloads_optimizer(cfg.trainer.strategy),
         gpu_gib=gpu_capacity_gib() if gpu_gib is None else float(gpu_gib),
         merged=mergeable if merges_adapters(cfg.model, None) else 0,  # auto: decided below
-        shared_prefix=bool(cfg.model.share_image_prefix) and family_refusal(config) is None,
+        shared_prefix=bool(cfg.model.share_image_prefix)
+        and sharing_refusal(config, config_image_token(config)) is None,
         decode=str(cfg.model.decode),
         fp8_params=fp8 if uses_fp8(cfg.model, cfg.trainer.accelerator, planning=True) else 0,
     )

@@ -15,9 +15,9 @@ from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig
 
 from medvqa.analysis.aggregate import method_name
-from medvqa.evaluation.baselines import chance_scores, most_frequent_predictions
-from medvqa.evaluation.scoring import Scoring, scores_path, split_metrics
 from medvqa.provenance import add_metrics
+from medvqa.scoring.baselines import chance_scores, most_frequent_predictions
+from medvqa.scoring.pipeline import Scoring, scores_path, split_metrics
 from medvqa.tasks.common import prepare_splits, report_run
 
 

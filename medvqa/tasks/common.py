@@ -23,9 +23,9 @@ from medvqa.data.base import VQASource
 from medvqa.data.shifts import SPLITS_FILE, Shift, Splits, limit_splits, make_splits
 from medvqa.distributed import is_global_zero
 from medvqa.errors import DataError
-from medvqa.evaluation.scoring import finite
 from medvqa.provenance import add_data
 from medvqa.record import REHEARSAL_NOTE, is_rehearsal
+from medvqa.scoring.pipeline import finite
 from medvqa.tracking import log_metrics, log_rows, log_table
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """What finished runs of a dataset tell the power plan (`task=plan +task.icc_from=<dir>`): how
 its test questions cluster in cases, its closed share, and how two methods' scores spread and
-correlate within a case (medvqa.planning.power).
+correlate within a case (medvqa.statistics.power).
 
 The folder is a stranger's: each `results.json` is read through the record reader
 (`medvqa.record.read_record`) and one that is not a record is skipped with a warning naming it;
@@ -24,10 +24,10 @@ import pandas as pd
 from medvqa.config import EvaluationSchema
 from medvqa.data import records as R
 from medvqa.data.shifts import SPLITS_FILE
-from medvqa.evaluation.scoring import SCORES_FILE
-from medvqa.planning import power
 from medvqa.planning.setup import PlanError
 from medvqa.record import RESULTS_FILE, read_record
+from medvqa.scoring.pipeline import SCORES_FILE
+from medvqa.statistics import power
 from medvqa.untrusted import read_plain_json
 
 log = logging.getLogger(__name__)

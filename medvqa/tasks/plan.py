@@ -11,7 +11,7 @@ with the settings that would make it fit. The GPU-hours of the job, and of every
 sweep a `sweep=` file describes, are estimated from the measured throughput
 (`medvqa.planning.cost`), labelled with the GPU and date of the measurement. The power table
 says, per shift and test split, the smallest difference between two methods the runs can find
-(`plan_power`, medvqa.planning.power); `+task.icc_from=<a finished run of the dataset>` measures
+(`plan_power`, medvqa.statistics.power); `+task.icc_from=<a finished run of the dataset>` measures
 its clustering and spread instead of assuming them (docs/protocols.md#how-to-size-a-study).
 """
 
@@ -71,8 +71,8 @@ from medvqa.planning.memory import (
     step_time,
 )
 from medvqa.planning.memory import refusal as refusal_text
-from medvqa.planning.power import ALPHA, FEW_CLUSTERS, POWER, Detectable, detectable
 from medvqa.planning.setup import PlanError, build_setup
+from medvqa.statistics.power import ALPHA, FEW_CLUSTERS, POWER, Detectable, detectable
 from medvqa.tasks.finished_runs import TEST_SPLITS, FinishedRun, finished_runs
 from medvqa.tasks.finished_runs import designs as finished_designs
 from medvqa.tasks.finished_runs import spreads as finished_spreads

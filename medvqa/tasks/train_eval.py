@@ -21,26 +21,14 @@ from medvqa.analysis.explorer import run_rows
 from medvqa.cluster import GPU_ACCELERATORS
 from medvqa.data import records as R
 from medvqa.distributed import is_global_zero
-from medvqa.evaluation.baselines import chance_scores
-from medvqa.evaluation.consistency import check_reorderable, reordered
-from medvqa.evaluation.lengths import generation_length
-from medvqa.evaluation.passes import (
+from medvqa.generation.lengths import generation_length
+from medvqa.generation.passes import (
     CHANCE,
     EvalPass,
     generation_groups,
     job_passes,
     report_rows,
 )
-from medvqa.evaluation.scoring import (
-    Scoring,
-    ci_columns,
-    prefixed,
-    scores_path,
-    split_metrics,
-    write_scores,
-)
-from medvqa.evaluation.views import score_job
-from medvqa.generation.job import from_config as generation_settings
 from medvqa.generation.predict import PassFiles, generate_passes, prediction_trainer
 from medvqa.generation.served import ServedEndpoint, answer_pass
 from medvqa.interrupts import stage
@@ -69,8 +57,18 @@ from medvqa.planning.memory import Setup, checkpointing_label
 from medvqa.planning.setup import eval_batch_size, uses_fp8
 from medvqa.provenance import add_metrics, add_model, add_trained
 from medvqa.record import config_fingerprint
+from medvqa.scoring.baselines import chance_scores
+from medvqa.scoring.pipeline import (
+    Scoring,
+    ci_columns,
+    prefixed,
+    scores_path,
+    split_metrics,
+    write_scores,
+)
 from medvqa.tasks.common import TRAIN, prepare_splits, report_run
 from medvqa.tasks.from_run import check_unseen
+from medvqa.tasks.generation import from_config as generation_settings
 from medvqa.tasks.plan import check_fits
 from medvqa.tracking import instantiate_group
 from medvqa.training.checkpoints import AtomicCheckpointIO, set_aside_stale
@@ -79,6 +77,8 @@ from medvqa.training.hardware import check_precision, check_trainer
 from medvqa.training.module import SampleCounter, VQAModule
 from medvqa.training.progress import FitProgress
 from medvqa.training.strategies import is_deepspeed, resident
+from medvqa.views import score_job
+from medvqa.views.consistency import check_reorderable, reordered
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ from medvqa.analysis.rater.plots import figures
 from medvqa.analysis.rater.study import ITEMS, SCORE_RANGE, SHEET_CSV, RatingError, Study
 from medvqa.analysis.summary import markdown_table
 from medvqa.atomic import staged_dir
-from medvqa.evaluation.agreement import OPEN_LEVELS, agreement
-from medvqa.evaluation.prediction_files import json_lines
+from medvqa.generation.files import json_lines
+from medvqa.statistics.agreement import OPEN_LEVELS, agreement
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ def _correlate(x: pd.Series, y: pd.Series) -> dict[str, float]:
 
 
 # Chance-corrected agreement on the 1-5 scale, for a judge's scores and between raters:
-# quadratic-weighted Cohen's kappa and ordinal Krippendorff's alpha (medvqa.evaluation.agreement).
+# quadratic-weighted Cohen's kappa and ordinal Krippendorff's alpha (medvqa.statistics.agreement).
 AGREEMENT = {"weighted_kappa": "wkappa", "alpha": "alpha"}
 COLUMNS = [
     "kind",

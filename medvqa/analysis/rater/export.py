@@ -24,14 +24,14 @@ from medvqa.analysis.rater.study import (
 from medvqa.atomic import staged_dir
 from medvqa.data import records as R
 from medvqa.data.records import SPLIT
-from medvqa.evaluation.families import traditional as M
-from medvqa.evaluation.families.judge import (  # 1–5 open, 0/0.5/1 closed
+from medvqa.generation.files import read_predictions
+from medvqa.scoring.metrics import traditional as M
+from medvqa.scoring.metrics.judge import (  # 1–5 open, 0/0.5/1 closed
     JUDGE_SCORE,
     juror_column,
     jurors_of,
 )
-from medvqa.evaluation.prediction_files import read_predictions
-from medvqa.evaluation.scoring import SCORES_FILE
+from medvqa.scoring.pipeline import SCORES_FILE
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ TOKEN_METRICS: tuple[str, ...] = ("bleu1", "ref_word_precision", "f1", "precisio
 
 
 def _judge_columns(preds: pd.DataFrame, explicit: Sequence[str] | None) -> list[str]:
-    """Judge score fields: the ones named, else ``judge_score`` (medvqa.evaluation.judge) if
+    """Judge score fields: the ones named, else ``judge_score`` (medvqa.judge) if
     present, and each juror's ``judge_score@<juror>`` when a jury graded the run.
 
     Not every ``judge*`` field: ``judge_failed`` is numeric too but is not a score.
@@ -70,11 +70,11 @@ def _metric_scores(
             fn(p, a) for p, a in zip(sample[M.PREDICTION], sample[R.ANSWER], strict=True)
         ]
     if text:
-        from medvqa.evaluation.families.text import TextMetric
+        from medvqa.scoring.metrics.text import TextMetric
 
         scores = scores.join(TextMetric().per_sample(sample))
     if embedding:
-        from medvqa.evaluation.families.embedding import EmbeddingMetric
+        from medvqa.scoring.metrics.embedding import EmbeddingMetric
 
         scores = scores.join(EmbeddingMetric().per_sample(sample))
     for column in judge:

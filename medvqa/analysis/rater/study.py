@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from medvqa.evaluation.families.judge import JUDGE_SCORE, JUROR_SEP
+from medvqa.scoring.metrics.judge import JUDGE_SCORE, JUROR_SEP
 
 __all__ = [
     "ITEMS",

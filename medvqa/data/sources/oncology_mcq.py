@@ -88,7 +88,7 @@ def lettered_question(stem: str, options: Sequence[str]) -> str:
     """What the model is asked: the stem, then one lettered option per line ("A. ...").
 
     The options must reach the model: answers are scored against them, by text or by letter
-    (medvqa.evaluation.families.mcq)."""
+    (medvqa.scoring.metrics.mcq)."""
     lines = [f"{LETTERS[i]}. {option}" for i, option in enumerate(options)]
     return "\n".join([stem, *lines, "Answer with the letter of the correct option."])
 

@@ -239,3 +239,31 @@ __all__ = [
     "family_of_config",
     "transformers_class",
 ]
+
+
+def family_refusal(config: Any) -> str | None:
+    """Why models of `config`'s family cannot share image prefixes (`ModelFamily.unshareable`:
+    their image keys and values depend on what follows the image), or None when they can. The
+    rule the plan and the run both ask."""
+    kind = family_of_config(config)
+    return kind.unshareable if kind is not None else None
+
+
+def config_image_token(config: Any) -> int | None:
+    """The token id a checkpoint's config says marks an image (`image_token_id`, or the older
+    `image_token_index`), None where it names none: what the plan knows before any processor."""
+    for name in ("image_token_id", "image_token_index"):
+        value = getattr(config, name, None)
+        if value is not None:
+            return int(value)
+    return None
+
+
+def sharing_refusal(config: Any, image_token: int | None) -> str | None:
+    """Why a model of `config`, whose prompts mark images with `image_token` (None: nothing
+    does), cannot share image prefixes, or None when it can. The one rule: the run asks it with
+    its processor's token, the plan with the config's (`config_image_token`)."""
+    refusal = family_refusal(config)
+    if refusal is None and image_token is None:
+        refusal = "its processor names no image token"
+    return refusal
