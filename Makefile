@@ -18,9 +18,18 @@ help:  ## this list
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	@# uv installs the dependencies in parallel (seconds where pip takes minutes); where it
+	@# cannot be had, pip does the work (PIP_INSTALL).
+	-$(BIN)/python -m pip install --quiet uv
 
-# constraints.txt pins every dependency to the versions the suite was last run with.
-PIP_INSTALL := $(BIN)/python -m pip install --quiet -c constraints.txt
+# uv does not read pip's configuration: a folder of wheels pip is told about (a machine's CPU
+# torch wheel) is named to uv too.
+FIND_LINKS := $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
+UV_INSTALL := $(BIN)/uv pip install --quiet --python $(BIN)/python $(addprefix --find-links ,$(FIND_LINKS))
+# constraints.txt pins every dependency to the versions the suite was last run with. uv first;
+# pip if uv is missing or fails (no index it can reach, say).
+PIP_INSTALL = sh -c 'if [ -x $(BIN)/uv ] && $(UV_INSTALL) -c constraints.txt "$$@"; then :; \
+	else $(BIN)/python -m pip install --quiet -c constraints.txt "$$@"; fi' install
 
 $(STAMP): pyproject.toml setup.py constraints.txt | $(BIN)/python
 	$(PIP_INSTALL) "torch==$(TORCH_VERSION)"

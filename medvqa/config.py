@@ -25,6 +25,7 @@ from medvqa.cluster import GPU_ACCELERATORS, rank_log_name, slurm_gpus, slurm_me
 from medvqa.data import records as R
 from medvqa.data.shifts import IMAGE_TRANSFORM, SPLITS, Shift
 from medvqa.errors import ConfigError
+from medvqa.generation.passes import pass_problems
 from medvqa.hashing import content_hash
 from medvqa.judge.config import JudgeConfig
 from medvqa.models.spec import DECODE_ENGINES, ModelSchema, random_weights_kind
@@ -150,6 +151,9 @@ class Config:
     label: str | None = None  # how tables name this run (baselines set it); default: peft.label
     tags: list[str] = dataclasses.field(default_factory=list)
     eval: Any = None  # task=eval: {from_run: <run dir>}, whose trained weights are evaluated
+    # The pass kinds' own settings, `passes.<kind>` (medvqa.generation.passes): the kinds that
+    # have no key elsewhere, e.g. passes.region_occlusion; null: none of them asked for.
+    passes: Any = None
 
 
 # -- values checked when a run starts -------------------------------------------------------------
@@ -412,6 +416,26 @@ def _value_problems(cfg: DictConfig) -> list[str]:
         if not ok(value):
             problems.append(f"{key}={_show(value)}: {need}")
     problems += _served_problems(cfg)
+    problems += _training_problems(cfg)
+    problems += _model_problems(cfg)
+    allocator = OmegaConf.select(cfg, "cuda_allocator")
+    problem = cuda_allocator_problem(allocator)
+    if problem:
+        problems.append(f"cuda_allocator={allocator}: {problem}")
+    problems += _data_problems(cfg)
+    from medvqa.training.checkpoints import ckpt_path_problems  # torch: only when checking
+
+    problems += ckpt_path_problems(OmegaConf.select(cfg, "ckpt_path"))
+    allow = _plain(OmegaConf.select(cfg, "eval.allow_seen_rows", default=False))
+    if not isinstance(allow, bool):  # `eval` is not typed: a YAML `on` or a 2 reaches here
+        problems.append(f"eval.allow_seen_rows={_show(allow)}: needs true or false")
+    problems += _image_mode_problems(cfg)
+    return problems
+
+
+def _training_problems(cfg: DictConfig) -> list[str]:
+    """A LoRA rank or an epoch range that cannot train (the schema types them, not ranges)."""
+    problems = []
     r = _plain(OmegaConf.select(cfg, "peft.adapter.r"))
     if r is not None and not (_whole(r) and r >= 1):
         problems.append(f"peft.adapter.r={_show(r)}: needs a LoRA rank >= 1 (peft.adapter.r=16)")
@@ -422,6 +446,14 @@ def _value_problems(cfg: DictConfig) -> list[str]:
             f"trainer.min_epochs={min_epochs}: above trainer.max_epochs={max_epochs}; lower it "
             "or raise trainer.max_epochs"
         )
+    return problems
+
+
+def _model_problems(cfg: DictConfig) -> list[str]:
+    """The model's speed switches that cannot work: `Any` fields that take auto or a real bool,
+    a decode engine that does not exist, FP8 off a GPU, Liger kernels under compiled layers,
+    and `model.random_weights` as its one reader reads it."""
+    problems = []
     words = (  # `Any` fields that take auto or a real bool (1 is not true, nor 0 false)
         ("model.compile_layers", "compiled on CUDA GPUs, eager elsewhere"),
         (
@@ -456,18 +488,13 @@ def _value_problems(cfg: DictConfig) -> list[str]:
         random_weights_kind(_plain(OmegaConf.select(cfg, "model.random_weights")))
     except ValueError as err:
         problems.append(str(err))
-    allocator = OmegaConf.select(cfg, "cuda_allocator")
-    problem = cuda_allocator_problem(allocator)
-    if problem:
-        problems.append(f"cuda_allocator={allocator}: {problem}")
-    orders = _plain(OmegaConf.select(cfg, "data.option_orders"))
-    prompt = OmegaConf.select(cfg, "prompt")
-    if _whole(orders) and orders > 0 and prompt is not None and prompt.get("options") is None:
-        problems.append(
-            f"data.option_orders={orders}: the prompt lists no options (prompt.options is "
-            "unset), so their order cannot change an answer; use prompt=sure or a template "
-            "with `options`"
-        )
+    return problems
+
+
+def _data_problems(cfg: DictConfig) -> list[str]:
+    """Per-split row caps that name no split or cap nothing (what the evaluation passes refuse
+    is theirs to say: `generation.passes.pass_problems`)."""
+    problems = []
     limits = _plain(OmegaConf.select(cfg, "data.limit")) or {}
     for split, cap in limits.items():
         if split not in SPLITS:
@@ -480,13 +507,12 @@ def _value_problems(cfg: DictConfig) -> list[str]:
                 f"data.limit.{split}={_show(cap)}: needs a whole number of rows >= 1, or null "
                 "(no cap)"
             )
-    from medvqa.training.checkpoints import ckpt_path_problems  # torch: only when checking
+    return problems
 
-    problems += ckpt_path_problems(OmegaConf.select(cfg, "ckpt_path"))
-    allow = _plain(OmegaConf.select(cfg, "eval.allow_seen_rows", default=False))
-    if not isinstance(allow, bool):  # `eval` is not typed: a YAML `on` or a 2 reaches here
-        problems.append(f"eval.allow_seen_rows={_show(allow)}: needs true or false")
 
+def _image_mode_problems(cfg: DictConfig) -> list[str]:
+    """Image modes (training, evaluation, the extra evaluation passes) that are no mode."""
+    problems = []
     for key in ("data.train_image", "data.eval_image", "data.extra_eval_images"):
         value = _plain(OmegaConf.select(cfg, key))
         modes = value if isinstance(value, list) else [] if value is None else [value]
@@ -596,7 +622,7 @@ def check_config(cfg: DictConfig, *, fields: bool = True) -> None:
     training. Every problem is reported at once, as a `ConfigError`. `fields=False` skips the
     dataset's fields (breakdown and shift): medvqa-score reads its columns from a file.
     """
-    problems = _value_problems(cfg)
+    problems = _value_problems(cfg) + pass_problems(cfg)
     if fields:
         problems += _shift_problems(cfg) + _field_problems(cfg)
     if problems:

@@ -1,5 +1,5 @@
-"""Plug-ins register themselves: a dataset, metric family, model family or view beyond
-accuracy is a class, found, never listed.
+"""Plug-ins register themselves: a dataset, metric family, model family, view beyond accuracy
+or evaluation pass kind is a class, found, never listed.
 
 A dataset source (subclass of `medvqa.data.base.VQASource`), a metric family (subclass of
 `medvqa.scoring.metrics.base.MetricFamily`) or a model family (subclass of
@@ -43,6 +43,7 @@ PACKAGES: dict[str, str] = {
     "metric": "medvqa.scoring.metrics",
     "family": "medvqa.models.families",  # model families, keyed by model_type; no config group
     "view": "medvqa.views",  # views beyond accuracy; no config group
+    "pass": "medvqa.generation.passes",  # evaluation passes; set by their own keys
 }
 # The kinds that are config groups too: each plug-in's schema is stored under its name there.
 GROUPS = ("dataset", "metric")

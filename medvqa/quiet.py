@@ -51,7 +51,11 @@ def silence_third_party() -> None:
     from medvqa import progress
 
     if progress.enabled():
-        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        from huggingface_hub.utils import disable_progress_bars
+        from transformers.utils import logging as transformers_logging
+
+        disable_progress_bars()
+        transformers_logging.disable_progress_bar()  # it copied the hub's switch when imported
 
 
 def _has_cuda() -> bool:

@@ -36,7 +36,10 @@ STATUSES = ("running", "finished", "incomplete", "diverged", "failed", "interrup
 # `medvqa/status`, `medvqa/diverged_step`, `medvqa/failed_items`.
 SUMMARY_PREFIX = "medvqa/"
 # Keys that say how to run a job, not what it computes: they never make a finished job stale.
-_HOW_TO_RUN = ("force", "ckpt_path", "allow_toy_model")
+_HOW_TO_RUN = ("force", "ckpt_path", "allow_toy_model", "progress")
+# Nodes added after runs were recorded whose unset value (null) computes what their absence did:
+# a run recorded before them is the same job.
+_ABSENT_WHEN_NULL = ("passes",)
 # Display names (how tables name a run, a baseline or a method), not what a run computes:
 # editing one must not retrain anything nor split a table's runs.
 DISPLAY_NAMES = ("label", "peft.label")
@@ -158,7 +161,13 @@ class RunRecord:
 def _what(config: Any) -> Any:
     if not isinstance(config, dict):
         return config
-    what = {k: v for k, v in config.items() if k not in _HOW_TO_RUN and k not in DISPLAY_NAMES}
+    what = {
+        k: v
+        for k, v in config.items()
+        if k not in _HOW_TO_RUN
+        and k not in DISPLAY_NAMES
+        and not (k in _ABSENT_WHEN_NULL and v is None)
+    }
     for name in DISPLAY_NAMES:
         group, _, key = name.rpartition(".")
         if isinstance(what.get(group), dict):

@@ -164,3 +164,16 @@ def read_plain_json(
             plain.remote_code += part.remote_code
     check_plain(plain, f"{path} ({what})")
     return plain
+
+
+def config_get(config: Mapping[str, Any], dotted: str, default: Any = None) -> Any:
+    """The value at `dotted` (`evaluation.primary_closed`) in a recorded config, `default`
+    where a node on the way is missing or no mapping (an older or edited record). A setting's
+    default is its schema's (`EvaluationSchema.primary_closed`), never a literal written again:
+    tests/test_defaults_guard.py reads these calls."""
+    node: Any = config
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return default
+        node = node[part]
+    return node

@@ -69,6 +69,7 @@ def pytest_configure(config: pytest.Config) -> None:
     _BaseAutoModelClass.from_pretrained = classmethod(_skip_model_work)  # type: ignore[assignment]
     L.Trainer.fit = _skip_model_work  # type: ignore[method-assign]
     subprocess.run = _skip_run(subprocess.run)  # type: ignore[assignment]
+    Zygote.skip = True
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -132,14 +133,55 @@ def compose(overrides: Sequence[str] = (), cache: Path | None = None):
         return hydra_compose("config", overrides=[*overrides, *extra], return_hydra_config=True)
 
 
+class Zygote:
+    """This worker's `tests/zygote.py` process: run.py runs forked from it, without paying
+    for the libraries' imports each time (about 8 s a run)."""
+
+    process: subprocess.Popen | None = None
+    skip = False  # --no-models: no run.py at all
+
+    @classmethod
+    def run(
+        cls, cmd: Sequence[str], env: dict[str, str], timeout: float
+    ) -> subprocess.CompletedProcess:
+        import json
+        import tempfile
+
+        if cls.process is None or cls.process.poll() is not None:
+            base = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_ENV}
+            cls.process = subprocess.Popen(
+                [sys.executable, "-m", "tests.zygote"],
+                cwd=ROOT,
+                env=base,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            assert cls.process.stdout.readline().strip() == "ready"
+        with tempfile.TemporaryDirectory() as tmp:
+            out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+            request = {"argv": list(cmd), "env": env, "cwd": str(ROOT), "out": str(out),
+                       "err": str(err), "timeout": timeout}  # fmt: skip
+            cls.process.stdin.write(json.dumps(request) + "\n")
+            cls.process.stdin.flush()
+            reply = json.loads(cls.process.stdout.readline())
+            stdout, stderr = out.read_text(errors="replace"), err.read_text(errors="replace")
+        if reply["timed_out"]:
+            raise subprocess.TimeoutExpired(list(cmd), timeout, stdout, stderr)
+        return subprocess.CompletedProcess(list(cmd), reply["returncode"], stdout, stderr)
+
+
 def run_main(
     args: Sequence[str],
     run_dir: Path,
     cache: Path,
     env: dict[str, str] | None = None,
     small: Sequence[str] = SMALL,
+    fresh: bool = False,
 ) -> subprocess.CompletedProcess:
-    """Run `python run.py` as a user would, in a subprocess, with a given run directory."""
+    """Run `python run.py` as a user would, in a process of its own, with a given run
+    directory: forked from this worker's zygote (tests/zygote.py), or a fresh interpreter
+    (`fresh`, or MEDVQA_TEST_FRESH=1) where the environment must reach the libraries' imports."""
     # A process group made in this test process (an in-process DDP/DeepSpeed test) leaves
     # MASTER_PORT & co. in os.environ; the run must pick its own.
     inherited = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_ENV}
@@ -151,7 +193,13 @@ def run_main(
         **(env or {}),
     }
     cmd = [sys.executable, str(ROOT / "run.py"), *args, *small, f"hydra.run.dir={run_dir}"]
-    return subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=600)
+    if Zygote.skip:  # --no-models: a run.py builds models (as subprocess.run is told to skip)
+        pytest.skip(NO_MODELS)
+    if fresh or os.environ.get("MEDVQA_TEST_FRESH") == "1":
+        return subprocess.run(
+            cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=600
+        )
+    return Zygote.run(cmd, full_env, timeout=600)
 
 
 @pytest.fixture(scope="session")

@@ -165,7 +165,7 @@ def test_a_record_without_config_is_skipped_with_a_warning_naming_it(
 ) -> None:
     write_record(tmp_path, "lora", 0, metrics=headline(np.random.default_rng(1)))
     path = _no_config_record(tmp_path)
-    with caplog.at_level(logging.WARNING, logger="medvqa.analysis.aggregate"):
+    with caplog.at_level(logging.WARNING, logger="medvqa.analysis.rows"):
         runs = collect([tmp_path])
     assert str(path) in caplog.text and "config" in caplog.text
     assert "?_?" not in set(runs["setting"])

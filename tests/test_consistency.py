@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from medvqa.data import records as R
+from medvqa.generation.passes.option_order import check_reorderable, reordered
 from medvqa.scoring.metrics.traditional import per_sample_scores
 from medvqa.views.consistency import (
     AGREES,
@@ -19,7 +20,6 @@ from medvqa.views.consistency import (
     order_flips,
     order_metrics,
     paraphrase_pairs,
-    reordered,
 )
 
 
@@ -132,7 +132,7 @@ def test_order_flips_compare_the_chosen_candidates_not_their_positions_by_hand()
 
     order1 = answered(["Yes.", "yes", "heart", "maybe"])
     order2 = answered(["no", "yes", "lung", "yes"])
-    flagged, used = order_flips(main, {"order1/": order1, "order2/": order2, "blank/": main})
+    flagged, used = order_flips(main, {"order1/": order1, "order2/": order2})
     assert used == ["order1/", "order2/"]
     assert flagged[ORDER_FLIPS].tolist()[:2] == [0.5, 1.0] and math.isnan(flagged[ORDER_FLIPS][2])
     assert flagged[ORDER_FLIPS][3] == 0.5  # "maybe" chooses nothing: its text differs
@@ -190,8 +190,6 @@ def test_vqarad_paraphrase_run_reports_flips_between_the_free_form_and_the_parap
 def test_option_orders_without_options_are_refused_before_the_model_loads() -> None:
     """A split whose questions all have fewer than two candidates has no order to change:
     refused naming the split, instead of generating the same answers again."""
-    from medvqa.views.consistency import check_reorderable
-
     frames = {
         "test_iid": pd.DataFrame({R.ID: ["a", "b"], R.CANDIDATES: [["yes", "no"], None]}),
         "test_ood": pd.DataFrame({R.ID: ["c"], R.CANDIDATES: [["yes"]]}),

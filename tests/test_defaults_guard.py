@@ -1,6 +1,6 @@
 """Every default once, over the whole package: no module under medvqa/ restates a setting's
-schema default as a literal (a signature default, a `.get`/`getattr`/`OmegaConf.select`
-default on a config node). The YAML side (a YAML value that restates a schema's or a class's
+schema default as a literal (a signature default, a `.get`/`getattr`/`OmegaConf.select`/
+`config_get` default on a config node). The YAML side (a YAML value that restates a schema's or a class's
 default) is tests/test_config.py's."""
 
 from __future__ import annotations
@@ -39,6 +39,9 @@ import medvqa
 #   config the code does not place (`cfg`, `config`, `r["config"]`: any node's key). `None`
 #   counts as a literal; a read without a default (`.get("key")`) or with the schema's
 #   (`ModelSchema.compile_layers`) does not.
+# - `config_get(x, "<node path>.key", literal)` (medvqa.analysis's reader of a recorded config,
+#   by that name wherever it lives), where the path places a setting; a record's own
+#   `"config.<node path>.key"` likewise. As for `OmegaConf.select`, the path names the node.
 
 # A composed config, or a node the code does not place: `cfg.get(key, literal)` is checked
 # against every node's keys.
@@ -236,12 +239,37 @@ def nodes_named(expr: ast.AST, *, bare: bool) -> frozenset[str]:
     return frozenset()
 
 
+# The helper medvqa.analysis reads a recorded config with: `config_get(config, dotted, default)`.
+CONFIG_GET = "config_get"
+
+
+def _config_get(call: ast.Call) -> tuple[frozenset[str], str, ast.expr] | None:
+    """(the nodes read, the key, the literal default) of `config_get(x, "<path>.<key>",
+    default)`: the path read from a config (`evaluation.primary_closed`) or from a record
+    (`config.evaluation.primary_closed`)."""
+    f, args = call.func, call.args
+    name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+    if name != CONFIG_GET or len(args) < 2:
+        return None
+    default = args[2] if len(args) > 2 else {k.arg: k.value for k in call.keywords}.get("default")
+    dotted = _key(args[1])
+    if dotted is None or not _literal(default):
+        return None
+    node, _, key = dotted.rpartition(".")
+    nodes = {node}
+    if node == "config" or node.startswith("config."):  # a record: its `config` is the root
+        nodes.add(node.removeprefix("config").removeprefix("."))
+    return frozenset(nodes), key, default
+
+
 def _read(call: ast.Call) -> tuple[frozenset[str], str, ast.expr] | None:
     """(the nodes read, the key, the literal default) of a read with a literal default:
-    `<node>.get(key, default)`, `getattr(<node>, key, default)` or `OmegaConf.select(x,
-    "<path>.<key>", default=...)`."""
+    `<node>.get(key, default)`, `getattr(<node>, key, default)`, `OmegaConf.select(x,
+    "<path>.<key>", default=...)` or `config_get(x, "<path>.<key>", default)`."""
     f, args = call.func, call.args
     given = {k.arg: k.value for k in call.keywords}
+    if (found := _config_get(call)) is not None:
+        return found
     if (
         isinstance(f, ast.Attribute)
         and f.attr == "select"
@@ -537,18 +565,20 @@ def test_the_guard_fails_on_a_planted_signature_default() -> None:
 
 
 def test_the_guard_fails_on_a_default_of_a_parameter_the_package_passes_a_setting() -> None:
-    """A parameter a call passes a setting (`int(job.data.option_orders)`, by position or by
-    name) has no literal default wherever its function is defined, in a module that names no
-    schema too (generation/passes.py's `option_orders: int = 0` before it read DataSchema); one
-    passed something else is not."""
-    historic = (
-        "def job_passes(label, eval_image, tuned, zero_shot_label=None, extra_images=(),\n"
-        "               option_orders=0):\n"
+    """A parameter a call passes a setting (`cfg.trainer.devices`, by position or by name) has
+    no literal default wherever its function is defined, in a module that names no schema too
+    (generation/passes.py's `option_orders: int = 0` before it read DataSchema); one passed
+    something else is not."""
+    planted_here = (
+        "def resident(strategy, accelerator, devices=1, num_nodes=1):\n"
+        "    pass\n\n\n"
+        "def answer_pass(endpoint, source, frames, out_path, *, mismatch_field='modality'):\n"
         "    pass\n"
-    )  # planning/cost.py and tasks/train_eval.py pass it the data node's settings
-    assert restated_defaults(historic) == [
-        "job_passes(extra_images=())",
-        "job_passes(option_orders=0)",
+    )  # tasks/train_eval.py passes them the trainer's and the data node's settings
+    assert restated_defaults(planted_here) == [
+        "resident(devices=1)",
+        "resident(num_nodes=1)",
+        "answer_pass(mismatch_field='modality')",
     ]
     planted = (
         "def split(table, fraction=0.5, seed=0):\n    pass\n\n\n"
@@ -606,6 +636,38 @@ def test_the_guard_fails_on_a_planted_getattr() -> None:
         "getattr(model_cfg, 'compile_layers', 'auto')",
         "getattr(cfg.data, 'option_orders', 0)",
         "getattr(cfg.evaluation.bootstrap, 'samples', 1000)",
+    ]
+
+
+def test_the_guard_fails_on_a_planted_config_get() -> None:
+    """`config_get(x, path, literal)` (analysis's reader of a recorded config) is found where
+    the path places a setting, from a config or from a record's `config`, equal to the schema's
+    default or not, by keyword or through a module; one without a default, with the schema's,
+    a path that places no setting, or a path the code computes is not: the restatements of
+    evaluation.primary_closed and primary_open in the report's run labels hid here."""
+    planted = (
+        "from medvqa.analysis import rows\n"
+        "from medvqa.untrusted import config_get\n"
+        "from medvqa.config import EvaluationSchema\n\n\n"
+        "def label(config, record, dotted):\n"
+        "    config_get(config, 'evaluation.primary_closed', 'closed_acc')\n"  # equal
+        "    config_get(config, 'evaluation.primary_open', 'f1')\n"  # not equal
+        "    config_get(record, 'config.data.option_orders', 0)\n"  # a record's config
+        "    config_get(record, 'config.seed', default=None)\n"  # the root's key
+        "    rows.config_get(config, 'evaluation.bootstrap.samples', 10)\n"
+        "    config_get(config, 'evaluation.primary_open')\n"
+        "    config_get(config, 'evaluation.primary_open', EvaluationSchema.primary_open)\n"
+        "    config_get(record, 'perf.seed', 0)\n"  # no config node
+        "    config_get(config, 'evaluation.no_such_key', 1)\n"
+        "    config_get(config, dotted, 'closed_acc')\n"
+        "    config_get(config, f'evaluation.{dotted}', 'closed_acc')\n"
+    )
+    assert restated_defaults(planted) == [
+        "config_get(config, 'evaluation.primary_closed', 'closed_acc')",
+        "config_get(config, 'evaluation.primary_open', 'f1')",
+        "config_get(record, 'config.data.option_orders', 0)",
+        "config_get(record, 'config.seed', default=None)",
+        "rows.config_get(config, 'evaluation.bootstrap.samples', 10)",
     ]
 
 

@@ -26,7 +26,8 @@ from medvqa.analysis.explorer import (
     write_explorer,
 )
 from medvqa.data.transforms import apply_transform
-from tests.test_report import write_record
+from medvqa.generation.passes import ImageMode, Main
+from tests.test_report import PEFT_LABELS, write_record
 
 # Model output and data that are markup: the page shows them as text, never as elements.
 MARKUP = '</script><img src=x onerror="alert(1)"><b>left</b> & "lobe"'
@@ -58,8 +59,9 @@ def explorer_run(
     dataset: dict[str, Any] | None = None,
 ) -> Path:
     """A finished run folder as train_eval writes it: results.json (a VQA-RAD record naming
-    `data_root`, the modality shift, a jury of two), scores.parquet, scores_blank.parquet and
-    predictions.jsonl, six closed questions (three i.i.d., three OoD under a corruption)."""
+    `data_root`, the modality shift, a jury of two, its passes: the main answers and a blank
+    image's), scores.parquet, scores_blank.parquet and predictions.jsonl, six closed questions
+    (three i.i.d., three OoD under a corruption)."""
     write_images(data_root)
     n = 6
     images = ["a.png", "b.png", "c.png", "a.png", "b.png", "c.png"]
@@ -82,9 +84,14 @@ def explorer_run(
             "image_transform": [None] * 3 + [CORRUPTION] * 3,
         }
     )
+    label = PEFT_LABELS.get(peft, peft)
+    passes = [Main(label=label, tuned=True), ImageMode.after(label, image_mode="blank")]
     extra = {
         "provenance": {
-            "metrics": {"traditional": {"ci_columns": {"closed_acc": ["closed_correct", "closed"]}}}
+            "metrics": {
+                "traditional": {"ci_columns": {"closed_acc": ["closed_correct", "closed"]}}
+            },
+            "passes": [p.record() for p in passes],
         }
     }
     path = write_record(root, peft, 0, metrics={"test_iid/closed_acc": 0.5}, extra=extra)
@@ -126,7 +133,7 @@ def test_a_run_folder_becomes_rows_with_every_pass_juror_and_field(
     assert write_explorer(collect([tmp_path / "runs"]), out) == out / "explorer.html"
     data = rows_data(out)
     (run,) = data["runs"]
-    assert run["passes"] == [{"key": "blank", "label": "blank"}]
+    assert run["passes"] == [{"key": "blank", "label": "LoRA, blank image"}]
     assert run["jurors"] == ["a", "b"] and run["group"] == "modality"
     # the dataset's own fields, in the order of its rows; none of the job's own keys
     assert run["fields"] == ["answer_type", "question_type", "modality"]

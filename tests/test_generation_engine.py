@@ -218,13 +218,15 @@ def test_the_compiled_static_decode_gives_the_eager_answers(
 
 
 def test_passes_that_show_the_same_images_are_generated_together() -> None:
-    from medvqa.generation.passes import generation_groups, job_passes
+    from medvqa.generation.passes import Job, generation_groups, job_passes
 
-    passes = job_passes("LoRA", "image", True, "zero-shot", ["blank", "shuffled"], 2)
+    data = {"eval_image": "image", "extra_eval_images": ["blank", "shuffled"], "option_orders": 2}
+    passes = job_passes(Job({"data": data}, "LoRA", True, "zero-shot"))
     groups = [[p.prefix for p in g] for g in generation_groups(passes)]
     # the untuned base is shared with other jobs: alone; the orders join the main answers
     assert groups == [["zero_shot/"], ["", "order1/", "order2/"], ["blank/"], ["shuffled/"]]
-    untuned = job_passes("zero-shot", "image", False, None, [], 1)
+    data = {"eval_image": "image", "option_orders": 1}
+    untuned = job_passes(Job({"data": data}, "zero-shot", False, None))
     assert [[p.prefix for p in g] for g in generation_groups(untuned)] == [[""], ["order1/"]]
 
 
@@ -233,8 +235,8 @@ def test_option_orders_share_each_images_prefix_with_the_main_answers(
 ) -> None:
     """The main answers and an option order generated together: each file holds the answers
     of its own pass generated alone (float32), and each image's prefix ran once for both."""
+    from medvqa.generation.passes.option_order import reordered
     from medvqa.generation.predict import PassFiles, generate_passes
-    from medvqa.views.consistency import reordered
     from tests.test_shared_prefix import Counter
 
     model, processor = load_vlm(model_cfg("llava_med", cache_dir))

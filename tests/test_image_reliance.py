@@ -245,24 +245,22 @@ def test_a_view_without_its_familys_columns_is_skipped_naming_them(caplog) -> No
     missing only the open answers' column, it still gives the closed answers' figures."""
     import logging
 
+    from medvqa.generation.passes import ImageMode
     from medvqa.views import JobRows, run_views
 
+    blank = ImageMode.after("LoRA", image_mode="blank")
     ids = [("test_iid", "a"), ("test_iid", "b"), ("test_iid", "c")]
     full = _scored(ids, ["yes", "no", "lung"], ["yes", "yes", "lung"],
                    ["closed", "closed", "open"], [1.0, 0.0, 1.0], ["c1", "c2", "c3"])  # fmt: skip
     bare = full.drop(columns=["closed_correct", "open_exact_match"])
     with caplog.at_level(logging.WARNING):
-        _, figures = run_views(
-            JobRows(bare, others={"blank/": bare}, image_modes={"blank/": "blank"})
-        )
+        _, figures = run_views(JobRows(bare, others={"blank/": bare}, passes=[blank]))
     assert not any("reliance_" in k for k in figures)
     assert "['closed_correct', 'open_exact_match']" in caplog.text and "skipped" in caplog.text
     caplog.clear()
     closed_only = full.drop(columns=["open_exact_match"])
     with caplog.at_level(logging.WARNING):
-        _, figures = run_views(
-            JobRows(closed_only, others={"blank/": closed_only}, image_modes={"blank/": "blank"})
-        )
+        _, figures = run_views(JobRows(closed_only, others={"blank/": closed_only}, passes=[blank]))
     assert figures["test_iid/reliance_blank_closed_survive"] == 1.0
     assert "['open_exact_match']" in caplog.text and "NaN" in caplog.text
 

@@ -79,7 +79,7 @@ REVIEWED = {
         "instantiate(model_cfg.builder)",
         "the composed `model.builder` (task=eval: the installed option's)",
     ),
-    "medvqa/planning/cost.py:dataset_name": (
+    "medvqa/planning/sizes.py:dataset_name": (
         "get_class(str(cfg.dataset._target_))",
         "the composed `dataset`",
     ),

@@ -13,9 +13,19 @@ from pathlib import Path
 
 import pytest
 
-from medvqa.planning import cost, rates
+from medvqa.planning import cost, job_rates, rates
 from medvqa.planning.activations import LayerActivations
 from medvqa.planning.memory import Setup, step_time
+from medvqa.planning.phases import READ_GIB_PER_S, WRITE_GIB_PER_S
+from medvqa.planning.phases import label as estimate_label
+from medvqa.planning.sizes import Sizes, known_sizes
+from medvqa.planning.sweep import (
+    describe_sweep,
+    job_overrides,
+    sweep_cost,
+    sweep_jobs,
+    sweep_metrics,
+)
 from medvqa.record import read_record
 from tests.conftest import compose, run_main
 
@@ -48,9 +58,9 @@ def planner(s: Setup, fits: bool = True) -> cost.Planner:
 
 
 @pytest.fixture(scope="module")
-def composer(tmp_path_factory: pytest.TempPathFactory) -> cost.Composer:
+def composer(tmp_path_factory: pytest.TempPathFactory) -> job_rates.Composer:
     cache = tmp_path_factory.mktemp("cost-cache")
-    return cost.memoized(lambda overrides: compose([*overrides, f"paths.cache_dir={cache}"]))
+    return job_rates.memoized(lambda overrides: compose([*overrides, f"paths.cache_dir={cache}"]))
 
 
 STUDY_JOB = ["sweep=sure_study", "+experiment=slake_modality", "trainer=gpu"]
@@ -59,7 +69,7 @@ LORA_R16_EAGER = ["peft=lora", "peft.adapter.r=16", "model.compile_layers=false"
 
 
 def test_one_job_is_the_measured_rates_times_the_published_sizes(
-    composer: cost.Composer,
+    composer: job_rates.Composer,
 ) -> None:
     """LoRA r16 on slake_modality, 3 epochs, eager, trained 8 x 4 without checkpointing: the
     H100 row of that layout as measured; the base's answers at the merged rate (no adapter
@@ -78,18 +88,18 @@ def test_one_job_is_the_measured_rates_times_the_published_sizes(
     assert (tuned.items, tuned.per_s) == (TEST, UNMERGED)
     # validation: 3 x 739 rows, a forward at batch 64 (the time model), ~half the FLOPs
     val = phases["val:validation, 3 x 739 rows"]
-    share = cost.sample_flops(job.model, job.peft, True).forward_share  # type: ignore[union-attr]
+    share = job_rates.sample_flops(job.model, job.peft, True).forward_share  # type: ignore[union-attr]
     assert 0.45 < share < 0.5
     at_eval = step_time(setup(micro_batch=64)) / step_time(s)
     assert val.items == 3 * VAL and val.per_s == pytest.approx(rate / (share * at_eval))
     # beside the rows: the weights read once; the study saves last.ckpt (save_top_k 0) every 250
     # optimiser steps (3 x 3448 / 32 = 323 steps: once), and the trained weights at the end
     load = phases[f"load:loading the weights, {WEIGHTS_GIB:.1f} GiB per GPU"]
-    assert load.gpu_s == pytest.approx(WEIGHTS_GIB / cost.READ_GIB_PER_S)
+    assert load.gpu_s == pytest.approx(WEIGHTS_GIB / READ_GIB_PER_S)
     saves = phases[f"checkpoint:checkpoints, 1 x 1 files of {CHECKPOINT_GIB:.2f} GiB"]
     trained = phases[f"checkpoint:saving the trained weights, {TRAINED_GIB:.2f} GiB"]
     assert saves.gpu_s + trained.gpu_s == pytest.approx(
-        (CHECKPOINT_GIB + TRAINED_GIB) / cost.WRITE_GIB_PER_S
+        (CHECKPOINT_GIB + TRAINED_GIB) / WRITE_GIB_PER_S
     )
     assert "assumed" in load.basis and "assumed" in saves.basis and "compile" not in phases
     overhead = load.gpu_s + saves.gpu_s + trained.gpu_s
@@ -110,7 +120,7 @@ def test_one_job_is_the_measured_rates_times_the_published_sizes(
 
 
 def test_the_figures_are_labelled_with_the_gpu_and_date_they_were_measured_on(
-    composer: cost.Composer,
+    composer: job_rates.Composer,
 ) -> None:
     estimate = cost.job_cost(composer([*STUDY_JOB, *LORA_R16_EAGER]), planner(setup()), composer)
     assert estimate.label == LABEL
@@ -129,27 +139,27 @@ def test_the_figures_are_labelled_with_the_gpu_and_date_they_were_measured_on(
     assert described["sizes"].startswith("published")
     train = next(p for p in described["phases"] if p["phase"].startswith("training"))
     assert "lora r16, slake-shaped batches, micro-batch 8, checkpointing off: 14.5" in train["from"]
-    assert cost.label([]) == "no estimate"
+    assert estimate_label([]) == "no estimate"
 
 
 def test_another_layout_method_and_kernels_are_scaled_from_the_nearest_row(
-    composer: cost.Composer,
+    composer: job_rates.Composer,
 ) -> None:
     """The study's LoRA (r128 on SLAKE) planned 8 x 4 with every 4th layer checkpointed: the
     eager row nearest by the time model, scaled by FLOPs (r128 costs more than the row's r16)
     and by the time model; with compiled layers (`auto` on a GPU), the compiled row."""
     job = composer([*STUDY_JOB, "peft=lora", "model.compile_layers=false"])
     s = setup(checkpoint_every=4)
-    per_s, basis, measured = cost.training_rate(job, s, composer)  # type: ignore[misc]
+    per_s, basis, measured = job_rates.training_rate(job, s, composer)  # type: ignore[misc]
     row = next(r for r in rates.rows(rates.TrainRow) if r.name in basis)
     assert (row.micro_batch, row.checkpoint_every, row.kernels) == (4, 0, "eager")
     r16 = composer(["model=llava_med", "peft=lora", "trainer=gpu"])
-    flops = cost.sample_flops(r16.model, r16.peft, True).train  # type: ignore[union-attr]
-    flops /= cost.sample_flops(job.model, job.peft, True).train  # type: ignore[union-attr]
+    flops = job_rates.sample_flops(r16.model, r16.peft, True).train  # type: ignore[union-attr]
+    flops /= job_rates.sample_flops(job.model, job.peft, True).train  # type: ignore[union-attr]
     assert 0.9 < flops < 1.0 and f"x {flops:.2f} FLOPs (lora as configured)" in basis
     layout = step_time(setup(micro_batch=4)) / step_time(s)
     assert per_s == pytest.approx(row.samples_per_s * flops * layout)
-    assert cost.label([measured]) == "estimate, from NVIDIA H100 80GB HBM3 measured 2026-11-26"
+    assert estimate_label([measured]) == "estimate, from NVIDIA H100 80GB HBM3 measured 2026-11-26"
 
     # compiled layers: the newest compiled row (2026-11-28's 22.9, not 2026-11-26's 23.5), and
     # the compilation and warm-up the measured whole job spent beyond its steady rate
@@ -162,7 +172,7 @@ def test_another_layout_method_and_kernels_are_scaled_from_the_nearest_row(
     assert "gpu-check-h100-2026-11-28.jsonl:1" in compiling.basis and compiled.note == ""
 
 
-def test_longer_answers_generate_slower_in_proportion(composer: cost.Composer) -> None:
+def test_longer_answers_generate_slower_in_proportion(composer: job_rates.Composer) -> None:
     """MIMIC-CXR-VQA generates up to 100 new tokens, the rows 16: an upper bound of the time."""
     job = composer(["sweep=sure_study", "+experiment=mimic_age", "trainer=gpu", "peft=none"])
     long = dataclasses.replace(setup(), max_new_tokens=100)
@@ -187,7 +197,7 @@ SLAKE = ["sweep=sure_study", "+experiment=slake_modality"]
     ],
 )
 def test_no_estimate_where_no_measured_row_applies(
-    overrides: list[str], plan: Setup, why: str, composer: cost.Composer
+    overrides: list[str], plan: Setup, why: str, composer: job_rates.Composer
 ) -> None:
     """Without documented sizes, on a CPU, for a family without rows, without images (10x
     fewer FLOPs per sample than any row), under ZeRO-2 or with FP8 (no row measured it): no
@@ -198,13 +208,13 @@ def test_no_estimate_where_no_measured_row_applies(
     assert cost.describe_cost(estimate) == {"estimate": None, "why": estimate.missing}
 
 
-def test_no_estimate_for_a_job_that_does_not_fit(composer: cost.Composer) -> None:
+def test_no_estimate_for_a_job_that_does_not_fit(composer: job_rates.Composer) -> None:
     job = composer([*STUDY_JOB, *LORA_R16_EAGER])
     refused = cost.job_cost(job, planner(setup(), fits=False), composer)
     assert "does not fit" in str(refused.missing)
 
 
-def test_baselines_without_a_model_need_no_gpu(composer: cost.Composer) -> None:
+def test_baselines_without_a_model_need_no_gpu(composer: job_rates.Composer) -> None:
     estimate = cost.job_cost(
         composer([*STUDY_JOB, "baseline=most_frequent"]), planner(setup()), composer
     )
@@ -212,18 +222,18 @@ def test_baselines_without_a_model_need_no_gpu(composer: cost.Composer) -> None:
 
 
 def test_sizes_come_from_a_runs_splits_json_where_none_are_documented(
-    composer: cost.Composer, tmp_path: Path
+    composer: job_rates.Composer, tmp_path: Path
 ) -> None:
     job = composer(["trainer=gpu", "model=llava_med", "peft=ia3"])  # synthetic / modality
-    assert isinstance(cost.known_sizes(job), str)
+    assert isinstance(known_sizes(job), str)
     run = tmp_path / "runs" / "0"
     run.mkdir(parents=True)
     report = {"dataset": "synthetic", "shift": str(job.shift.name),
               "splits": {"train": {"n": 100}, "val": {"n": 20}, "test_iid": {"n": 30},
                          "test_ood": {"n": 10}}}  # fmt: skip
     (run / "splits.json").write_text(json.dumps(report))
-    sizes = cost.known_sizes(job, tmp_path / "runs")
-    assert isinstance(sizes, cost.Sizes)
+    sizes = known_sizes(job, tmp_path / "runs")
+    assert isinstance(sizes, Sizes)
     assert (sizes.train, sizes.val, sizes.test_iid, sizes.test_ood) == (100, 20, 30, 10)
     assert sizes.source == str(run / "splits.json")
     capped = composer(["trainer=gpu", "model=llava_med", "peft=ia3", "data.limit.test_ood=4"])
@@ -233,22 +243,20 @@ def test_sizes_come_from_a_runs_splits_json_where_none_are_documented(
     } == {34}
 
 
-def test_a_sweep_file_is_enumerated_as_hydra_would_and_summed(composer: cost.Composer) -> None:
+def test_a_sweep_file_is_enumerated_as_hydra_would_and_summed(composer: job_rates.Composer) -> None:
     """sweep=sure_study is 7 shifts x 4 methods x 3 seeds = 84 jobs; with +experiment on the
     command line, as under -m, one shift's 12. Seeds repeat a job; the untuned base's answers,
     cached per sweep, count once for the shift's four methods and three seeds."""
     top = composer(["task=plan", "sweep=sure_study", "trainer=gpu"])
-    assert len(cost.sweep_jobs(top.hydra)) == 84
+    assert len(sweep_jobs(top.hydra)) == 84
     one = composer(["task=plan", "sweep=sure_study", "trainer=gpu", "+experiment=slake_modality",
                     "model.compile_layers=false", "+task.gpu_gib=80"])  # fmt: skip
-    jobs = cost.sweep_jobs(one.hydra)
+    jobs = sweep_jobs(one.hydra)
     assert len(jobs) == 12
     assert all("+experiment=slake_modality" in j and "task=plan" in j for j in jobs)
-    assert cost.job_overrides(jobs[0]) == [
-        o for o in jobs[0] if not o.startswith(("task", "+task"))
-    ]
+    assert job_overrides(jobs[0]) == [o for o in jobs[0] if not o.startswith(("task", "+task"))]
 
-    sweep = cost.sweep_cost(jobs, one.hydra.sweeper.params.keys(), composer, planner(setup()))
+    sweep = sweep_cost(jobs, one.hydra.sweeper.params.keys(), composer, planner(setup()))
     assert (sweep.jobs, sweep.without_estimate, len(sweep.groups)) == (12, 0, 4)
     assert [g.overrides for g in sweep.groups] == [
         ("peft=none",), ("peft=prompt_tuning",), ("peft=lora",), ("peft=ia3",)]  # fmt: skip
@@ -258,19 +266,19 @@ def test_a_sweep_file_is_enumerated_as_hydra_would_and_summed(composer: cost.Com
     each = sum(3 * g.cost.gpu_hours for g in sweep.groups)
     assert sweep.gpu_hours == pytest.approx(each - sweep.shared_s / 3600)
     assert sweep.label == LABEL
-    metrics = cost.sweep_metrics(sweep)
+    metrics = sweep_metrics(sweep)
     assert metrics["plan/sweep_jobs"] == 12 and metrics["plan/sweep_gpu_hours"] == sweep.gpu_hours
-    assert cost.describe_sweep(sweep)["groups"][2]["overrides"] == ["peft=lora"]
+    assert describe_sweep(sweep)["groups"][2]["overrides"] == ["peft=lora"]
 
 
-def test_a_sweep_counts_jobs_without_an_estimate(composer: cost.Composer) -> None:
+def test_a_sweep_counts_jobs_without_an_estimate(composer: job_rates.Composer) -> None:
     top = composer(["task=plan", "sweep=synthetic_study", "trainer=gpu", "model=llava_med"])
-    jobs = cost.sweep_jobs(top.hydra)
+    jobs = sweep_jobs(top.hydra)
     assert len(jobs) == 24
     grid = top.hydra.sweeper.params.keys()
-    sweep = cost.sweep_cost(jobs[:3], grid, composer, planner(setup()))  # one group, 3 seeds
+    sweep = sweep_cost(jobs[:3], grid, composer, planner(setup()))  # one group, 3 seeds
     assert (sweep.jobs, sweep.without_estimate) == (3, 3) and sweep.label == "no estimate"
-    assert cost.sweep_metrics(sweep) == {
+    assert sweep_metrics(sweep) == {
         "plan/sweep_jobs": 3.0,
         "plan/sweep_jobs_without_estimate": 3.0,
     }
@@ -313,10 +321,14 @@ def test_task_plan_prints_and_records_the_job_and_its_sweep(
 
 
 def test_the_estimate_counts_the_passes_train_eval_runs(
-    composer: cost.Composer, monkeypatch: pytest.MonkeyPatch
+    composer: job_rates.Composer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The plan reads `passes.job_passes`, the one list of a job's generation passes: a pass
-    kind added there is in the GPU-hours without touching the plan."""
+    kind registered like any plug-in is in the GPU-hours without touching the plan, at its
+    rows x its kind's factor (tests/test_pass_kinds.py adds one from outside the repository)."""
+    from dataclasses import dataclass
+
+    from medvqa import plugins
     from medvqa.generation import passes
 
     job = composer([*STUDY_JOB, *LORA_R16_EAGER, "data.extra_eval_images=[blank]"])
@@ -327,13 +339,24 @@ def test_the_estimate_counts_the_passes_train_eval_runs(
         "answers after training",
         "answers after training, blank image",
     ]
-    real = passes.job_passes
 
-    def with_a_new_kind(*args: object, **kwargs: object) -> list[passes.EvalPass]:
-        return [*real(*args, **kwargs), passes.EvalPass("new/", "answers, a new kind", "image")]
+    # The kind registers itself when defined: into a copy of the registry, dropped afterwards.
+    monkeypatch.setitem(plugins._REGISTRY, "pass", dict(passes.kinds()))
 
-    monkeypatch.setattr(passes, "job_passes", with_a_new_kind)
+    @dataclass(frozen=True, kw_only=True)
+    class Twice(passes.EvalPass):
+        name = "twice_for_the_plan"
+        cost_factor = 2
+
+        @classmethod
+        def of_job(cls, job: passes.Job) -> list[passes.EvalPass]:
+            return [cls.after(job.label)]
+
+        @property
+        def key(self) -> str:
+            return "twice"
+
     after = cost.job_cost(job, planner(setup()), composer)
-    added = [p for p in after.phases if p.name == "answers, a new kind"]
-    assert len(added) == 1 and added[0].items == TEST
+    added = [p for p in after.phases if p.name == "answers after training, twice"]
+    assert len(added) == 1 and added[0].items == 2 * TEST
     assert after.gpu_hours == pytest.approx(before.gpu_hours + added[0].gpu_s / 3600)

@@ -19,10 +19,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from medvqa.analysis.aggregate import collect, collect_wandb, record_rows, wandb_run_record
+from medvqa.analysis.aggregate import collect
 from medvqa.analysis.figures import methods_with_rr, palette
 from medvqa.analysis.report import build_report, log_report
+from medvqa.analysis.rows import record_rows
 from medvqa.analysis.tables import long_table, write_tables
+from medvqa.analysis.wandb_runs import collect_wandb, wandb_run_record
 from medvqa.cli.report import main
 from tests.conftest import CONF, run_main
 
@@ -882,7 +884,7 @@ def test_table_names_are_the_labels_the_configs_ship(tmp_path: Path, group: str)
     carrying it shows it, and a record without one (an older run) gets the same name."""
     import yaml
 
-    from medvqa.analysis.aggregate import method_name
+    from medvqa.analysis.methods import method_name
 
     for path in sorted((CONF / group).glob("*.yaml")):
         label = (yaml.safe_load(path.read_text()) or {}).get("label")
@@ -913,7 +915,7 @@ def test_a_family_node_recorded_before_the_one_bootstrap_setting_keeps_its_resam
 def test_runs_before_and_after_the_builders_moved_are_one_run() -> None:
     """The builders' `_target_` is part of a run's identity: a record naming the old module
     (`medvqa.models.builders.tiny`) is the same run as one naming `medvqa.zoo.tiny`."""
-    from medvqa.analysis.aggregate import run_identity
+    from medvqa.analysis.rows import run_identity
     from medvqa.untrusted import CLASS_KEY, plain_values
 
     def config(target: str) -> dict:  # as the record reader returns it

@@ -249,7 +249,7 @@ def test_trust_remote_code_is_never_turned_on_by_a_record(tmp_path: Path) -> Non
 
 
 def test_the_report_imports_no_target_a_record_names(hostile_module: Path) -> None:
-    from medvqa.analysis.aggregate import _option_default
+    from medvqa.analysis.rows import _option_default
 
     _option_default.cache_clear()
     sentinel = _option_default("medvqa_hostile_module.Anything", "test_wording")

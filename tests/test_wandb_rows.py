@@ -122,6 +122,9 @@ def test_the_rows_table_holds_each_image_once_and_every_pass(
             log_rows([logger], "predictions", rows, wandb_images(rows, source, Path(thumbs)))
     finally:
         finish([logger])
+        import wandb
+
+        wandb.teardown()  # wandb's process-wide settings (its data dir) go with this test
     # three i.i.d. images, and each OoD row's own corruption of its image
     table = check_rows_table(tmp_path / "run", "predictions", n_rows=6, n_images=6)
     columns = table["columns"]

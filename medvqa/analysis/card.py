@@ -22,7 +22,6 @@ from typing import Any
 
 import pandas as pd
 
-from medvqa.analysis.aggregate import config_get
 from medvqa.analysis.claims import Family
 from medvqa.analysis.effective import Effective
 from medvqa.analysis.findings import Findings
@@ -31,7 +30,7 @@ from medvqa.analysis.summary import markdown_table, markdown_text
 from medvqa.analysis.tables import FOOTNOTE, USABLE, wide_tables, with_role
 from medvqa.data.shifts import SPLITS_FILE
 from medvqa.record import RESULTS_FILE, read_record
-from medvqa.untrusted import read_plain_json
+from medvqa.untrusted import config_get, read_plain_json
 
 NOT_RECORDED = "not recorded"
 CARD_FILE = "card.md"

@@ -41,7 +41,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from medvqa.analysis.aggregate import method_sort_key
+from medvqa.analysis.methods import method_sort_key
 from medvqa.analysis.paired import recorded_bootstrap, scored_table, split_rows
 from medvqa.analysis.tables import USABLE, role, with_role
 from medvqa.data import records as R

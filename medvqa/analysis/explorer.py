@@ -6,9 +6,9 @@ as a JSON literal) and `explorer/thumbs/` (one PNG per distinct image seen, writ
 page opens from disk without a server; it pages the rows, so 20,000 of them stay responsive.
 
 What a run's rows hold comes from the run folder alone, never from names hard-coded per pass
-kind: each `scores*.parquet` beside its `results.json` is a pass the job scored (`scores.parquet`
-the main answers, `scores_<prefix>.parquet` a pass's, `scoring.scores_path`), the judge's
-columns (`judge_score@<juror>`) are the jurors, and the metadata fields are those of the rows the
+kind: the passes its `results.json` lists (`generation.passes.recorded_passes`) whose scored
+table is beside it are the passes shown (`scores.parquet` the main answers,
+`scores_<key>.parquet` a pass's, `scoring.scores_path`), the judge's columns (`judge_score@<juror>`) are the jurors, and the metadata fields are those of the rows the
 job generated from. A run folder is data from a stranger: every value is text to the page (the
 script sets it with `textContent`, never as markup), the JSON literal has no `<`, and images are
 read only through the record's dataset (the registered dataset plug-in its config names, built
@@ -34,18 +34,19 @@ import pandas as pd
 from PIL import Image
 
 from medvqa import plugins
-from medvqa.analysis.aggregate import REFERENCES, config_get, method_name
+from medvqa.analysis.methods import REFERENCES, method_name
 from medvqa.analysis.paired import scored_table
 from medvqa.analysis.tables import USABLE
 from medvqa.data import records as R
 from medvqa.data.answers import normalize_answer
 from medvqa.data.shifts import IMAGE_TRANSFORM, seen_image, seen_key
 from medvqa.generation.files import MODEL
+from medvqa.generation.passes import ZERO_SHOT, recorded_passes
 from medvqa.record import read_record
 from medvqa.scoring.metrics.judge import JUDGE_SCORE, juror_column, jurors_of
 from medvqa.scoring.metrics.traditional import binary_correct
-from medvqa.scoring.pipeline import SCORES_FILE
-from medvqa.untrusted import CALL_KEYS, CLASS_KEY, current_class
+from medvqa.scoring.pipeline import SCORES_FILE, scores_path
+from medvqa.untrusted import CALL_KEYS, CLASS_KEY, config_get, current_class
 
 log = logging.getLogger(__name__)
 
@@ -254,7 +255,7 @@ class RunView:
     seed: Any
     folder: str
     rows: pd.DataFrame
-    passes: dict[str, str]  # prefix (no slash) -> label, in file order
+    passes: dict[str, str]  # pass key (its prefix, no slash) -> label, in the record's order
     jurors: list[str]
     fields: list[str]
     group_field: str | None
@@ -262,34 +263,17 @@ class RunView:
     notes: list[str] = field(default_factory=list)
 
 
-def scored_passes(results: Path) -> dict[str, str]:
-    """{scores file name: pass prefix} of every scored pass beside a results.json: the main
-    answers' `scores.parquet` ("") first, then `scores_<prefix>.parquet` in name order. Links are
-    skipped: a run folder's files are its own."""
-    folder = results.parent
-    found = {}
-    for path in sorted(folder.glob("scores*.parquet")):
-        stem = path.stem
-        if path.is_symlink() or not path.is_file():
-            continue
-        if path.name == SCORES_FILE:
-            found[path.name] = ""
-        elif stem.startswith("scores_"):
-            found[path.name] = stem.removeprefix("scores_")
-    return dict(sorted(found.items(), key=lambda kv: (kv[1] != "", kv[0])))
-
-
-def pass_label(prefix: str, record: Mapping[str, Any]) -> str:
-    """How the page names a pass: the label the record gives it (a `passes` list of
-    {prefix, label}), else a reference's name (the untuned base: "No Finetune"), else its
-    prefix."""
-    for entry in record.get("passes") or []:
-        if isinstance(entry, Mapping) and str(entry.get("prefix", "")).rstrip("/") == prefix:
-            label = entry.get("label")
-            if isinstance(label, str) and label:
-                return label
-    reference = REFERENCES.get(f"{prefix}/")
-    return method_name(reference) if reference else prefix
+def scored_passes(results: Path, record: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
+    """{scores file name: (pass key, label)} of every pass the record lists whose scored table
+    is beside its results.json (`scoring.scores_path` of the pass's predictions file), the main
+    answers' `scores.parquet` ("") first. Links are skipped: a run folder's files are its
+    own."""
+    found = {SCORES_FILE: ("", "")}
+    for p in recorded_passes(record, method_name(REFERENCES[ZERO_SHOT])):
+        path = scores_path(p.path(results.parent))
+        if p.prefix and not path.is_symlink() and path.is_file():
+            found[path.name] = (p.key, p.label)
+    return found
 
 
 def recorded_fields(folder: Path) -> list[str]:
@@ -356,14 +340,15 @@ def read_run(run: Mapping[str, Any]) -> tuple[RunView, dict[str, Any]] | None:
     """A run of the runs table (`aggregate.collect`) as explorer rows, with its record; None
     for a run without a local record or scored table (a W&B run, a failed job)."""
     results = Path(str(run.get("source", "")))
+    main = results.parent / SCORES_FILE
     if results.name != "results.json" or not results.is_file():
         return None
-    files = scored_passes(results)
-    if SCORES_FILE not in files:
+    if main.is_symlink() or not main.is_file():  # a run folder's files are its own
         return None
     try:  # a stranger's files: a damaged or odd one names itself, the other runs go on
         record = read_record(results)
-        scored = {prefix: scored_table(str(results), name) for name, prefix in files.items()}
+        files = scored_passes(results, record)
+        scored = {key: scored_table(str(results), name) for name, (key, _) in files.items()}
         tables = {p: t for p, t in scored.items() if t is not None and _answers(t)}
         if "" not in tables:
             raise ValueError(f"its {SCORES_FILE} lacks one of {list(ANSWER_COLUMNS)}")
@@ -378,7 +363,7 @@ def read_run(run: Mapping[str, Any]) -> tuple[RunView, dict[str, Any]] | None:
         return None
     recorded = recorded_fields(results.parent) or ([group_field] if group_field else [])
     fields = metadata_fields(rows, recorded)
-    notes = [f"{name}: no usable table" for name, p in files.items() if p not in tables]
+    notes = [f"{name}: no usable table" for name, (key, _) in files.items() if key not in tables]
     image_mode = config_get(record, "config.data.eval_image")
     return RunView(
         name=str(run.get("method", "?")),
@@ -386,7 +371,7 @@ def read_run(run: Mapping[str, Any]) -> tuple[RunView, dict[str, Any]] | None:
         seed=run.get("seed"),
         folder=str(results.parent),
         rows=rows,
-        passes={p: pass_label(p, record) for p in tables if p},
+        passes={key: label for key, label in files.values() if key and key in tables},
         jurors=jurors_of(tables[""]),
         fields=fields,
         group_field=group_field,

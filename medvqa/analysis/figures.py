@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from medvqa.analysis.aggregate import method_sort_key
+from medvqa.analysis.methods import method_sort_key
 from medvqa.analysis.paired import scored_table
 from medvqa.analysis.tables import select_rows, slug
 from medvqa.data import records as R
@@ -386,6 +386,71 @@ def reliance_quadrants(frame: pd.DataFrame, out_dir: Path) -> dict[str, Path]:
             ax.set_title(f"{table}: image reliance ({mode})", fontsize=10)
             name = f"reliance_{table}_{mode}"
             figures[name] = save(fig, out_dir, name)
+    return figures
+
+
+# The region-occlusion figures' panels (`medvqa.views.region_occlusion`) and bars.
+_OCCLUSION_STATS = {"changed": "share of answers that change", "acc_drop": "accuracy drop"}
+_OCCLUDED = {
+    "region": ("#b2182b", "region hidden"),
+    "elsewhere": ("#67a9cf", "equal area elsewhere"),
+}
+
+
+def _occlusion_bars(
+    part: pd.DataFrame,
+) -> list[tuple[str, dict[tuple[str, str], tuple[float, float]]]]:
+    """(method (split), {(where, stat): (mean over seeds, its error bar)}) of each method and
+    test split that recorded every region-occlusion figure."""
+    bars = []
+    for method in _ordered(part):
+        mine = part[part["method"] == method]
+        for split in (R.TEST_IID, R.TEST_OOD):
+            cells = {}
+            for key in ((w, s) for w in _OCCLUDED for s in _OCCLUSION_STATS):
+                column = f"{split}/occlusion_{key[0]}_{key[1]}"
+                values = pd.to_numeric(mine.get(column), errors="coerce").dropna()
+                if values.empty:
+                    break
+                half = pd.to_numeric(mine.get(f"{column}_ci_half"), errors="coerce").dropna()
+                spread = values.std(ddof=1) if len(values) > 1 else half.mean() if len(half) else 0
+                cells[key] = (float(values.mean()), float(spread))
+            if len(cells) == len(_OCCLUDED) * len(_OCCLUSION_STATS):
+                bars.append((f"{method} ({SPLIT_LABELS[split]})", cells))
+    return bars
+
+
+def region_occlusion(frame: pd.DataFrame, out_dir: Path) -> dict[str, Path]:
+    """Per table: each method's answers that change, and its accuracy drop, with the
+    question's region hidden and with an equal area elsewhere hidden, i.i.d. and OoD side by
+    side; means over seeds ± their std (one seed: its case-bootstrap half-width)
+    (docs/metrics.md#region-occlusion)."""
+    rows = _usable(frame)
+    figures: dict[str, Path] = {}
+    if rows.empty or not any(str(c).endswith("/occlusion_region_changed") for c in rows):
+        return figures
+    for table, part in rows.groupby("table", sort=True):
+        bars = _occlusion_bars(part)
+        if not bars:
+            continue
+        fig = Figure(figsize=(9.0, 0.55 * len(bars) + 1.9))
+        for k, (stat, label) in enumerate(_OCCLUSION_STATS.items()):
+            ax = fig.add_subplot(1, 2, k + 1)
+            for j, (where, (colour, name)) in enumerate(_OCCLUDED.items()):
+                y = np.arange(len(bars)) + (j - 0.5) * 0.38
+                cells = [b[1][(where, stat)] for b in bars]
+                ax.barh(y, [c[0] for c in cells], height=0.38, xerr=[c[1] for c in cells],
+                        color=colour, label=name, error_kw={"lw": 0.8})  # fmt: skip
+            ax.set_yticks(range(len(bars)), [b[0] for b in bars] if k == 0 else [], fontsize=8)
+            ax.axvline(0, color="grey", lw=0.6)
+            if stat == "changed":
+                ax.set_xlim(0, 1)
+            ax.invert_yaxis()
+            ax.set_xlabel(label, fontsize=9)
+        fig.axes[0].legend(fontsize=7, loc="upper center", bbox_to_anchor=(1.1, -0.3), ncol=2)
+        fig.suptitle(f"{table}: region occlusion", fontsize=10)
+        name = f"region_occlusion_{table}"
+        figures[name] = save(fig, out_dir, name)
     return figures
 
 

@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from medvqa.analysis.aggregate import method_sort_key
+from medvqa.analysis.methods import method_sort_key
 from medvqa.analysis.paired import recorded_bootstrap, same_questions, scored_table, split_rows
 from medvqa.analysis.tables import USABLE, role
 from medvqa.data import records as R
@@ -173,24 +173,10 @@ def judge_sensitivity(placed: pd.DataFrame) -> JudgeSensitivity:
                         }
                     )
             for a, b in itertools.combinations([m for m in methods if m in sides], 2):
-                (iid_a, ood_a), (iid_b, ood_b) = sides[a], sides[b]
-                if not (same_questions(iid_a, iid_b) and same_questions(ood_a, ood_b)):
+                source = Path(str(loaded[a][0]["source"]))
+                cis = _paired_cis(sides[a], sides[b], source, judges)
+                if cis is None:
                     continue
-                boot = recorded_bootstrap(read_record(Path(str(loaded[a][0]["source"]))))
-                if boot is None:
-                    continue
-                cis = {
-                    judge: paired_rr_diff(
-                        iid_a[column].to_numpy(float),
-                        iid_b[column].to_numpy(float),
-                        iid_a[R.CASE_ID].to_numpy(object),
-                        ood_a[column].to_numpy(float),
-                        ood_b[column].to_numpy(float),
-                        ood_a[R.CASE_ID].to_numpy(object),
-                        **boot,
-                    )
-                    for judge, column in judges.items()
-                }
                 names = {m: loaded[m][0]["method"] for m in (a, b)}
                 conclusions += _conclusions(table, seed, score, names[a], names[b], cis)
     if not rr_rows:
@@ -203,6 +189,36 @@ def judge_sensitivity(placed: pd.DataFrame) -> JudgeSensitivity:
         tau=_taus(ranks),
         conclusions=pd.DataFrame(conclusions, columns=CONCLUSION_COLUMNS),
     )
+
+
+def _paired_cis(
+    a: tuple[pd.DataFrame, pd.DataFrame],
+    b: tuple[pd.DataFrame, pd.DataFrame],
+    source: Path,
+    judges: Mapping[str, str],
+) -> dict[str, Any] | None:
+    """Under each judge, the paired case-bootstrap interval of RR(a) - RR(b) from two runs'
+    (i.i.d., OoD) rows, with the bootstrap settings recorded by the run at `source`; None where
+    the runs did not answer the same questions (nothing to pair) or no settings were
+    recorded."""
+    (iid_a, ood_a), (iid_b, ood_b) = a, b
+    if not (same_questions(iid_a, iid_b) and same_questions(ood_a, ood_b)):
+        return None
+    boot = recorded_bootstrap(read_record(source))
+    if boot is None:
+        return None
+    return {
+        judge: paired_rr_diff(
+            iid_a[column].to_numpy(float),
+            iid_b[column].to_numpy(float),
+            iid_a[R.CASE_ID].to_numpy(object),
+            ood_a[column].to_numpy(float),
+            ood_b[column].to_numpy(float),
+            ood_a[R.CASE_ID].to_numpy(object),
+            **boot,
+        )
+        for judge, column in judges.items()
+    }
 
 
 def _conclusions(

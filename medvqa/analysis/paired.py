@@ -8,7 +8,7 @@ paired bootstrap CI that resamples cases once for both sides. Three kinds of pai
 
 - `method − method`: two fine-tuning methods (A before B in the paper's order);
 - `condition − default`: the same weights asked other test questions (another wording,
-  `aggregate.CONDITION_OPTIONS`) minus the run of the dataset's default questions, as the
+  `rows.CONDITION_OPTIONS`) minus the run of the dataset's default questions, as the
   RoboSurg-VQA release reports `heldout_paraphrase_vs_canonical`;
 - `method − baseline`: each method minus each sanity baseline of the table (no image, image
   only, most frequent answer, ...), as the release's `image_question_vs_<baseline>`.
@@ -39,13 +39,14 @@ from typing import Any
 import pandas as pd
 
 from medvqa import plugins
-from medvqa.analysis.aggregate import as_number, config_get, method_sort_key
+from medvqa.analysis.methods import method_sort_key
+from medvqa.analysis.rows import as_number
 from medvqa.analysis.tables import USABLE, role
 from medvqa.data import records as R
 from medvqa.record import RESULTS_FILE, read_record
 from medvqa.scoring.pipeline import SCORES_FILE, RecordedMeans, paired_delta
 from medvqa.statistics.bootstrap import Bootstrap
-from medvqa.untrusted import CALL_KEYS, CLASS_KEY
+from medvqa.untrusted import CALL_KEYS, CLASS_KEY, config_get
 
 log = logging.getLogger(__name__)
 

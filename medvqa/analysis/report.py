@@ -29,7 +29,6 @@ from typing import Any
 import pandas as pd
 
 from medvqa.analysis import figures as figs
-from medvqa.analysis.aggregate import SKIPPED, rehearsals
 from medvqa.analysis.card import GUIDELINE
 from medvqa.analysis.claims import DEFAULT_ADJUSTMENT
 from medvqa.analysis.conclusions import Conclusions, conclude
@@ -37,6 +36,7 @@ from medvqa.analysis.effective import scatter_figure
 from medvqa.analysis.explorer import write_explorer
 from medvqa.analysis.judges import JudgeSensitivity, judge_figure, judge_sensitivity
 from medvqa.analysis.paired import paired_differences
+from medvqa.analysis.rows import SKIPPED, rehearsals
 from medvqa.analysis.tables import (
     FOOTNOTE,
     issues_table,
@@ -158,32 +158,10 @@ def build(runs: pd.DataFrame, out_dir: Path | str, adjustment: str = DEFAULT_ADJ
         files=files,
     )
     report.views = view_tables(placed) if not placed.empty else {}
-    for view, tables in report.views.items():
-        for name, table in tables.items():
-            stem = out_dir / "tables" / f"{slug(view)}_{slug(name)}"
-            table.to_csv(stem.with_suffix(".csv"), index=False)
-            caption = f"{note + '. ' if note else ''}{name}. {presented()[view].note}"
-            stem.with_suffix(".tex").write_text(to_latex(table, caption))
-            files[stem.name] = stem.with_suffix(".csv")
+    files.update(_write_view_tables(report.views, out_dir / "tables", note))
     report.ranks.to_csv(out_dir / "ranks.csv", index=False)
     report.variance.to_csv(out_dir / "std_shifts_vs_methods.csv", index=False)
-    fig_dir = out_dir / "figures"
-    made: dict[str, Path | str] = (
-        {
-            "rr_per_method_and_shift": figs.rr_bars(long, fig_dir),
-            "method_rank_by_rr": figs.rank_figure(report.ranks, fig_dir),
-            "std_shifts_vs_methods": figs.variance_figure(report.variance, fig_dir),
-            "corruption_vs_realistic": figs.corruption_vs_realistic(long, fig_dir),
-            **figs.breakdown_heatmaps(placed, fig_dir),
-            **figs.reliance_quadrants(placed, fig_dir),
-            **figs.subgroup_forest(placed, fig_dir),
-            **figs.calibration_curves(placed, fig_dir),
-            **judge_figure(judges, fig_dir),
-            **scatter_figure(conclusions.effective, fig_dir),
-        }
-        if not long.empty
-        else {"all figures": "no record could be placed in a table (see the issues)"}
-    )
+    made = _draw_figures(report, placed, out_dir / "figures")
     for name, result in made.items():
         if isinstance(result, Path):
             report.figures[name] = result
@@ -196,6 +174,44 @@ def build(runs: pd.DataFrame, out_dir: Path | str, adjustment: str = DEFAULT_ADJ
         report.explorer_note = explorer
     files["html"] = write_html(report)
     return report
+
+
+def _write_view_tables(
+    views: dict[str, dict[str, pd.DataFrame]], out_dir: Path, note: str | None
+) -> dict[str, Path]:
+    """Each view's tables as CSV and LaTeX under `out_dir`, the LaTeX caption carrying the
+    view's own note (and the rehearsal note) so that a copied table still says how to read it;
+    the CSVs by name."""
+    files = {}
+    for view, tables in views.items():
+        for name, table in tables.items():
+            stem = out_dir / f"{slug(view)}_{slug(name)}"
+            table.to_csv(stem.with_suffix(".csv"), index=False)
+            caption = f"{note + '. ' if note else ''}{name}. {presented()[view].note}"
+            stem.with_suffix(".tex").write_text(to_latex(table, caption))
+            files[stem.name] = stem.with_suffix(".csv")
+    return files
+
+
+def _draw_figures(report: Report, placed: pd.DataFrame, fig_dir: Path) -> dict[str, Path | str]:
+    """Every figure of the report under `fig_dir`: name -> its file, or why it was not drawn
+    (without a placed record there is nothing to draw)."""
+    long = report.long
+    if long.empty:
+        return {"all figures": "no record could be placed in a table (see the issues)"}
+    return {
+        "rr_per_method_and_shift": figs.rr_bars(long, fig_dir),
+        "method_rank_by_rr": figs.rank_figure(report.ranks, fig_dir),
+        "std_shifts_vs_methods": figs.variance_figure(report.variance, fig_dir),
+        "corruption_vs_realistic": figs.corruption_vs_realistic(long, fig_dir),
+        **figs.breakdown_heatmaps(placed, fig_dir),
+        **figs.reliance_quadrants(placed, fig_dir),
+        **figs.region_occlusion(placed, fig_dir),
+        **figs.subgroup_forest(placed, fig_dir),
+        **figs.calibration_curves(placed, fig_dir),
+        **judge_figure(report.judges, fig_dir),
+        **scatter_figure(report.conclusions.effective, fig_dir),
+    }
 
 
 def all_rehearsals(placed: pd.DataFrame) -> bool:
@@ -291,6 +307,26 @@ img{max-width:100%;margin:.5em 0}.note{color:#555;font-size:12px}.bad{color:#b00
 
 def write_html(report: Report) -> Path:
     """One self-contained file: tables as HTML, figures embedded as base64 PNG."""
+    parts = [
+        *_header_html(report),
+        *_results_html(report),
+        *_unfinished_html(report),
+        *_perf_html(report),
+        *_paired_html(report),
+        *_judges_html(report.judges),
+        *_conclusions_html(report.conclusions),
+        *_provenance_html(report),
+        *_figures_html(report),
+        "</body></html>",
+    ]
+    path = report.out_dir / "report.html"
+    path.write_text("\n".join(parts), encoding="utf-8")
+    return path
+
+
+def _header_html(report: Report) -> list[str]:
+    """The page's head and its first lines: how many runs ended how, where the row explorer
+    is (or why there is none), and the rehearsal note a reader must see before any number."""
     runs = report.runs
     n_runs = int((runs["kind"] == "run").sum()) if not runs.empty else 0
     status = runs.loc[runs["kind"] == "run", "status"].value_counts().to_dict() if n_runs else {}
@@ -311,7 +347,12 @@ def write_html(report: Report) -> Path:
         parts.append(f"<p class='note'>No row explorer: {html.escape(report.explorer_note)}.</p>")
     if report.rehearsal:
         parts.append(f"<p class='bad'><b>{html.escape(report.rehearsal)}</b></p>")
-    parts.append("<h2>Results per shift</h2>")
+    return parts
+
+
+def _results_html(report: Report) -> list[str]:
+    """The tables per shift, then each view's tables with the view's own note on reading it."""
+    parts = ["<h2>Results per shift</h2>"]
     for name, table in report.tables.items():
         parts += [f"<h3>{html.escape(name)}</h3>", _frame_html(table)]
     parts.append(f"<p class='note'>{html.escape(FOOTNOTE)}</p>")
@@ -320,57 +361,82 @@ def write_html(report: Report) -> Path:
         parts.append(f"<p class='note'>{html.escape(presented()[view].note)}</p>")
         for name, table in tables.items():
             parts += [f"<h3>{html.escape(name)}</h3>", _frame_html(table)]
-    parts.append("<h2>Runs that did not finish</h2>")
+    return parts
+
+
+def _unfinished_html(report: Report) -> list[str]:
+    """The runs that failed or diverged: part of the report, never dropped silently."""
+    parts = ["<h2>Runs that did not finish</h2>"]
     if report.issues.empty:
         parts.append("<p>None: every run finished.</p>")
     else:
         parts.append(f"<div class='bad'>{_frame_html(report.issues)}</div>")
-    parts.append("<h2>Speed and memory per job</h2>")
+    return parts
+
+
+def _perf_html(report: Report) -> list[str]:
+    """What each job measured of its own speed and memory (the records' `perf`)."""
+    parts = ["<h2>Speed and memory per job</h2>"]
     if report.perf.empty:
         parts.append("<p>No run recorded its speed (records from before medvqa.measure).</p>")
-    else:
-        parts.append(
-            "<p class='note'>What each job measured of itself (results.json <code>perf</code>): "
-            "the fit's samples/s over the whole fit and its second half (steady, after "
-            "compilation and warm-up), model-FLOPs utilisation over the second half, this "
-            "rank's peak GPU memory against the memory plan's estimate, and the generation "
-            "passes' rows/s; compare with docs/measurements.md (perf.csv).</p>"
-        )
-        parts.append(_frame_html(report.perf, "{:.3g}"))
-    parts.append("<h2>Paired differences on the same questions</h2>")
+        return parts
+    parts.append(
+        "<p class='note'>What each job measured of itself (results.json <code>perf</code>): "
+        "the fit's samples/s over the whole fit and its second half (steady, after "
+        "compilation and warm-up), model-FLOPs utilisation over the second half, this "
+        "rank's peak GPU memory against the memory plan's estimate, and the generation "
+        "passes' rows/s; compare with docs/measurements.md (perf.csv).</p>"
+    )
+    parts.append(_frame_html(report.perf, "{:.3g}"))
+    return parts
+
+
+def _paired_html(report: Report) -> list[str]:
+    """The paired differences on the same questions (paired_differences.csv)."""
+    parts = ["<h2>Paired differences on the same questions</h2>"]
     if report.paired.empty:
         parts.append(
             "<p>None: no table has two runs with scored tables of the same questions for one "
             "seed.</p>"
         )
-    else:
-        parts.append(
-            "<p class='note'>A − B on the same questions, per seed and split: method − method, "
-            "another test wording − the default one (condition − default), method − baseline; "
-            "with a paired case-bootstrap 95% CI, the score recomputed on each resample where it "
-            "is not a per-row mean (paired_differences.csv).</p>"
-        )
-        parts.append(_frame_html(report.paired))
-    parts += _judges_html(report.judges)
-    parts += _conclusions_html(report.conclusions)
-    parts.append("<h2>Provenance</h2>")
+        return parts
+    parts.append(
+        "<p class='note'>A − B on the same questions, per seed and split: method − method, "
+        "another test wording − the default one (condition − default), method − baseline; "
+        "with a paired case-bootstrap 95% CI, the score recomputed on each resample where it "
+        "is not a per-row mean (paired_differences.csv).</p>"
+    )
+    parts.append(_frame_html(report.paired))
+    return parts
+
+
+def _provenance_html(report: Report) -> list[str]:
+    """What each table's runs were computed with; a field that mixes values is marked, since a
+    table over mixed code or data versions may not compare like with like."""
+    parts = ["<h2>Provenance</h2>"]
     if report.provenance.empty:
         parts.append("<p>No run recorded its provenance.</p>")
-    else:
-        shown = report.provenance.assign(
-            table=report.provenance["table"].map(_breakable),
-            values=report.provenance["values"].map(lambda vs: "<br>".join(map(_breakable, vs))),
-        )
-        mixed = shown["n_values"] > 1
-        parts.append(
-            "<p class='note'>What each table's runs were computed with; "
-            f"{int(mixed.sum())} field(s) mix several values (marked).</p>"
-        )
-        table = shown.assign(
-            n_values=shown["n_values"].map(lambda n: f"{n} ⚠" if n > 1 else n)
-        ).to_html(index=False, border=0, classes="t", escape=False)
-        parts.append(f"<div class='scroll'>{table}</div>")
-    parts.append("<h2>Figures</h2>")
+        return parts
+    shown = report.provenance.assign(
+        table=report.provenance["table"].map(_breakable),
+        values=report.provenance["values"].map(lambda vs: "<br>".join(map(_breakable, vs))),
+    )
+    mixed = shown["n_values"] > 1
+    parts.append(
+        "<p class='note'>What each table's runs were computed with; "
+        f"{int(mixed.sum())} field(s) mix several values (marked).</p>"
+    )
+    table = shown.assign(
+        n_values=shown["n_values"].map(lambda n: f"{n} ⚠" if n > 1 else n)
+    ).to_html(index=False, border=0, classes="t", escape=False)
+    parts.append(f"<div class='scroll'>{table}</div>")
+    return parts
+
+
+def _figures_html(report: Report) -> list[str]:
+    """The figures, embedded, each with the table it was drawn from where a reader needs the
+    numbers (ranks, the spread over shifts and methods); then the figures not drawn and why."""
+    parts = ["<h2>Figures</h2>"]
     for name, png in report.figures.items():
         parts += [f"<h3>{html.escape(name)}</h3>", _img(png)]
         if name == "method_rank_by_rr" and not report.ranks.empty:
@@ -383,10 +449,7 @@ def write_html(report: Report) -> Path:
         parts.append("<h3>Figures not drawn</h3><ul>")
         parts += [f"<li>{html.escape(k)}: {html.escape(v)}</li>" for k, v in report.skipped.items()]
         parts.append("</ul>")
-    parts.append("</body></html>")
-    path = report.out_dir / "report.html"
-    path.write_text("\n".join(parts), encoding="utf-8")
-    return path
+    return parts
 
 
 def _judges_html(judges: JudgeSensitivity) -> list[str]:

@@ -33,10 +33,12 @@ import yaml
 from omegaconf import OmegaConf
 
 from medvqa import CONF_DIR
-from medvqa.analysis.aggregate import as_number, config_get, find_records, run_identity
+from medvqa.analysis.aggregate import find_records
+from medvqa.analysis.rows import as_number, run_identity
 from medvqa.data import records as R
 from medvqa.record import read_record
 from medvqa.scoring.pipeline import unreliable
+from medvqa.untrusted import config_get
 
 log = logging.getLogger(__name__)
 

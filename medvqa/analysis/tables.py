@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from medvqa.analysis.aggregate import BASELINES, PROVENANCE_COLUMNS, method_sort_key
+from medvqa.analysis.methods import BASELINES, method_sort_key
+from medvqa.analysis.rows import PROVENANCE_COLUMNS
 from medvqa.analysis.summary import COLUMNS, markdown_table, markdown_text
 from medvqa.views import presented
 
@@ -119,7 +120,8 @@ def role(row: pd.Series) -> str:
     is_baseline = isinstance(baseline, str) and baseline != "zero_shot"
     if isinstance(row.get("condition"), str) and not is_baseline:
         return "condition"
-    derived = row.get("kind") in ("extra image", "extra order", "delta")
+    kind = row.get("kind")  # a pass's row (`extra image`, `delta`, ...): not the method itself
+    derived = isinstance(kind, str) and kind not in ("run", "reference")
     if is_baseline or derived or row.get("method_id") in BASELINES:
         return "baseline"
     return "method"

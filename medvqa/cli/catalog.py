@@ -1,8 +1,8 @@
 """`medvqa-list`: what this installation has, one line each, read from the registries and the
 shipped configs themselves, so a plug-in (`MEDVQA_PLUGINS`, an entry point) or a new YAML file
-appears without being listed anywhere: tasks, datasets, metric families, model families and views
-(classes, found as a run finds them), and the config groups a run composes (shifts, methods,
-models, experiments, sweeps, studies, baselines)."""
+appears without being listed anywhere: tasks, datasets, metric families, model families, views
+and evaluation pass kinds (classes, found as a run finds them), and the config groups a run
+composes (shifts, methods, models, experiments, sweeps, studies, baselines)."""
 
 from __future__ import annotations
 
@@ -82,6 +82,7 @@ KINDS: dict[str, tuple[str, Callable[[], Iterator[tuple[str, str]]]]] = {
     "model families": ("a checkpoint's model_type", lambda: _classes("family")),
     "metric families": ("metric=[<name>,...]", lambda: _classes("metric")),
     "views": ("run where a job has their inputs", lambda: _classes("view")),
+    "passes": ("each by its own key, e.g. data.extra_eval_images", lambda: _classes("pass")),
     "experiments": ("+experiment=<name>", _group("experiment")),
     "sweeps": ("-m sweep=<name>", _group("sweep")),
     "studies": ("study=<name>", _group("study")),
@@ -111,8 +112,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="medvqa-list",
         description="List what this installation has: tasks, datasets, shifts, methods, models, model "
-        "and metric families, views, experiments, sweeps, studies and baselines (plug-ins "
-        "included).",
+        "and metric families, views, evaluation passes, experiments, sweeps, studies and "
+        "baselines (plug-ins included).",
     )
     parser.add_argument("kinds", nargs="*", choices=[[], *KINDS], metavar="KIND",
                         help=f"what to list (default: everything): {', '.join(KINDS)}")  # fmt: skip

@@ -10,9 +10,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from medvqa.analysis.aggregate import collect, collect_wandb, merge
+from medvqa.analysis.aggregate import collect, merge
 from medvqa.analysis.claims import ADJUSTMENTS, DEFAULT_ADJUSTMENT
 from medvqa.analysis.report import build_report, log_report
+from medvqa.analysis.wandb_runs import collect_wandb
 from medvqa.atomic import OutputDirError, restrict_umask
 
 

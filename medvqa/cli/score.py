@@ -21,7 +21,7 @@ from medvqa.atomic import OutputDirError, restrict_umask, staged_dir
 from medvqa.cli.refusal import refused
 from medvqa.data.records import SPLIT
 from medvqa.errors import ConfigError
-from medvqa.generation.passes import mode_prefix, order_prefix, prediction_path
+from medvqa.generation.passes import RECORD_KEY, EvalPass, ImageMode, Main, OptionOrder
 from medvqa.judge.errors import JudgeConfigError
 from medvqa.peers.prediction_files import limit_option
 from medvqa.peers.readers import READERS, ReadLimits, ScoreInputError, read
@@ -77,7 +77,8 @@ def score_file(
     run does); write results.json, scores.parquet and summary.md to out_dir. `questions`: the
     question file a LLaVA answers file was made from (its ground truth); `image_modes`: the same
     questions answered under a counterfactual image (mode -> file: image reliance and the
-    deltas); `orders`: with the closed options reordered (k -> file: option-order flips);
+    deltas); `orders`: with the closed options reordered (k -> file: option-order flips); each
+    is the pass a run would have made (`generation.passes`), recorded as a run records them;
     `limits`: how far an .xlsx or .parquet file may unpack before it is refused."""
     from medvqa.config import check_config, check_judge_config
     from medvqa.provenance import add_metrics, environment
@@ -98,8 +99,8 @@ def score_file(
             f"--image-mode {unknown}: not a counterfactual image mode; use one of "
             f"{list(COUNTERFACTUAL_MODES)} (the file's rows answered under that image)"
         )
-    others = {mode_prefix(m): path for m, path in (image_modes or {}).items()}
-    others |= {order_prefix(k): path for k, path in (orders or {}).items()}
+    passes, files = _passes(Path(predictions), image_modes or {}, orders or {})
+    others = {p.prefix: files[p] for p in passes if p.prefix}
     frames = {"": frame} | {
         p: read(Path(path), fmt, questions, limits)[0] for p, path in others.items()
     }
@@ -115,39 +116,59 @@ def score_file(
         skipped = [f for f in cfg.evaluation.breakdown if f not in frame]
         if skipped:
             log.warning("%s has no column(s) %s: no breakdown by them", predictions, skipped)
-        settings = OmegaConf.create(
-            {
-                "seed": int(cfg.seed),
-                "predictions": str(Path(predictions).resolve()),
-                "questions": None if questions is None else str(Path(questions).resolve()),
-                "also": {p: str(Path(path).resolve()) for p, path in others.items()},
-                "format": fmt,
-                "read_limits": dataclasses.asdict(limits),
-                **{
-                    key: OmegaConf.to_container(cfg[key], resolve=True)
-                    for key in ("metric", "evaluation", "judge")
-                },
-            }
-        )
+        settings = _settings(cfg, Path(predictions), questions, others, fmt, limits)
         record = RunRecord(staging, settings, choices={"format": fmt})
         record.provenance = environment()
+        record.provenance[RECORD_KEY] = [p.record() for p in passes]
         add_metrics(record.provenance, scoring.families)
         answers = {
             prefix: {str(split): rows for split, rows in table.groupby(SPLIT, sort=False)}
             for prefix, table in frames.items()
         }
-        metrics, scored = score_job(
-            scoring,
-            answers,
-            image_modes={mode_prefix(m): m for m in image_modes or {}},
-            orders=[order_prefix(k) for k in orders or {}],
-            breakdown=breakdown,
-        )
-        for prefix, table in scored.items():  # scores.parquet, scores_<mode>.parquet, ...
-            write_scores(table, scores_path(prediction_path(staging, prefix)))
+        metrics, scored = score_job(scoring, answers, passes, breakdown=breakdown)
+        for p in passes:  # scores.parquet, scores_<mode>.parquet, ...
+            write_scores(scored[p.prefix], scores_path(p.path(staging)))
         record.finish(metrics, failed_items(metrics))
         _summary(metrics, list(answers[""]), scoring.headline_scores(), staging)
     return metrics
+
+
+def _settings(
+    cfg: DictConfig,
+    predictions: Path,
+    questions: Path | None,
+    others: Mapping[str, Path],
+    fmt: str,
+    limits: ReadLimits,
+) -> DictConfig:
+    """The record's config: the files scored (each other pass's by its prefix), how they were
+    read, and the scoring's own settings, so that a rescoring can be told apart and rerun."""
+    return OmegaConf.create(
+        {
+            "seed": int(cfg.seed),
+            "predictions": str(predictions.resolve()),
+            "questions": None if questions is None else str(Path(questions).resolve()),
+            "also": {p: str(Path(path).resolve()) for p, path in others.items()},
+            "format": fmt,
+            "read_limits": dataclasses.asdict(limits),
+            **{
+                key: OmegaConf.to_container(cfg[key], resolve=True)
+                for key in ("metric", "evaluation", "judge")
+            },
+        }
+    )
+
+
+def _passes(
+    predictions: Path, image_modes: Mapping[str, Path], orders: Mapping[int, Path]
+) -> tuple[list[EvalPass], dict[EvalPass, Path]]:
+    """The passes the files are (the main answers, an image mode's, an option order's, as a run
+    makes them) and each one's file."""
+    label = predictions.name
+    files: dict[EvalPass, Path] = {Main(label=label, tuned=True): predictions}
+    files |= {ImageMode.after(label, image_mode=m): path for m, path in image_modes.items()}
+    files |= {OptionOrder.after(label, k=k): path for k, path in orders.items()}
+    return list(files), files
 
 
 def _summary(

@@ -42,6 +42,7 @@ from medvqa.atomic import build_once, is_built
 from medvqa.data import records as R
 from medvqa.data.base import VQASource
 from medvqa.data.cleaning import CleaningLog
+from medvqa.data.regions import REGION, log_counts, region_counts
 from medvqa.errors import DataError
 from medvqa.hashing import Hasher, file_hash
 
@@ -359,6 +360,11 @@ class AnnotatedSource(VQASource):
     def build(self, bad: BadRows, cleaning: CleaningLog) -> pd.DataFrame:
         """Read the annotation files and return the normalised, cleaned table."""
 
+    def region_files(self) -> list[Path]:
+        """Files besides the annotations whose content decides the table's regions (SLAKE's
+        `detection.json` per image; `medvqa.data.regions`): part of the cache key."""
+        return []
+
     # Constructor parameters that are locations, not content: never part of the cache key.
     _NOT_CONTENT = ("root", "cache_dir", "on_bad_row")
 
@@ -394,7 +400,7 @@ class AnnotatedSource(VQASource):
                     "field_types": {k: t.expected for k, t in self.field_types.items()},
                 }
             )
-            for path in self.annotation_files():
+            for path in [*self.annotation_files(), *self.region_files()]:
                 key.update(str(path.relative_to(self.root)))
                 key.update(file_hash(self.require(path, "annotation file")))
             self._key = key.hexdigest(20)
@@ -432,6 +438,9 @@ class AnnotatedSource(VQASource):
             "skipped_rows": bad.report(),
             "kept_oddities": self.oddities.report(table),
         }
+        if REGION in table.columns:  # how many rows have a region, and why the others do not
+            self._report["regions"] = region_counts(table)
+            log_counts(self.name, self._report["regions"])
         if entry is not None:
 
             def write(tmp: Path) -> None:  # the report last: it marks a complete entry

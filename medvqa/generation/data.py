@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import lightning as L
 import numpy as np
@@ -67,10 +67,34 @@ def _flat(images: Any) -> list[Any]:
     return [images]
 
 
+class ImageChange(Protocol):
+    """A pass that changes the image a row is shown, with the row at hand (its metadata: a
+    region to hide, a mask's file): `generation.passes.EvalPass` where `transforms_image`."""
+
+    def transform_image(self, image: Image.Image | None, row: pd.Series) -> Image.Image | None: ...
+
+    def image_key(self, key: str, row: pd.Series) -> str: ...
+
+
 class GenerationDataset(VQADataset):
     """Generation prompts (no answers), each with its pixels' identity (`IMAGE_KEY`) and its
     (target, id) as its meta; a batch fetched together reads and processes each of its
-    distinct images once. The frame's `TARGET` column says which target a row answers."""
+    distinct images once. The frame's `TARGET` column says which target a row answers.
+    `change`: a pass's change of each row's image (None: the image mode's image)."""
+
+    def __init__(self, *args: Any, change: ImageChange | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.change = change
+
+    def image_key(self, i: int) -> str:
+        key = super().image_key(i)
+        return key if self.change is None else self.change.image_key(key, self.frame.iloc[i])
+
+    def image(self, i: int) -> Image.Image | None:
+        image = super().image(i)
+        if self.change is None:
+            return image
+        return self.change.transform_image(image, self.frame.iloc[i])
 
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
         processor = copy.copy(self.processor)
@@ -107,7 +131,8 @@ class Target:
 class GenerationData(L.LightningDataModule):
     """The prompts of one split that these weights have not answered yet, for one predictions
     file or several (`targets`: passes that show the same images, such as the option orders,
-    whose rows are batched together so that they share each image's prefix).
+    whose rows are batched together so that they share each image's prefix), each row's image
+    changed by `image_change` where a pass changes it.
 
     Built inside the predict loop, where the process group exists: global rank 0 reads what is
     done and broadcasts the rows to do, so every rank shards the same list. With shared
@@ -127,6 +152,7 @@ class GenerationData(L.LightningDataModule):
         prompt: PromptTemplate = PLAIN,
         mismatch_field: str = DataSchema.mismatch_field,
         pool: pd.DataFrame | None = None,
+        image_change: ImageChange | None = None,
     ) -> None:
         super().__init__()
         if len(targets) > 1 and image_mode in PARTNER_MODES:
@@ -152,6 +178,7 @@ class GenerationData(L.LightningDataModule):
             prompt=prompt,
             pool=self.targets[0].frame if pool is None else pool,
             mismatch_field=mismatch_field,
+            change=image_change,
         )
         self.by_id = [t.frame.set_index(R.ID) for t in self.targets]
         self.n_todo = 0

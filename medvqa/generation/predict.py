@@ -30,7 +30,7 @@ from medvqa.atomic import write_file
 from medvqa.data import records as R
 from medvqa.data.base import VQASource
 from medvqa.distributed import is_global_zero
-from medvqa.generation.data import GenerationData, Target
+from medvqa.generation.data import GenerationData, ImageChange, Target
 from medvqa.generation.decode import Decoder
 from medvqa.generation.files import (
     checksum_path,
@@ -188,6 +188,7 @@ def generate_targets(
     trainer: L.Trainer | None = None,
     mismatch_field: str = DataSchema.mismatch_field,
     pool: pd.DataFrame | None = None,
+    image_change: ImageChange | None = None,
 ) -> list[pd.DataFrame] | None:
     """Generate answers for every target (a split's rows into a predictions file; several
     targets, such as one split of several passes, are batched together) in one predict loop,
@@ -196,7 +197,8 @@ def generate_targets(
     Every rank must call it (each generates its shard); only global rank 0 gets the records,
     the other ranks get None. `settings`: the job's (`settings.resolve`); `model_id`: the
     weights' fingerprint, if the caller has it; `trainer`: a `prediction_trainer` to reuse (a
-    job generates every split and image mode with one), else one is made from `trainer_cfg`.
+    job generates every split and image mode with one), else one is made from `trainer_cfg`;
+    `image_change`: a pass's change of each row's image (`data.ImageChange`).
     """
     model_id = model_id or weights_fingerprint(model)
     data = GenerationData(
@@ -210,6 +212,7 @@ def generate_targets(
         prompt,
         mismatch_field,
         pool,
+        image_change,
     )
     trainer = trainer or prediction_trainer(trainer_cfg)
     module = GenerationModule(model, processor.tokenizer, settings)
@@ -261,6 +264,7 @@ def generate_passes(
     prompt: PromptTemplate = PLAIN,
     mismatch_field: str = DataSchema.mismatch_field,
     model_id: str | None = None,
+    image_change: ImageChange | None = None,
 ) -> list[dict[str, pd.DataFrame]] | None:
     """Every split of every pass (None on ranks other than 0), with one prediction Trainer
     (`trainer`, or one made from `trainer_cfg`); the passes of one split are generated together
@@ -269,17 +273,14 @@ def generate_passes(
     A pass with a `shared_dir` shares its file between the jobs of a sweep: answers of the same
     weights to the same rows with the same prompt and settings are copied in instead of being
     generated again (the untuned base's zero-shot answers), and a complete file is published
-    there for the next job. `model_id`: the weights' fingerprint, if the caller has it.
+    there for the next job. `model_id`: the weights' fingerprint, if the caller has it;
+    `image_change`: the passes' change of each row's image (`data.ImageChange`), if any.
     """
     model_id = model_id or weights_fingerprint(model)  # once for every split: it reads every tensor
-    shared: list[Path | None] = []
-    for p in passes:
-        if is_global_zero():
-            set_aside_other_weights(p.out_path, model_id)
-        shared.append(None)
-        if p.shared_dir is None:
-            continue
-        key = prediction_key(
+    keys = [
+        None
+        if p.shared_dir is None
+        else prediction_key(
             model_id,
             model,
             processor,
@@ -289,13 +290,11 @@ def generate_passes(
             mismatch_field=mismatch_field,
             prompt=prompt,
             trainer_cfg=trainer_cfg,
+            image_change=image_change,
         )
-        shared[-1] = Path(p.shared_dir) / f"{key}.jsonl"
-        empty = not p.out_path.is_file() or p.out_path.stat().st_size == 0
-        if empty and is_global_zero() and intact_shared(shared[-1]):
-            p.out_path.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(shared[-1], p.out_path)
-            log.info("reusing the answers of the same weights and prompts from %s", shared[-1])
+        for p in passes
+    ]
+    shared = _reuse_shared(passes, keys, model_id)
     trainer = trainer or prediction_trainer(trainer_cfg)
     out: list[dict[str, pd.DataFrame]] = [{} for _ in passes]
     # Another modality's image may only exist in another split (a modality shift's OoD split):
@@ -318,18 +317,48 @@ def generate_passes(
             trainer=trainer,
             mismatch_field=mismatch_field,
             pool=pool,
+            image_change=image_change,
         )
         for i, preds in enumerate(got or []):  # None on ranks other than 0
             out[i][split] = preds
     if not is_global_zero():
         return None
+    _publish_shared(passes, shared)
+    return out
+
+
+def _reuse_shared(
+    passes: Sequence[PassFiles], keys: Sequence[str | None], model_id: str
+) -> list[Path | None]:
+    """Each pass's file in its shared folder (None: not shared, `keys` None), its complete
+    answers copied in where the pass's own file is empty; rank 0 first sets aside answers of
+    other weights (a file is never resumed from another model's answers)."""
+    shared: list[Path | None] = []
+    for p, key in zip(passes, keys, strict=True):
+        if is_global_zero():
+            set_aside_other_weights(p.out_path, model_id)
+        if p.shared_dir is None or key is None:
+            shared.append(None)
+            continue
+        path = Path(p.shared_dir) / f"{key}.jsonl"
+        shared.append(path)
+        empty = not p.out_path.is_file() or p.out_path.stat().st_size == 0
+        if empty and is_global_zero() and intact_shared(path):
+            p.out_path.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, p.out_path)
+            log.info("reusing the answers of the same weights and prompts from %s", path)
+    return shared
+
+
+def _publish_shared(passes: Sequence[PassFiles], shared: Sequence[Path | None]) -> None:
+    """Publish each shared pass's complete file (with its checksum, so that a torn copy is
+    never reused) for the next job of the sweep, unless an intact one is there already."""
     for p, path in zip(passes, shared, strict=True):
         if path is not None and not intact_shared(path, quiet=True):
             write_file(path, lambda tmp, p=p: shutil.copyfile(p.out_path, tmp))
             write_file(
                 checksum_path(path), lambda tmp, path=path: tmp.write_text(file_hash(path) + "\n")
             )
-    return out
 
 
 def prediction_key(
@@ -343,6 +372,7 @@ def prediction_key(
     mismatch_field: str = DataSchema.mismatch_field,
     prompt: PromptTemplate = PLAIN,
     trainer_cfg: Any = None,
+    image_change: ImageChange | None = None,
 ) -> str:
     """What determines a set of answers: the weights, their dtype and attention kernel; the
     templates and the image processor's settings (Qwen's size cap changes the tokens); the rows,
@@ -361,6 +391,8 @@ def prediction_key(
     what: dict[str, Any] = {"image_mode": image_mode, **settings.computing(model)}
     if image_mode == "mismatched":  # which rows' images it shows
         what["mismatch_field"] = mismatch_field
+    if image_change is not None:  # the pass that changes them, with its settings
+        what["image_change"] = repr(image_change)
     key.update(
         {
             **what,

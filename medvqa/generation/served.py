@@ -1,12 +1,12 @@
 """A model behind an OpenAI-compatible chat-completions endpoint, asked every pass of the
 protocol (`model=served`: vLLM, SGLang, TGI, a hosted API).
 
-The rows, image modes (blank, shuffled, mismatched, none), option orders, paraphrases and the
-prompt template are those a loaded model sees (`training.datamodule.VQADataset` picks the image
-and writes the question); only the last step differs: the chat goes to the server as the chat
-API carries it (the image as a `data:image/png;base64` URL, the template's system turn and the
-question as text, in `prompting.build_messages`' order), and the server applies its own chat
-template. Decoding is greedy (temperature 0, a fixed `seed` where the server takes one) with the
+The rows, passes (image modes, option orders, any pass kind's change of a row), paraphrases and
+the prompt template are those a loaded model sees (`generation.data.GenerationDataset` picks
+the image and writes the question); only the last step differs: the chat goes to the server as
+the chat API carries it (the image as a `data:image/png;base64` URL, the template's system turn
+and the question as text, in `prompting.build_messages`' order), and the server applies its
+own chat template. Decoding is greedy (temperature 0, a fixed `seed` where the server takes one) with the
 protocol's answer length (`evaluation.lengths.generation_length`).
 
 Each answer is stored the moment it arrives, under a hash of (endpoint, model, messages,
@@ -49,7 +49,7 @@ from medvqa.atomic import write_file
 from medvqa.data import records as R
 from medvqa.data.base import VQASource
 from medvqa.errors import ConfigError
-from medvqa.generation.data import prediction_record
+from medvqa.generation.data import GenerationDataset, ImageChange, prediction_record
 from medvqa.generation.files import ours, read_predictions
 from medvqa.hashing import content_hash
 from medvqa.interrupts import stage
@@ -58,7 +58,6 @@ from medvqa.judge.cache import SqliteStore
 from medvqa.judge.errors import JudgeConfigError
 from medvqa.measure import measured
 from medvqa.models.prompting import PromptTemplate, build_messages
-from medvqa.training.datamodule import VQADataset
 from medvqa.training.spec import DataSchema
 
 log = logging.getLogger(__name__)
@@ -314,10 +313,11 @@ def answer_pass(
     image_mode: str = DataSchema.eval_image,
     prompt: PromptTemplate,
     mismatch_field: str = DataSchema.mismatch_field,
+    image_change: ImageChange | None = None,
 ) -> dict[str, pd.DataFrame]:
     """One pass's answers to every split of `frames` from the served model, written to its
     predictions file (`out_path`, whole) and returned by split, as `predict.generate_passes`
-    returns a loaded model's."""
+    returns a loaded model's (`image_change`: the pass's change of each row's image)."""
     pool = pd.concat(list(frames.values())) if image_mode == "mismatched" else None
     model_id = endpoint.identity()
     records = []
@@ -326,7 +326,7 @@ def answer_pass(
         measured(f"generate/{out_path.stem}", "rows") as phase,
     ):
         for split, frame in frames.items():
-            rows = VQADataset(
+            rows = GenerationDataset(
                 frame,
                 source,
                 processor=None,
@@ -335,6 +335,7 @@ def answer_pass(
                 prompt=prompt,
                 pool=frame if pool is None else pool,
                 mismatch_field=mismatch_field,
+                change=image_change,
             )
             images: dict[str, str | None] = {}
             chats = []

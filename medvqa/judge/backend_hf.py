@@ -59,34 +59,9 @@ def next_token_logits(
 
     import torch
 
-    first = sequences[0]
-    shortest = min(len(s) for s in sequences)
-    shared = 0  # at least one token of every row stays out of the prefix: it gives the logits
-    while (
-        share_prefix
-        and shared < shortest - 1
-        and all(s[shared] == first[shared] for s in sequences)
-    ):
-        shared += 1
+    shared = _shared_length(sequences, prefixes, share_prefix)
     device = model.device
-    cached = None
-    # A kept start that every row begins with serves, even if this batch shares more.
-    kept = [k for k in (prefixes or {}) if len(k) <= shared and tuple(first[: len(k)]) == k]
-    if kept:
-        shared = max(len(k) for k in kept)
-    elif len(sequences) < 2:
-        shared = 0  # a start no other row shares: nothing to save by keeping it
-    if shared:
-        key = tuple(first[:shared])
-        cached = None if prefixes is None else prefixes.get(key)
-        if cached is None:
-            with torch.inference_mode():
-                ids = torch.tensor([key], device=device)
-                cached = model(input_ids=ids, use_cache=True).past_key_values
-            if prefixes is not None:
-                while len(prefixes) >= PREFIXES_KEPT:
-                    prefixes.pop(next(iter(prefixes)))
-                prefixes[key] = cached
+    cached = _prefix_cache(model, tuple(sequences[0][:shared]), prefixes) if shared else None
 
     def fresh_past() -> Any:  # the forward pass extends it: a copy per pass
         if not shared:
@@ -94,6 +69,68 @@ def next_token_logits(
         past = copy.deepcopy(cached)
         past.batch_repeat_interleave(len(sequences))
         return past
+
+    inputs, ends = _padded_rest(sequences, shared, pad_id)
+    keep = sorted(set(ends))  # the LM head runs only where some row ends
+    inputs = {name: tensor.to(device) for name, tensor in inputs.items()}
+    with torch.inference_mode():
+        try:
+            kept = torch.tensor(keep, device=device)
+            logits = model(**inputs, past_key_values=fresh_past(), logits_to_keep=kept).logits
+            columns = [keep.index(e) for e in ends]
+        except TypeError:  # a model without logits_to_keep: every position
+            logits = model(**inputs, past_key_values=fresh_past()).logits
+            columns = ends
+    rows = torch.arange(len(sequences), device=logits.device)
+    return logits[rows, torch.tensor(columns, device=logits.device)].float()
+
+
+def _shared_length(
+    sequences: Sequence[Sequence[int]], prefixes: dict | None, share_prefix: bool
+) -> int:
+    """How many leading tokens run once for the whole batch: a kept start every row begins
+    with, else the longest start all rows share (none for a single row: nothing to save by
+    keeping it). At least one token of every row stays out: it gives the logits."""
+    first = sequences[0]
+    shortest = min(len(s) for s in sequences)
+    shared = 0
+    while (
+        share_prefix
+        and shared < shortest - 1
+        and all(s[shared] == first[shared] for s in sequences)
+    ):
+        shared += 1
+    # A kept start that every row begins with serves, even if this batch shares more.
+    kept = [k for k in (prefixes or {}) if len(k) <= shared and tuple(first[: len(k)]) == k]
+    if kept:
+        return max(len(k) for k in kept)
+    return 0 if len(sequences) < 2 else shared
+
+
+def _prefix_cache(model: Any, key: tuple[int, ...], prefixes: dict | None) -> Any:
+    """The key/value cache after the tokens `key`: the kept one, else run once and kept in
+    `prefixes` (the oldest dropped beyond PREFIXES_KEPT) for later batches."""
+    import torch
+
+    cached = None if prefixes is None else prefixes.get(key)
+    if cached is None:
+        with torch.inference_mode():
+            ids = torch.tensor([key], device=model.device)
+            cached = model(input_ids=ids, use_cache=True).past_key_values
+        if prefixes is not None:
+            while len(prefixes) >= PREFIXES_KEPT:
+                prefixes.pop(next(iter(prefixes)))
+            prefixes[key] = cached
+    return cached
+
+
+def _padded_rest(
+    sequences: Sequence[Sequence[int]], shared: int, pad_id: int
+) -> tuple[dict[str, Any], list[int]]:
+    """The model's inputs for each row's tokens after the shared start, right-padded (a causal
+    model never looks ahead at the padding), with positions and a mask that continue the
+    start; and the position of each row's last token, where its next-token logits are."""
+    import torch
 
     rest = [list(s[shared:]) for s in sequences]
     width = max(len(r) for r in rest)
@@ -104,23 +141,8 @@ def next_token_logits(
         ids[i, : len(r)] = torch.tensor(r)
         mask[i, shared : shared + len(r)] = 1
     positions = (shared + torch.arange(width)).expand(len(rest), width)
-    ends = [len(r) - 1 for r in rest]
-    keep = sorted(set(ends))  # the LM head runs only where some row ends
-    inputs = {
-        "input_ids": ids.to(device),
-        "attention_mask": mask.to(device),
-        "position_ids": positions.to(device),
-    }
-    with torch.inference_mode():
-        try:
-            kept = torch.tensor(keep, device=device)
-            logits = model(**inputs, past_key_values=fresh_past(), logits_to_keep=kept).logits
-            columns = [keep.index(e) for e in ends]
-        except TypeError:  # a model without logits_to_keep: every position
-            logits = model(**inputs, past_key_values=fresh_past()).logits
-            columns = ends
-    rows = torch.arange(len(rest), device=logits.device)
-    return logits[rows, torch.tensor(columns, device=logits.device)].float()
+    inputs = {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
+    return inputs, [len(r) - 1 for r in rest]
 
 
 @dataclass(kw_only=True)

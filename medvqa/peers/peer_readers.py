@@ -95,21 +95,7 @@ def read_vlmevalkit(path: Path) -> pd.DataFrame:
     """VLMEvalKit's prediction file: MCQ rows as closed questions over their options, the
     answer the option of the key letter; VQA rows as open, or closed when yes/no."""
     frame = load_table(path)
-    columns = {str(c) for c in frame.columns}
-    missing = [c for c in (VLMEVALKIT_INDEX, PREDICTION) if c not in columns]
-    if missing:
-        raise ScoreInputError(
-            f"{path}: no column {missing} (columns: {sorted(columns)}); a VLMEvalKit prediction "
-            "file has `index` and `prediction`: pass the {model}_{dataset} file its inference "
-            "wrote, or --format table for another table"
-        )
-    if R.ANSWER not in columns:
-        raise ScoreInputError(
-            f"{path}: no `answer` column, so nothing to score against; VLMEvalKit's test "
-            "splits (e.g. MMBench_TEST_EN) ship without answers: score a split with answers "
-            "(e.g. MMBench_DEV_EN), or add the answer column"
-        )
-    letters = [c for c in OPTION_LETTERS if c in columns]
+    letters = _vlmevalkit_letters(frame, path)
     # The options as VLMEvalKit's loader types them: what its prompt showed the model (it
     # read the dataset TSV so) and what its scorer compares.
     typed = default_typed(path, letters).to_dict("records") if letters else [{}] * len(frame)
@@ -129,38 +115,80 @@ def read_vlmevalkit(path: Path) -> pd.DataFrame:
         out = {k: v for k, v in row.items() if k not in (*letters, *VLMEVALKIT_DROPPED, R.ANSWER)}
         out[R.ID] = text_or_none(row[VLMEVALKIT_INDEX])
         if options:
-            key = (text_or_none(answer) or "").strip()
-            if not key:
-                raise ScoreInputError(
-                    f"{path}: row {i} (index {out[R.ID]!r}) has options but no answer key; "
-                    "VLMEvalKit's test splits (e.g. MMBench_TEST_EN) ship without answers: "
-                    "score a split with answers, or drop the rows without one"
-                )
-            text = _key_option(key, options)
-            if text is None and key in letters:
-                text = key  # an option VLMEvalKit's loader left empty: never offered
-                not_offered.append(out[R.ID])
-            if text is None:
-                raise ScoreInputError(
-                    f"{path}: row {i} (index {out[R.ID]!r}): answer key {key!r} names none of "
-                    f"its options {sorted(options)} (columns {', '.join(letters)}); write the "
-                    "key as one option letter (a multiple-answer key such as 'AB' cannot be "
-                    "scored as one choice)"
-                )
+            fields, offered = _mcq_answer(path, i, out[R.ID], answer, options, letters)
+            out.update(fields)
             gaps += list(options) != list(OPTION_LETTERS[: len(options)])
-            out.update(
-                {
-                    R.ANSWER: text,
-                    R.CANDIDATES: list(options.values()),
-                    R.OPTION_LETTERS: list(options),
-                    R.ANSWER_TYPE: "closed",
-                }
-            )
+            if not offered:
+                not_offered.append(out[R.ID])
         else:
             text = text_or_none(answer)
             closed = text is not None and is_yes_no_answer(text)
             out.update({R.ANSWER: answer, R.ANSWER_TYPE: "closed" if closed else "open"})
         rows.append(out)
+    _warn_mcq_oddities(path, gaps, not_offered)
+    out_frame = pd.DataFrame(rows)
+    for listed in (R.CANDIDATES, R.OPTION_LETTERS):  # VQA rows have none (NaN here)
+        if listed in out_frame:  # (normalise gives closed ones their candidates)
+            out_frame[listed] = [c if isinstance(c, list) else None for c in out_frame[listed]]
+    return _split_as_source(out_frame, path, "VLMEvalKit")
+
+
+def _vlmevalkit_letters(frame: pd.DataFrame, path: Path) -> list[str]:
+    """The file's option letters (none for a VQA dataset), once it has what scoring needs: a
+    file without `index`/`prediction` is no VLMEvalKit file, and one without `answer` is a
+    test split that ships without answers; both refused with the fix."""
+    columns = {str(c) for c in frame.columns}
+    missing = [c for c in (VLMEVALKIT_INDEX, PREDICTION) if c not in columns]
+    if missing:
+        raise ScoreInputError(
+            f"{path}: no column {missing} (columns: {sorted(columns)}); a VLMEvalKit prediction "
+            "file has `index` and `prediction`: pass the {model}_{dataset} file its inference "
+            "wrote, or --format table for another table"
+        )
+    if R.ANSWER not in columns:
+        raise ScoreInputError(
+            f"{path}: no `answer` column, so nothing to score against; VLMEvalKit's test "
+            "splits (e.g. MMBench_TEST_EN) ship without answers: score a split with answers "
+            "(e.g. MMBench_DEV_EN), or add the answer column"
+        )
+    return [c for c in OPTION_LETTERS if c in columns]
+
+
+def _mcq_answer(
+    path: Path, i: int, qid: str | None, answer: Any, options: dict[str, str], letters: list[str]
+) -> tuple[dict[str, Any], bool]:
+    """An MCQ row's closed-question fields (the answer the option its key names, the options
+    as candidates in letter order), and whether that option was offered: a key naming an
+    option VLMEvalKit's loader left empty is kept, scored wrong as VLMEvalKit scores it."""
+    key = (text_or_none(answer) or "").strip()
+    if not key:
+        raise ScoreInputError(
+            f"{path}: row {i} (index {qid!r}) has options but no answer key; "
+            "VLMEvalKit's test splits (e.g. MMBench_TEST_EN) ship without answers: "
+            "score a split with answers, or drop the rows without one"
+        )
+    text, offered = _key_option(key, options), True
+    if text is None and key in letters:
+        text, offered = key, False  # an option VLMEvalKit's loader left empty: never offered
+    if text is None:
+        raise ScoreInputError(
+            f"{path}: row {i} (index {qid!r}): answer key {key!r} names none of "
+            f"its options {sorted(options)} (columns {', '.join(letters)}); write the "
+            "key as one option letter (a multiple-answer key such as 'AB' cannot be "
+            "scored as one choice)"
+        )
+    fields = {
+        R.ANSWER: text,
+        R.CANDIDATES: list(options.values()),
+        R.OPTION_LETTERS: list(options),
+        R.ANSWER_TYPE: "closed",
+    }
+    return fields, offered
+
+
+def _warn_mcq_oddities(path: Path, gaps: int, not_offered: list[str]) -> None:
+    """Say where medvqa's reading of an MCQ file may differ from VLMEvalKit's: skipped option
+    letters (read by position), and keys naming an option the model was never shown."""
     if gaps:
         log.warning(
             "%s: %d MCQ row(s) skip an option letter (e.g. A, B, D): their candidates are the "
@@ -179,11 +207,6 @@ def read_vlmevalkit(path: Path) -> pd.DataFrame:
             path,
             _ids(not_offered),
         )
-    out_frame = pd.DataFrame(rows)
-    for listed in (R.CANDIDATES, R.OPTION_LETTERS):  # VQA rows have none (NaN here)
-        if listed in out_frame:  # (normalise gives closed ones their candidates)
-            out_frame[listed] = [c if isinstance(c, list) else None for c in out_frame[listed]]
-    return _split_as_source(out_frame, path, "VLMEvalKit")
 
 
 # -- LLaVA / LLaVA-Med model_vqa.py --------------------------------------------------------------
@@ -267,22 +290,12 @@ def _ids(ids: list[str]) -> str:
     return f"{len(ids)} id(s): {shown}{', ...' if len(ids) > 5 else ''}"
 
 
-def read_llava(path: Path, questions: Path | None = None) -> pd.DataFrame:
-    """model_vqa.py's answers joined on `question_id` with the question file's question, ground
-    truth (GROUND_TRUTH), answer type and metadata; every id must be in both files."""
-    if is_table(path):
-        raise ScoreInputError(
-            f"{path}: a model_vqa.py answers file is JSONL, this is a {path.suffix} table; "
-            "pass the answers file, or the --format the table was written in without --questions"
-        )
-    answers = json_rows(path)
-    if questions is None:
-        raise ScoreInputError(
-            f"{path}: a LLaVA/LLaVA-Med model_vqa.py answers file holds the replies (`text`) "
-            "but not the ground truth, which is in the question file the script was given: "
-            f"pass it, `medvqa-score {path} --questions QUESTIONS.jsonl --out DIR`"
-        )
-    by_id = _read_questions(Path(questions))
+def _check_join(
+    answers: list[Any], by_id: dict[str, dict[str, Any]], path: Path, questions: Path
+) -> None:
+    """Every answer is a model_vqa.py answer of one question in the question file, and every
+    question is answered once: a join that loses or doubles a question would score a subset
+    (a chunk file missing) or count a question twice (chunk files overlapping)."""
     seen: dict[str, int] = {}
     for number, answer in enumerate(answers, start=1):
         if not isinstance(answer, dict) or "question_id" not in answer or "text" not in answer:
@@ -311,37 +324,65 @@ def read_llava(path: Path, questions: Path | None = None) -> pd.DataFrame:
             "(`cat chunk_*.jsonl > answers.jsonl`), or pass a question file of the answered "
             "questions only"
         )
+
+
+def _llava_row(
+    answer: dict[str, Any], record: dict[str, Any], questions: Path
+) -> tuple[dict[str, Any], bool]:
+    """One answer as medvqa's row, with its question record's text, ground truth, answer type
+    and plain metadata; and whether the answer type was guessed (the record had none: yes/no
+    answers closed, the rest open, as LLaVA-Med's scripts split them)."""
+    qid = str(answer["question_id"])
+    truth = _ground_truth(record)
+    if truth is None:
+        raise ScoreInputError(
+            f"{questions}: question {qid!r} has no ground truth; a question record needs "
+            f"one of {', '.join(GROUND_TRUTH)} (the gpt turn of a conversation)"
+        )
+    raw_type = str(record.get(R.ANSWER_TYPE) or "").strip()
+    answer_type = LLAVA_ANSWER_TYPES.get(raw_type.lower(), raw_type)
+    guessed = not answer_type
+    if guessed:
+        answer_type = "closed" if is_yes_no_answer(str(truth)) else "open"
+    metadata = {
+        k: v
+        for k, v in record.items()
+        if isinstance(v, str | int | float | bool) and k not in (*GROUND_TRUTH, "text", "id")
+    }
+    row = {
+        **metadata,
+        **({"model_id": answer["model_id"]} if "model_id" in answer else {}),
+        R.ID: qid,
+        R.QUESTION: _question_text(record) or str(answer.get("prompt") or ""),
+        R.ANSWER: truth,
+        PREDICTION: answer["text"],
+        R.ANSWER_TYPE: answer_type,
+    }
+    return row, guessed
+
+
+def read_llava(path: Path, questions: Path | None = None) -> pd.DataFrame:
+    """model_vqa.py's answers joined on `question_id` with the question file's question, ground
+    truth (GROUND_TRUTH), answer type and metadata; every id must be in both files."""
+    if is_table(path):
+        raise ScoreInputError(
+            f"{path}: a model_vqa.py answers file is JSONL, this is a {path.suffix} table; "
+            "pass the answers file, or the --format the table was written in without --questions"
+        )
+    answers = json_rows(path)
+    if questions is None:
+        raise ScoreInputError(
+            f"{path}: a LLaVA/LLaVA-Med model_vqa.py answers file holds the replies (`text`) "
+            "but not the ground truth, which is in the question file the script was given: "
+            f"pass it, `medvqa-score {path} --questions QUESTIONS.jsonl --out DIR`"
+        )
+    by_id = _read_questions(Path(questions))
+    _check_join(answers, by_id, path, Path(questions))
     rows, inferred = [], 0
     for answer in answers:
-        qid = str(answer["question_id"])
-        record = by_id[qid]
-        truth = _ground_truth(record)
-        if truth is None:
-            raise ScoreInputError(
-                f"{questions}: question {qid!r} has no ground truth; a question record needs "
-                f"one of {', '.join(GROUND_TRUTH)} (the gpt turn of a conversation)"
-            )
-        raw_type = str(record.get(R.ANSWER_TYPE) or "").strip()
-        answer_type = LLAVA_ANSWER_TYPES.get(raw_type.lower(), raw_type)
-        if not answer_type:
-            answer_type = "closed" if is_yes_no_answer(str(truth)) else "open"
-            inferred += 1
-        metadata = {
-            k: v
-            for k, v in record.items()
-            if isinstance(v, str | int | float | bool) and k not in (*GROUND_TRUTH, "text", "id")
-        }
-        rows.append(
-            {
-                **metadata,
-                **({"model_id": answer["model_id"]} if "model_id" in answer else {}),
-                R.ID: qid,
-                R.QUESTION: _question_text(record) or str(answer.get("prompt") or ""),
-                R.ANSWER: truth,
-                PREDICTION: answer["text"],
-                R.ANSWER_TYPE: answer_type,
-            }
-        )
+        row, guessed = _llava_row(answer, by_id[str(answer["question_id"])], Path(questions))
+        rows.append(row)
+        inferred += guessed
     rows_frame = pd.DataFrame(rows).drop(columns=["question_id"], errors="ignore")
     if inferred:
         log.warning(

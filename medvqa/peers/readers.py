@@ -166,14 +166,7 @@ def read_lmms_eval(path: Path) -> pd.DataFrame:
     `doc` (v0.3.x) or, as v0.4+ drops `doc`, from the task's per-sample metric dict and `input`
     (the prompt, less the pre/post prompt every row shares); the warning says which."""
     rows = json_rows(path)
-    docs: list[dict[str, Any] | None] = []
-    for i, row in enumerate(rows):
-        if "doc_id" not in row or ("filtered_resps" not in row and "resps" not in row):
-            raise ScoreInputError(
-                f"{path}: line {i + 1} is not an lmms-eval sample (needs doc_id and "
-                "filtered_resps or resps); pass --format table for other JSONL files"
-            )
-        docs.append(row["doc"] if isinstance(row.get("doc"), dict) else None)
+    docs = _lmms_docs(rows, path)
     prompts = [
         row["input"]
         for row, doc in zip(rows, docs, strict=True)
@@ -187,18 +180,8 @@ def read_lmms_eval(path: Path) -> pd.DataFrame:
     for i, (row, doc) in enumerate(zip(rows, docs, strict=True)):
         doc = doc or {}
         key, record = _metric_record(row)
-        question = doc.get("question", record.get("question"))
-        if question is None:
-            prompt = row.get("input")
-            if not isinstance(prompt, str):
-                raise ScoreInputError(
-                    f"{path}: line {i + 1} (doc_id {row['doc_id']!r}) has neither `doc` nor "
-                    "`input`, so no question; keep the file lmms-eval's --log_samples wrote, "
-                    "or pass --format table with a question column"
-                )
-            body = prompt[len(pre) : len(prompt) - len(post)]
-            question = body if prompt.startswith(pre) and prompt.endswith(post) else prompt
-            from_input += 1
+        question, stripped = _lmms_question(row, doc, record, (pre, post), f"{path}: line {i + 1}")
+        from_input += stripped
         target = row.get("target", doc.get("answer", record.get("target")))
         answer_type = doc.get(R.ANSWER_TYPE) or str(record.get(R.ANSWER_TYPE) or "").strip()
         if not doc.get(R.ANSWER_TYPE) and answer_type:
@@ -222,10 +205,41 @@ def read_lmms_eval(path: Path) -> pd.DataFrame:
                 R.ANSWER_TYPE: answer_type,
             }
         )
+    lacking = _lmms_gaps(docs, from_input, (pre, post), typed_by, inferred)
+    if lacking:
+        log.warning("%s: %s", path, "; ".join(lacking))
+    return pd.DataFrame(out)
+
+
+def _lmms_docs(rows: list[Any], path: Path) -> list[dict[str, Any] | None]:
+    """Each sample's `doc` (None where lmms-eval >= 0.4 dropped it), once every line is known
+    to be an lmms-eval sample."""
+    docs: list[dict[str, Any] | None] = []
+    for i, row in enumerate(rows):
+        if "doc_id" not in row or ("filtered_resps" not in row and "resps" not in row):
+            raise ScoreInputError(
+                f"{path}: line {i + 1} is not an lmms-eval sample (needs doc_id and "
+                "filtered_resps or resps); pass --format table for other JSONL files"
+            )
+        docs.append(row["doc"] if isinstance(row.get("doc"), dict) else None)
+    return docs
+
+
+def _lmms_gaps(
+    docs: list[dict[str, Any] | None],
+    from_input: int,
+    frame: tuple[str, str],
+    typed_by: set[str | None],
+    inferred: int,
+) -> list[str]:
+    """What the file lacked and where the reader took it from instead (no `doc`, questions
+    from the prompt, answer types from a metric dict or guessed): the reader's one warning,
+    so that a score over guessed fields is never taken for one over the task's own."""
     lacking = []
     if missing := sum(doc is None for doc in docs):
-        lacking.append(f"no `doc` in {missing} of {len(rows)} row(s) (lmms-eval >= 0.4 drops it)")
+        lacking.append(f"no `doc` in {missing} of {len(docs)} row(s) (lmms-eval >= 0.4 drops it)")
     if from_input:
+        pre, post = frame
         stripped = f", less the prompt lines {pre!r} ... {post!r}" if pre or post else ""
         lacking.append(
             f"question taken from `input` for {from_input} row(s) (the full prompt{stripped})"
@@ -239,9 +253,32 @@ def read_lmms_eval(path: Path) -> pd.DataFrame:
             f"answer type inferred for {inferred} row(s) (yes/no target -> closed): neither "
             "`doc` nor a per-sample metric dict names it"
         )
-    if lacking:
-        log.warning("%s: %s", path, "; ".join(lacking))
-    return pd.DataFrame(out)
+    return lacking
+
+
+def _lmms_question(
+    row: dict[str, Any],
+    doc: dict[str, Any],
+    record: dict[str, Any],
+    frame: tuple[str, str],
+    where: str,
+) -> tuple[Any, bool]:
+    """A sample's question, and whether it came from the prompt: `doc`'s or the metric dict's
+    where one has it, else `input` less the pre/post prompt `frame` every row shares (v0.4+
+    keeps nothing else of the question)."""
+    question = doc.get("question", record.get("question"))
+    if question is not None:
+        return question, False
+    prompt = row.get("input")
+    if not isinstance(prompt, str):
+        raise ScoreInputError(
+            f"{where} (doc_id {row['doc_id']!r}) has neither `doc` nor "
+            "`input`, so no question; keep the file lmms-eval's --log_samples wrote, "
+            "or pass --format table with a question column"
+        )
+    pre, post = frame
+    body = prompt[len(pre) : len(prompt) - len(post)]
+    return (body if prompt.startswith(pre) and prompt.endswith(post) else prompt), True
 
 
 def read_table(path: Path) -> pd.DataFrame:
@@ -306,20 +343,7 @@ def _lower_checked(frame: pd.DataFrame, column: str, accepted: Sequence[str], pa
 def normalise(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
     """Canonical, validated rows: every row has question, answer, prediction, an answer type
     of open/closed, an id, a split, a case and (closed rows) candidates."""
-    if frame.empty:
-        raise ScoreInputError(
-            f"{path}: no prediction rows (columns: {list(frame.columns)}); add one row per "
-            "question below the header, or one record per question"
-        )
-    required = [R.ANSWER, PREDICTION]
-    missing = [c for c in required if c not in frame]
-    if missing:
-        accepted = "; ".join(f"{c}: {' or '.join(_accepted_names(c))}" for c in missing)
-        raise ScoreInputError(
-            f"{path}: no column for {missing}; columns are {sorted(map(str, frame.columns))}. "
-            f"Rename a column to an accepted name ({accepted}), or pass the --format the file "
-            "was written in; see docs/metrics.md#scoring-existing-predictions"
-        )
+    _check_scoreable(frame, path)
     frame = frame.copy()
     if R.QUESTION not in frame:
         log.warning(
@@ -357,6 +381,33 @@ def normalise(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
     if R.CASE_ID not in frame:
         log.info("%s: no case_id column; CIs resample single questions", path)
         frame[R.CASE_ID] = frame[R.ID]
+    _close_over_candidates(frame, path)
+    _check_unique_ids(frame, path)
+    return frame.reset_index(drop=True)
+
+
+def _check_scoreable(frame: pd.DataFrame, path: Path) -> None:
+    """A file with rows, each with an answer and a prediction (the least a score needs); the
+    refusal names the accepted column names, so a renamed column is one edit away."""
+    if frame.empty:
+        raise ScoreInputError(
+            f"{path}: no prediction rows (columns: {list(frame.columns)}); add one row per "
+            "question below the header, or one record per question"
+        )
+    required = [R.ANSWER, PREDICTION]
+    missing = [c for c in required if c not in frame]
+    if missing:
+        accepted = "; ".join(f"{c}: {' or '.join(_accepted_names(c))}" for c in missing)
+        raise ScoreInputError(
+            f"{path}: no column for {missing}; columns are {sorted(map(str, frame.columns))}. "
+            f"Rename a column to an accepted name ({accepted}), or pass the --format the file "
+            "was written in; see docs/metrics.md#scoring-existing-predictions"
+        )
+
+
+def _close_over_candidates(frame: pd.DataFrame, path: Path) -> None:
+    """Give closed rows their candidates (the file's, else read from the question) and their
+    answer as the candidate a key names, in place; open rows have none."""
     candidates = (
         [_candidate_list(c, i, path) for i, c in enumerate(frame[R.CANDIDATES])]
         if R.CANDIDATES in frame
@@ -377,6 +428,11 @@ def normalise(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
         a if isinstance(letters, list | tuple | np.ndarray) else _option_of_key(a, c)
         for a, c, letters in zip(frame[R.ANSWER], frame[R.CANDIDATES], lettered, strict=True)
     ]
+
+
+def _check_unique_ids(frame: pd.DataFrame, path: Path) -> None:
+    """Each id once per split: a repeated row would be scored twice, and paired differences
+    join on the id."""
     repeated = frame.duplicated([SPLIT, R.ID])
     if repeated.any():
         i = int(repeated.to_numpy().argmax())
@@ -387,7 +443,6 @@ def normalise(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
             f"({int(repeated.sum())} repeated row(s)); ids must be unique within a split: drop "
             "the repeated row, or give each question its own id"
         )
-    return frame.reset_index(drop=True)
 
 
 def read(

@@ -28,7 +28,7 @@ _DATE = re.compile(r"(\d{4}-\d{2}-\d{2})")
 
 @dataclass(frozen=True)
 class Measured:
-    """Where a rate was measured: the estimate's label (`cost.label`) names the GPU and date;
+    """Where a rate was measured: the estimate's label (`phases.label`) names the GPU and date;
     `source` the file and line, `commit` the checkout (None: the row predates recording it)."""
 
     gpu: str

@@ -14,7 +14,8 @@ import pandas as pd
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig
 
-from medvqa.analysis.aggregate import method_name
+from medvqa.analysis.methods import method_name
+from medvqa.generation.passes import RECORD_KEY, Main
 from medvqa.provenance import add_metrics
 from medvqa.scoring.baselines import chance_scores, most_frequent_predictions
 from medvqa.scoring.pipeline import Scoring, scores_path, split_metrics
@@ -33,6 +34,9 @@ def most_frequent(
     """Answer each test question with its most frequent answer in `prior_splits` (the
     training split; RoboSurg-VQA's answer-frequency prior also counts validation); record
     coverage."""
+    label = cfg.label or method_name("most_frequent")
+    if provenance is not None:  # its answers are the main ones, from no model
+        provenance[RECORD_KEY] = [Main(label=label, image_mode="none", tuned=False).record()]
     with Scoring.from_config(cfg.metric, cfg.evaluation) as scoring:
         add_metrics(provenance, scoring.families)
         _, splits = prepare_splits(cfg, out_dir, provenance=provenance)
@@ -51,7 +55,7 @@ def most_frequent(
         out = out_dir / "predictions.jsonl"
         metrics, table = scoring.score(predictions, scores_path(out), extra=coverage)
         table.to_json(out, orient="records", lines=True)
-    report_run(cfg, out_dir, loggers, metrics, [(cfg.label or method_name("most_frequent"), "")])
+    report_run(cfg, out_dir, loggers, metrics, [(label, "")])
     return metrics
 
 
@@ -64,6 +68,8 @@ def chance(
     eval_splits: Sequence[str],
 ) -> dict[str, float]:
     """Expected accuracy of a uniform guess among each closed question's candidates."""
+    if provenance is not None:
+        provenance[RECORD_KEY] = []  # scored, never generated
     _, splits = prepare_splits(cfg, out_dir, provenance=provenance)
     metrics = split_metrics(chance_scores({s: splits[s] for s in eval_splits}), cfg.evaluation)
     report_run(cfg, out_dir, loggers, metrics, [(cfg.label or method_name("random"), "")])

@@ -115,25 +115,8 @@ def adopt_run(
         return cfg, dict(choices)
     where = f"eval.from_run={from_run}"
     path = Path(from_run) / RESULTS_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{where}: no {RESULTS_FILE} there; give a run dir")
     remote: list[str] = []
-    try:  # plain values: no class, interpolation or remote code
-        record = read_record(path, remote)
-    except UntrustedDataError:
-        raise
-    except ValueError as err:  # not a record
-        raise RunFolderError(f"{where}: {err}") from err
-    if record["status"] not in ("finished", "incomplete"):
-        raise RunFolderError(
-            f"{where}: the run is {record['status']!r}; only a run that finished training has "
-            "weights to evaluate."
-        )
-    if not isinstance(record.get("config"), dict):
-        raise RunFolderError(
-            f"{where}: {path} records no config, so the model and method its weights need are "
-            "unknown; evaluate a run whose record has one."
-        )
+    record = _trained_record(path, where, remote)
     installed = installed_groups(record, f"{where} ({path})")
     trained = OmegaConf.create(record["config"])
     named = named_keys(overrides)
@@ -173,6 +156,31 @@ def adopt_run(
     log.info("evaluating the weights of %s: %s", from_run, record.get("choices", {}))
     adopted = {k: v for k, v in record.get("choices", {}).items() if k in ADOPTED_CHOICES}
     return cfg, {**choices, **adopted}
+
+
+def _trained_record(path: Path, where: str, remote: list[str]) -> dict[str, Any]:
+    """The run's record, read as plain values (no class, interpolation or remote code; what
+    would run its checkpoint's code is added to `remote`), of a run that trained and recorded
+    the config its weights need."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{where}: no {RESULTS_FILE} there; give a run dir")
+    try:
+        record = read_record(path, remote)
+    except UntrustedDataError:
+        raise
+    except ValueError as err:  # not a record
+        raise RunFolderError(f"{where}: {err}") from err
+    if record["status"] not in ("finished", "incomplete"):
+        raise RunFolderError(
+            f"{where}: the run is {record['status']!r}; only a run that finished training has "
+            "weights to evaluate."
+        )
+    if not isinstance(record.get("config"), dict):
+        raise RunFolderError(
+            f"{where}: {path} records no config, so the model and method its weights need are "
+            "unknown; evaluate a run whose record has one."
+        )
+    return record
 
 
 def installed_groups(record: Mapping[str, Any], where: str) -> dict[str, dict[str, Any]]:
@@ -437,8 +445,6 @@ def check_unseen(
     (nor any row of a case) was in the weights' training split; else refused, naming the
     counts and the overrides that changed the splits, unless `allow_seen_rows`. Returns what it
     found (kept in provenance["from_run"] and the run's splits.json)."""
-    from medvqa.models.saving import TRAINED_DIR, read_manifest, rows_digest
-
     run_dir = Path(from_run)
     where = f"eval.from_run={run_dir}"
     record = read_record(run_dir / RESULTS_FILE)
@@ -460,13 +466,7 @@ def check_unseen(
             )
         log.warning("%s: its splits.json records no row ids; the rows are unchecked", where)
         return found
-    manifest = read_manifest(run_dir / TRAINED_DIR) or {}
-    digest = manifest.get("trained_rows")
-    if digest is not None and digest != rows_digest(report[ROWS][TRAIN]):
-        raise RunFolderError(
-            f"{where}: splits.json's training rows are not those its weights trained on (the "
-            f"manifest records {digest}); the file was replaced or edited. Restore it."
-        )
+    _check_trained_rows(run_dir, report, where)
     theirs = {s: set(ids) for s, ids in report[ROWS].items()}
     if all(set(frames[s][R.ID].astype(str)) == theirs.get(s) for s in eval_splits):
         found["splits"] = "the run's"
@@ -483,15 +483,42 @@ def check_unseen(
         )
     seen = _seen(report, frames, eval_splits) if report.get("dataset") == dataset else {}
     found["seen"] = seen
-    total = sum(v["rows"] + v["case_rows"] for v in seen.values())
-    if total == 0:
+    _check_seen(seen, where, overrides, differ, allow_seen_rows)
+    return found
+
+
+def _check_trained_rows(run_dir: Path, report: Mapping[str, Any], where: str) -> None:
+    """splits.json's training rows are those the weights' manifest says they trained on: the
+    check below compares against this file, so a replaced or edited one is refused first."""
+    from medvqa.models.saving import TRAINED_DIR, read_manifest, rows_digest
+
+    manifest = read_manifest(run_dir / TRAINED_DIR) or {}
+    digest = manifest.get("trained_rows")
+    if digest is not None and digest != rows_digest(report[ROWS][TRAIN]):
+        raise RunFolderError(
+            f"{where}: splits.json's training rows are not those its weights trained on (the "
+            f"manifest records {digest}); the file was replaced or edited. Restore it."
+        )
+
+
+def _check_seen(
+    seen: Mapping[str, Mapping[str, int]],
+    where: str,
+    overrides: Sequence[str],
+    differ: list[str],
+    allow_seen_rows: bool,
+) -> None:
+    """Other splits than the run's (given by `overrides`) pass only where the weights trained
+    on none of their test rows or cases, or where `allow_seen_rows` says to evaluate anyway
+    (warned, and recorded by the caller)."""
+    if sum(v["rows"] + v["case_rows"] for v in seen.values()) == 0:
         log.info(
             "%s: other splits than the run's (%s); none of their test rows, nor any of their "
             "cases, was in the weights' training split",
             where,
             ", ".join(overrides),
         )
-        return found
+        return
     counts = "; ".join(
         f"{s}: {v['rows']} of {v['of']} rows trained on, {v['case_rows']} more of a case "
         "trained on" for s, v in seen.items() if v["rows"] or v["case_rows"]
@@ -502,7 +529,7 @@ def check_unseen(
     )
     if allow_seen_rows:
         log.warning("%s. Evaluated anyway (eval.allow_seen_rows=true, recorded).", message)
-        return found
+        return
     raise RunFolderError(
         f"{message}. Its scores would not measure generalisation. Drop the override (the run's "
         "splits are evaluated), or add eval.allow_seen_rows=true to evaluate anyway (recorded "

@@ -36,25 +36,8 @@ from medvqa import CONF_DIR
 from medvqa.analysis.claims import PER_PAIR
 from medvqa.data.shifts import SPLITS_FILE
 from medvqa.models.adapters import checkpoint_every, compiles_layers
-from medvqa.planning.cost import (
-    Composer,
-    JobCost,
-    Planner,
-    SweepCost,
-    capped,
-    cost_metrics,
-    dataset_name,
-    describe_cost,
-    describe_sweep,
-    job_cost,
-    job_overrides,
-    known_sizes,
-    memoized,
-    seed_groups,
-    sweep_cost,
-    sweep_jobs,
-    sweep_metrics,
-)
+from medvqa.planning.cost import Planner, cost_metrics, describe_cost, job_cost
+from medvqa.planning.job_rates import Composer, memoized
 from medvqa.planning.memory import (
     GIB,
     TEXT_TOKENS,
@@ -71,7 +54,18 @@ from medvqa.planning.memory import (
     step_time,
 )
 from medvqa.planning.memory import refusal as refusal_text
+from medvqa.planning.phases import JobCost
 from medvqa.planning.setup import PlanError, build_setup
+from medvqa.planning.sizes import capped, dataset_name, known_sizes
+from medvqa.planning.sweep import (
+    SweepCost,
+    describe_sweep,
+    job_overrides,
+    seed_groups,
+    sweep_cost,
+    sweep_jobs,
+    sweep_metrics,
+)
 from medvqa.statistics.power import ALPHA, FEW_CLUSTERS, POWER, Detectable, detectable
 from medvqa.tasks.finished_runs import TEST_SPLITS, FinishedRun, finished_runs
 from medvqa.tasks.finished_runs import designs as finished_designs

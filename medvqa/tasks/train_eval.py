@@ -15,18 +15,22 @@ from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig
 
 from medvqa import measure
-from medvqa.analysis.aggregate import REFERENCES as AGGREGATED_REFERENCES
-from medvqa.analysis.aggregate import method_name
 from medvqa.analysis.explorer import run_rows
+from medvqa.analysis.methods import REFERENCES as AGGREGATED_REFERENCES
+from medvqa.analysis.methods import method_name
 from medvqa.cluster import GPU_ACCELERATORS
 from medvqa.data import records as R
 from medvqa.distributed import is_global_zero
 from medvqa.generation.lengths import generation_length
 from medvqa.generation.passes import (
     CHANCE,
+    RECORD_KEY,
     EvalPass,
+    Job,
+    check_passes,
     generation_groups,
     job_passes,
+    main_label,
     report_rows,
 )
 from medvqa.generation.predict import PassFiles, generate_passes, prediction_trainer
@@ -72,17 +76,16 @@ from medvqa.tasks.generation import from_config as generation_settings
 from medvqa.tasks.plan import check_fits
 from medvqa.tracking import instantiate_group
 from medvqa.training.checkpoints import AtomicCheckpointIO, set_aside_stale
-from medvqa.training.datamodule import VQADataModule, check_partners
+from medvqa.training.datamodule import VQADataModule
 from medvqa.training.hardware import check_precision, check_trainer
 from medvqa.training.module import SampleCounter, VQAModule
 from medvqa.training.progress import FitProgress
 from medvqa.training.strategies import is_deepspeed, resident
 from medvqa.views import score_job
-from medvqa.views.consistency import check_reorderable, reordered
 
 log = logging.getLogger(__name__)
 
-# The reference rows `task.references` adds, those the report places (analysis.aggregate);
+# The reference rows `task.references` adds, those the report places (analysis.methods);
 # each is named as the report names it, by the label of the method it is (peft=none, random).
 REFERENCES = tuple(prefix.rstrip("/") for prefix in AGGREGATED_REFERENCES)
 
@@ -145,19 +148,17 @@ def train_eval(
     build_adapter_config(cfg.peft.adapter, cfg.peft.adapter_scope, roles_)  # fail fast on typos
     prompt = instantiate(cfg.prompt)  # one template for training and generation
     callbacks = instantiate_group(cfg.callbacks) if fit else []
-    passes = job_passes(
-        cfg.label or cfg.peft.label or cfg.peft.name,
-        str(cfg.data.eval_image),
-        tuned,
-        reference_label("zero_shot") if "zero_shot" in references else None,
-        list(cfg.data.extra_eval_images),
-        int(cfg.data.option_orders),
-    )
+    base_label = reference_label("zero_shot") if "zero_shot" in references else None
+    job = Job(cfg, main_label(cfg), tuned, base_label)
+    passes = job_passes(job)
+    if provenance is not None:  # what the job generates, as the report reads it back
+        provenance[RECORD_KEY] = [p.record() for p in passes]
 
     # Built first: a bad metric option fails before any data or model is loaded.
     with Scoring.from_config(cfg.metric, cfg.evaluation) as scoring:
         add_metrics(provenance, scoring.families)
         source, splits, frames = _evaluated_splits(cfg, out_dir, eval_splits, provenance)
+        check_passes(passes, frames, job)  # what they need of the rows, before the model loads
         if from_run is not None:  # before the model: rows the weights trained on are refused
             check_unseen(
                 cfg, from_run, source.name, splits.frames, eval_splits, allow_seen_rows, provenance
@@ -166,21 +167,11 @@ def train_eval(
             answers = _served(cfg, source, frames, prompt, out_dir, provenance)(passes)
             global_step = None
         else:
-            with measure.measured("load"):
-                model, processor = load_vlm(cfg.model)
-            add_model(provenance, model)
-            generate = _generator(
-                cfg, model, processor, source, frames, prompt, planned, out_dir, provenance
+            model, processor, generate = _loaded(
+                cfg, source, frames, prompt, planned, out_dir, provenance
             )
             answers = generate(model, [p for p in passes if p.base])  # the untuned base
-            model = apply_method(
-                model,
-                cfg.peft,
-                roles_,
-                processor,
-                images=str(cfg.data.train_image) != "none",
-                trainable_dtype=None if is_deepspeed(cfg.trainer.strategy) else torch.float32,
-            )
+            model = _with_method(cfg, model, roles_, processor)
             global_step = _weights(
                 cfg, model, roles_, processor, splits, source, prompt, out_dir, loggers,
                 callbacks, planned, fit, trained, reused, provenance,
@@ -200,6 +191,43 @@ def train_eval(
         table = run_rows(scored, headlines, ci_columns(scoring.families), cfg.shift.get("field"))
         report_run(cfg, out_dir, loggers, metrics, rows, table, source)
         return metrics
+
+
+def _loaded(
+    cfg: DictConfig,
+    source: Any,
+    frames: dict[str, pd.DataFrame],
+    prompt: Any,
+    planned: Setup | None,
+    out_dir: Path,
+    provenance: MutableMapping[str, Any] | None,
+) -> tuple[torch.nn.Module, Any, Callable[[torch.nn.Module, Sequence[EvalPass]], dict[str, Any]]]:
+    """The model and processor, loaded once (timed, and recorded in the provenance), and the
+    job's generation (`_generator`): the untuned base answers before the method is applied,
+    the tuned model after, with the same settings."""
+    with measure.measured("load"):
+        model, processor = load_vlm(cfg.model)
+    add_model(provenance, model)
+    generate = _generator(
+        cfg, model, processor, source, frames, prompt, planned, out_dir, provenance
+    )
+    return model, processor, generate
+
+
+def _with_method(
+    cfg: DictConfig, model: torch.nn.Module, roles_: Any, processor: Any
+) -> torch.nn.Module:
+    """`model` with the job's method applied (`apply_method`), trained on images where the
+    training rows show them; its trainable weights in float32, but in the base's dtype under
+    DeepSpeed, whose optimizer keeps its own float32 copy."""
+    return apply_method(
+        model,
+        cfg.peft,
+        roles_,
+        processor,
+        images=str(cfg.data.train_image) != "none",
+        trainable_dtype=None if is_deepspeed(cfg.trainer.strategy) else torch.float32,
+    )
 
 
 def _checks(
@@ -227,16 +255,10 @@ def _evaluated_splits(
     eval_splits: Sequence[str],
     provenance: MutableMapping[str, Any] | None,
 ) -> tuple[Any, Any, dict[str, pd.DataFrame]]:
-    """The source, the job's splits and the evaluated ones, with what the extra passes need
-    checked before the model loads (the counterfactual images' partners, reorderable options)."""
+    """The source, the job's splits and the evaluated ones."""
     with measure.measured("data"):  # the table, the shift, every image checked
         source, splits = prepare_splits(cfg, out_dir, images=True, provenance=provenance)
-    frames = {s: splits[s] for s in eval_splits}
-    check_partners(
-        frames, [cfg.data.eval_image, *cfg.data.extra_eval_images], str(cfg.data.mismatch_field)
-    )
-    check_reorderable(frames, int(cfg.data.option_orders))
-    return source, splits, frames
+    return source, splits, {s: splits[s] for s in eval_splits}
 
 
 def _generator(
@@ -280,6 +302,7 @@ def _generator(
                 prompt=prompt,
                 mismatch_field=str(cfg.data.mismatch_field),
                 model_id=model_id,
+                image_change=group[0].image_change(source),
             )
             answers |= {p.prefix: None if out is None else out[i] for i, p in enumerate(group)}
         return answers
@@ -290,8 +313,8 @@ def _generator(
 def _pass_files(
     p: EvalPass, frames: dict[str, pd.DataFrame], out_dir: Path, shared: Path | None
 ) -> PassFiles:
-    """A pass's rows (its options reordered where it reorders them) and files."""
-    rows = {s: reordered(f, p.order) for s, f in frames.items()} if p.order else frames
+    """A pass's rows (as it asks them: other candidates' order, ...) and files."""
+    rows = {s: p.rows(f) for s, f in frames.items()}
     return PassFiles(rows, p.path(out_dir), shared if p.shared else None)
 
 
@@ -323,6 +346,7 @@ def _served(
                 image_mode=p.image_mode,
                 prompt=prompt,
                 mismatch_field=str(cfg.data.mismatch_field),
+                image_change=p.image_change(source),
             )
         return answers
 
@@ -409,12 +433,7 @@ def _score(
     """Score every pass and run the views (`views.score_job`, as `medvqa-score` does), the
     chance row where asked; each scored table written once. Adds to `metrics`; returns the
     scored tables by metric prefix."""
-    figures, scored = score_job(
-        scoring,
-        {p.prefix: answers[p.prefix] for p in passes},
-        image_modes={p.prefix: p.image_mode for p in passes if p.image_variant},
-        orders=[p.prefix for p in passes if p.order],
-    )
+    figures, scored = score_job(scoring, {p.prefix: answers[p.prefix] for p in passes}, passes)
     metrics.update(figures)
     if "chance" in references:
         metrics.update(prefixed(CHANCE, split_metrics(chance_scores(frames), cfg.evaluation)))

@@ -8,12 +8,13 @@ import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import pandas as pd
 
 from medvqa import plugins
 from medvqa.data import records as R
+from medvqa.generation.passes import EvalPass
 from medvqa.scoring.metrics.traditional import BINARY_CORRECT
 from medvqa.views import consistency
 
@@ -29,20 +30,25 @@ SPLIT_LABELS = {
     f"{R.TEST_IID}~{R.TEST_OOD}": "i.i.d.~OoD",
 }
 _SPLITS = "|".join(re.escape(s) for s in sorted(SPLIT_LABELS, key=len, reverse=True))
+P = TypeVar("P", bound=EvalPass)
 
 
 @dataclass
 class JobRows:
     """What the views read: the main answers' scored table (`main`, which the views' per-sample
     columns join), every other pass's scored table by its metric prefix (`<mode>/`,
-    `order<k>/`), the breakdown fields and the bootstrap's options (None: no intervals)."""
+    `order<k>/`), the job's passes (`generation.passes`: what each prefix is), the breakdown
+    fields and the bootstrap's options (None: no intervals)."""
 
     main: pd.DataFrame
     others: Mapping[str, pd.DataFrame] = field(default_factory=dict)
-    image_modes: Mapping[str, str] = field(default_factory=dict)  # prefix -> its image mode
-    orders: Sequence[str] = ()  # the reorderings' prefixes among `others`
+    passes: Sequence[EvalPass] = ()
     breakdown: Sequence[str] = ()
     bootstrap: Mapping[str, Any] | None = None
+
+    def of(self, kind: type[P]) -> list[P]:
+        """The job's passes of `kind` (a pass kind's class) that have a scored table."""
+        return [p for p in self.passes if isinstance(p, kind) and p.prefix in self.others]
 
 
 @dataclasses.dataclass(frozen=True)

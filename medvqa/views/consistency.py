@@ -21,7 +21,6 @@ partners whose answer means the same as its own (NaN for a row without partners)
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Mapping, Sequence
 from itertools import combinations
 from typing import Any
@@ -126,57 +125,15 @@ ORDER_PREFIX = "consistency_order_"
 ORDER_FLIPS = f"{ORDER_PREFIX}flips"
 
 
-def reordered(frame: pd.DataFrame, k: int) -> pd.DataFrame:
-    """`frame` with each closed question's candidates in the `k`-th seeded other order (a
-    permutation drawn per row from `(k, crc32(id))`, never the original order; two candidates
-    are swapped). Rows with fewer than two candidates, and open questions, are unchanged."""
-    if R.CANDIDATES not in frame.columns:
-        return frame
-
-    def permute(rid: str, candidates: Any) -> Any:
-        if not isinstance(candidates, list | tuple | np.ndarray) or len(candidates) < 2:
-            return candidates
-        items = list(candidates)
-        rng = np.random.default_rng([int(k), zlib.crc32(str(rid).encode())])
-        order = np.arange(len(items))
-        while (order == np.arange(len(items))).all():
-            order = rng.permutation(len(items))
-        return [items[i] for i in order]
-
-    permuted = [permute(r, c) for r, c in zip(frame[R.ID], frame[R.CANDIDATES], strict=True)]
-    return frame.assign(**{R.CANDIDATES: permuted})
-
-
-def check_reorderable(frames: Mapping[str, pd.DataFrame], orders: int) -> None:
-    """Before the model loads: with `data.option_orders` > 0 every evaluated split needs a
-    question with two or more candidates, else each reordering would generate the same answers
-    again and the flip rate would be NaN."""
-    if orders < 1:
-        return
-    bare = [
-        split
-        for split, frame in frames.items()
-        if R.CANDIDATES not in frame.columns
-        or not any(
-            isinstance(c, list | tuple | np.ndarray) and len(c) >= 2 for c in frame[R.CANDIDATES]
-        )
-    ]
-    if bare:
-        raise ValueError(
-            f"data.option_orders={orders}: split(s) {bare} hold no question with two or more "
-            "candidate answers, so there is no option order to change. Set "
-            "data.option_orders=0 for this dataset."
-        )
-
-
 def order_flips(
     main: pd.DataFrame, others: Mapping[str, pd.DataFrame]
 ) -> tuple[pd.DataFrame, list[str]]:
-    """`main` with `consistency_order_flips`, the share of the reorderings (`others`: prefix ->
-    its scored table, e.g. `order1/`) under which a closed question's answer means something
-    else (another chosen candidate, or other text where none was chosen); NaN for open rows
-    and rows with fewer than two candidates. Returns the table and the reorderings used."""
-    used = [p for p in others if p.startswith("order")]
+    """`main` with `consistency_order_flips`, the share of the reorderings (`others`: the
+    option-order passes' prefixes -> their scored tables, e.g. `order1/`) under which a closed
+    question's answer means something else (another chosen candidate, or other text where none
+    was chosen); NaN for open rows and rows with fewer than two candidates. Returns the table
+    and the reorderings used."""
+    used = list(others)
     if not used:
         return main, []
     key = R.prediction_index(main)

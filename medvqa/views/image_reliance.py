@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from medvqa.generation.passes import ImageMode
 from medvqa.views import reliance
 from medvqa.views.base import CORRECT, JobRows, Presentation, View
 
@@ -26,10 +27,10 @@ class ImageReliance(View):
     )
 
     def applies(self, rows: JobRows) -> bool:
-        return bool(rows.image_modes)
+        return bool(rows.of(ImageMode))
 
     def apply(self, rows: JobRows) -> tuple[pd.DataFrame, dict[str, float]]:
         main, modes = reliance.add_reliance(
-            rows.main, {mode: rows.others[prefix] for prefix, mode in rows.image_modes.items()}
+            rows.main, {p.image_mode: rows.others[p.prefix] for p in rows.of(ImageMode)}
         )
         return main, reliance.reliance_metrics(main, modes, rows.breakdown, rows.bootstrap)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from medvqa.generation.passes import OptionOrder
 from medvqa.views import consistency
 from medvqa.views.base import JobRows, Presentation, View
 
@@ -23,8 +24,9 @@ class OrderFlips(View):
     )
 
     def applies(self, rows: JobRows) -> bool:
-        return bool(rows.orders)
+        return bool(rows.of(OptionOrder))
 
     def apply(self, rows: JobRows) -> tuple[pd.DataFrame, dict[str, float]]:
-        main, _ = consistency.order_flips(rows.main, {p: rows.others[p] for p in rows.orders})
+        orders = {p.prefix: rows.others[p.prefix] for p in rows.of(OptionOrder)}
+        main, _ = consistency.order_flips(rows.main, orders)
         return main, consistency.order_metrics(main, rows.bootstrap)

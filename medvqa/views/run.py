@@ -26,6 +26,7 @@ from typing import Any
 
 import pandas as pd
 
+from medvqa.generation.passes import EvalPass
 from medvqa.scoring.pipeline import Scoring, bootstrap_options, prefixed, unanswered
 from medvqa.views.base import JobRows, views
 
@@ -64,34 +65,36 @@ def run_views(rows: JobRows, families: Sequence[Any] = ()) -> tuple[pd.DataFrame
 def score_job(
     scoring: Scoring,
     answers: Mapping[str, Mapping[str, pd.DataFrame]],
-    image_modes: Mapping[str, str] | None = None,
-    orders: Sequence[str] = (),
+    passes: Sequence[EvalPass] = (),
     breakdown: Sequence[str] | None = None,
 ) -> tuple[dict[str, float], dict[str, pd.DataFrame]]:
     """Score every pass of a job and run the views over them: what `train_eval` and
-    `medvqa-score` both do. `answers`: metric prefix ("" the main answers, `<mode>/`,
-    `order<k>/`, ...) -> split -> predictions; `image_modes`: the prefixes answered under a
-    counterfactual image -> the mode (their scores also as `delta_<mode>/`: main - mode, with
-    paired intervals); `orders`: the reorderings' prefixes; `breakdown`: the fields to break
-    the figures down by (default `evaluation.breakdown`; intervals by `evaluation.bootstrap`).
-    Returns the prefixed figures and the scored tables by prefix (the main one with the views'
-    per-sample columns); nothing is written."""
+    `medvqa-score` both do. `answers`: each pass's answers by its metric prefix ("" the main
+    answers, `<mode>/`, `order<k>/`, ...) -> split -> predictions; `passes`: the job's
+    (`generation.passes`: what each prefix is; the main answers may be left out), a pass that
+    pairs its scores with the main ones (a counterfactual image's) also giving `delta_<key>/`:
+    main - it, with paired intervals; `breakdown`: the fields to break the figures down by
+    (default `evaluation.breakdown`; intervals by `evaluation.bootstrap`). Returns the prefixed
+    figures and the scored tables by prefix (the main one with the views' per-sample columns);
+    nothing is written."""
+    unknown = sorted(set(answers) - {"", *(p.prefix for p in passes)})
+    if unknown or "" not in answers:
+        raise ValueError(f"answers of no pass of the job: {unknown}, or none of the main answers")
     metrics: dict[str, float] = {}
     results: dict[str, dict[str, float]] = {}
     scored: dict[str, pd.DataFrame] = {}
     for prefix, by_split in answers.items():
         results[prefix], scored[prefix] = scoring.score(by_split, breakdown=breakdown)
         metrics.update(prefixed(prefix, results[prefix]))
-    image_modes = dict(image_modes or {})
-    for prefix in image_modes:  # e.g. the blind ablation: delta = sighted - blank
-        delta = f"delta_{prefix}"
-        metrics.update(scoring.deltas(results[""], results[prefix], delta))
-        metrics.update(scoring.paired_delta_intervals(scored[""], scored[prefix], delta))
+    for p in passes:  # e.g. the blind ablation: delta = sighted - blank
+        if p.paired_delta and p.prefix in answers:
+            delta = f"delta_{p.prefix}"
+            metrics.update(scoring.deltas(results[""], results[p.prefix], delta))
+            metrics.update(scoring.paired_delta_intervals(scored[""], scored[p.prefix], delta))
     rows = JobRows(
         scored[""],
         others=scored,
-        image_modes=image_modes,
-        orders=list(orders),
+        passes=list(passes),
         breakdown=list(scoring.evaluation.breakdown if breakdown is None else breakdown),
         bootstrap=bootstrap_options(scoring.evaluation),
     )

@@ -6,6 +6,9 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+from PIL import Image
+
 from tests.native import write_image
 
 MODALITIES = ("CT", "MRI", "X-Ray")
@@ -101,3 +104,24 @@ def write(
         fixture.english[split] = n_images * sum(k[0] == "en" for k in kinds)
         fixture.kept[split] = n_images * sum(k[5] for k in kinds)
     return fixture
+
+
+# The organs' boxes (x, y, width, height) the release's detection.json gives, in a 16 px image.
+LIVER_BOX, LUNG_BOX = [2, 3, 6, 5], [8, 2, 5, 9]
+MASK_COLUMNS = 4  # mask.png labels the image's first four columns
+
+
+def write_regions(root: Path) -> None:
+    """The release's per-image region files beside `write`'s images (`imgs/xmlabN/`): every
+    third image from the first has a liver and a lung box and a `mask.png`, every third from
+    the second a lung box only, the others no `detection.json`."""
+    for folder in sorted((root / "imgs").iterdir()):
+        n = int(folder.name.removeprefix("xmlab"))
+        if n % 3 == 2:
+            continue
+        boxes = [{"Liver": LIVER_BOX}, {"Lung": LUNG_BOX}] if n % 3 == 0 else [{"Lung": LUNG_BOX}]
+        (folder / "detection.json").write_text(json.dumps(boxes))
+        if n % 3 == 0:
+            labels = np.zeros((16, 16), dtype=np.uint8)
+            labels[:, :MASK_COLUMNS] = 3
+            Image.fromarray(labels).save(folder / "mask.png")

@@ -94,23 +94,10 @@ def read_scored(path: Path) -> pd.DataFrame:
     return read_predictions(path)
 
 
-def export(
-    predictions: Path,
-    out: Path,
-    n: int = 50,
-    seed: int = 0,
-    split: str | None = None,
-    judge_columns: Sequence[str] | None = None,
-    text_metrics: bool = True,
-    embedding: bool = False,
-) -> pd.DataFrame:
-    """Sample the items, write the sheet (CSV + HTML) and ``items.jsonl``; return the items.
-
-    Candidates are the open rows (of `split`, if given) whose prediction is not an exact match
-    after normalisation; they are sorted by id before the seeded draw, so the sample depends on
-    the file's content, not on the order a resumed generation appended it in.
-    """
-    preds = read_scored(Path(predictions))
+def _one_split(preds: pd.DataFrame, predictions: Path, split: str | None) -> pd.DataFrame:
+    """The records of `split` (all where None), each id once: a resumed run may hold a record
+    twice (the last written is current), and an id in several splits is refused, since a
+    rater's score could not be placed."""
     if preds.empty:
         raise RatingError(f"{predictions}: no prediction records (missing or empty file)")
     required = [R.ID, R.QUESTION, R.ANSWER, R.ANSWER_TYPE, M.PREDICTION]
@@ -127,7 +114,6 @@ def export(
         preds = preds.loc[preds[SPLIT] == split]
         if preds.empty:
             raise RatingError(f"{predictions}: no records of split {split!r}; splits: {available}")
-    # A resumed run may hold the same record twice; the last one written is the current one.
     preds = preds.drop_duplicates(subset=[SPLIT, R.ID], keep="last")
     repeated = preds.loc[preds[R.ID].duplicated(), R.ID]
     if not repeated.empty:
@@ -135,6 +121,12 @@ def export(
             f"{predictions}: id {repeated.iloc[0]!r} occurs in several splits "
             f"({sorted(preds[SPLIT].dropna().unique())}); pass --split to rate one of them"
         )
+    return preds
+
+
+def _candidates(preds: pd.DataFrame, predictions: Path) -> pd.DataFrame:
+    """The open rows whose prediction is not an exact match (nothing for a rater to judge
+    there), sorted by id so that the seeded draw depends on the file's content only."""
     open_rows = preds.loc[preds[R.ANSWER_TYPE] == "open"]
     exact = np.array(
         [
@@ -153,6 +145,42 @@ def export(
     )
     if pool.empty:
         raise RatingError(f"{predictions}: no open question with a non-exact prediction to rate")
+    return pool
+
+
+def _write_study(out: Path, items: pd.DataFrame, scores: pd.DataFrame, judges: list[str]) -> None:
+    """The rating sheet (CSV and HTML, no scores) and items.jsonl (the scores the raters never
+    see), swapped in whole: raters never get a sheet whose items.jsonl is from another draw."""
+    sheet = items.rename(columns={"answer": "ground_truth"})[list(SHEET_COLUMNS[:-1])]
+    with staged_dir(out, "medvqa-rater export") as staging:
+        with (staging / ITEMS).open("w") as fh:
+            for i, item in enumerate(items.to_dict("records")):
+                item["scores"] = {
+                    k: (None if pd.isna(v) else float(v)) for k, v in scores.iloc[i].items()
+                }
+                item[JUDGES] = judges  # on the raters' 1-5 scale: their kappa and alpha too
+                fh.write(json.dumps(item) + "\n")
+        sheet.assign(score="").to_csv(staging / SHEET_CSV, index=False)
+        (staging / SHEET_HTML).write_text(rating_page(sheet))
+
+
+def export(
+    predictions: Path,
+    out: Path,
+    n: int = 50,
+    seed: int = 0,
+    split: str | None = None,
+    judge_columns: Sequence[str] | None = None,
+    text_metrics: bool = True,
+    embedding: bool = False,
+) -> pd.DataFrame:
+    """Sample the items, write the sheet (CSV + HTML) and ``items.jsonl``; return the items.
+
+    Candidates are the open rows (of `split`, if given) whose prediction is not an exact match
+    after normalisation; they are sorted by id before the seeded draw, so the sample depends on
+    the file's content, not on the order a resumed generation appended it in.
+    """
+    pool = _candidates(_one_split(read_scored(Path(predictions)), predictions, split), predictions)
     if n < 1:
         raise RatingError(f"--n must be at least 1, got {n}")
     if n > len(pool):
@@ -172,17 +200,6 @@ def export(
             "prediction": sample[M.PREDICTION].fillna("").astype(str),
         }
     )
-    sheet = items.rename(columns={"answer": "ground_truth"})[list(SHEET_COLUMNS[:-1])]
-    # Swapped in whole: raters never get a sheet whose items.jsonl is from another draw.
-    with staged_dir(Path(out), "medvqa-rater export") as staging:
-        with (staging / ITEMS).open("w") as fh:
-            for i, item in enumerate(items.to_dict("records")):
-                item["scores"] = {
-                    k: (None if pd.isna(v) else float(v)) for k, v in scores.iloc[i].items()
-                }
-                item[JUDGES] = judges  # on the raters' 1-5 scale: their kappa and alpha too
-                fh.write(json.dumps(item) + "\n")
-        sheet.assign(score="").to_csv(staging / SHEET_CSV, index=False)
-        (staging / SHEET_HTML).write_text(rating_page(sheet))
+    _write_study(Path(out), items, scores, judges)
     log.info("wrote %d item(s) to %s", len(items), out)
     return items.join(scores)

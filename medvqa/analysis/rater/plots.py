@@ -24,11 +24,21 @@ def figures(study: Study, table: pd.DataFrame, out: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    written = []
-    metrics = study.metrics
     human = table.loc[table["kind"] == "human_vs_metric"].set_index("b")
-    # The judges' agreement with people is only defined on the raters' scale (n/a for the
-    # token metrics); the raters' own agreement, the last row, is the ceiling.
+    return [
+        _agreement_heatmap(plt, study, table, human, out),
+        _rater_heatmap(plt, study, table, human, out),
+        _scatter(plt, study, human, out),
+    ]
+
+
+def _agreement_heatmap(
+    plt: Any, study: Study, table: pd.DataFrame, human: pd.DataFrame, out: Path
+) -> Path:
+    """The mean human score against each metric under four statistics. The judges' agreement
+    with people is only defined on the raters' scale (n/a for the token metrics); the raters'
+    own agreement, the last row, is the ceiling."""
+    metrics = study.metrics
     stats = ["kendall_tau_b", "spearman_rho", "weighted_kappa", "alpha"]
     grid = human.loc[metrics, stats].to_numpy(float)
     rows = list(metrics)
@@ -36,16 +46,22 @@ def figures(study: Study, table: pd.DataFrame, out: Path) -> list[Path]:
     if not ceiling.empty:
         grid = np.vstack([grid, ceiling[stats].to_numpy(float)[:1]])
         rows.append("raters (ceiling)")
-    written.append(
-        _heatmap(
-            plt,
-            grid,
-            rows,
-            ["Kendall τ-b", "Spearman ρ", "weighted κ", "Krippendorff α"],
-            "Mean human score vs metric",
-            out / "heatmap.png",
-        )
+    return _heatmap(
+        plt,
+        grid,
+        rows,
+        ["Kendall τ-b", "Spearman ρ", "weighted κ", "Krippendorff α"],
+        "Mean human score vs metric",
+        out / "heatmap.png",
     )
+
+
+def _rater_heatmap(
+    plt: Any, study: Study, table: pd.DataFrame, human: pd.DataFrame, out: Path
+) -> Path:
+    """Kendall's τ-b of each rater, and of their mean (the last row), against each metric:
+    whether a metric follows every rater or only their average."""
+    metrics = study.metrics
     per_rater = table.loc[table["kind"] == "rater_vs_metric"]
     raters = list(study.ratings.columns)
     grid = np.array(
@@ -61,17 +77,20 @@ def figures(study: Study, table: pd.DataFrame, out: Path) -> list[Path]:
         + [list(human.loc[metrics, "kendall_tau_b"])],
         dtype=float,
     )
-    written.append(
-        _heatmap(
-            plt,
-            grid,
-            [*raters, "mean"],
-            metrics,
-            "Kendall τ-b: rater vs metric",
-            out / "heatmap_raters.png",
-        )
+    return _heatmap(
+        plt,
+        grid,
+        [*raters, "mean"],
+        metrics,
+        "Kendall τ-b: rater vs metric",
+        out / "heatmap_raters.png",
     )
 
+
+def _scatter(plt: Any, study: Study, human: pd.DataFrame, out: Path) -> Path:
+    """The mean human score against each metric, one panel per metric, titled with its τ-b
+    and ρ: what a correlation hides (ties, a floor) shows here."""
+    metrics = study.metrics
     cols = min(3, len(metrics))
     rows = math.ceil(len(metrics) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.4 * rows), squeeze=False)
@@ -91,8 +110,7 @@ def figures(study: Study, table: pd.DataFrame, out: Path) -> list[Path]:
     path = out / "scatter.png"
     fig.savefig(path, dpi=120)
     plt.close(fig)
-    written.append(path)
-    return written
+    return path
 
 
 def _heatmap(

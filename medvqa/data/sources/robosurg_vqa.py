@@ -58,6 +58,7 @@ from medvqa.data.annotated import (
     read_manifest,
 )
 from medvqa.data.cleaning import CleaningLog, Step
+from medvqa.data.regions import NAMES_NO_REGION, NO_REGION_FILE, REGION, REGION_MISSING, Region
 from medvqa.errors import DataError
 
 QUESTIONS_FILE = "configs/questions.json"
@@ -74,6 +75,10 @@ WORDING = "wording"
 QUESTION_ID = "question_id"
 SEQUENCE = "source_sequence_id"
 MANIFEST_KEYS = ("record_id", "site", "split", "video_key", "image_path")
+# The tasks whose question is about the frame's official mask (q2: the anatomy with the largest
+# mask area; q8: instrument-mask coverage of the central window): their region is every
+# labelled (non-zero) pixel of the frame's mask (`mask_path`). The other tasks name no region.
+REGION_TASKS = ("q2", "q8.mask_center_5pct_v1")
 RECORD_KEYS = ("qa_id", "record_id", "task", "answer", "valid_answers", SEQUENCE, "validation_role")
 # What each field read from either file must hold (checked per row; a wrong type is a bad
 # row). `valid_answers` is a list, checked by the loader.
@@ -120,8 +125,8 @@ class RoboSurgVqa(AnnotatedSource):
     """RoboSurg-VQA in its release layout under `root` (see the module docstring)."""
 
     name = "robosurg_vqa"
-    loader_version = 2
-    metadata_fields = (QUESTION_ID, WORDING, "site", "video_key", "mask")
+    loader_version = 3  # 3: regions
+    metadata_fields = (QUESTION_ID, WORDING, "site", "video_key", "mask", REGION, REGION_MISSING)
     field_types = FIELD_TYPES
 
     def __init__(
@@ -190,6 +195,10 @@ class RoboSurgVqa(AnnotatedSource):
             if image is None:
                 continue
             mask = row.get("mask_path")
+            if mask is not None:
+                mask = self.image_ref(str(mask), where, bad)
+                if mask is None:
+                    continue
             frames[rid] = {**row, "image_path": image, "mask_path": mask}
         return frames
 
@@ -303,6 +312,7 @@ class RoboSurgVqa(AnnotatedSource):
                     )
                 )
         columns = [*R.CORE_COLUMNS, QUESTION_ID, WORDING, "site", "video_key", "mask"]
+        columns += [REGION, REGION_MISSING]
         if not parts:
             return pd.DataFrame(columns=columns)
         table = pd.concat(parts, ignore_index=True)
@@ -314,6 +324,7 @@ class RoboSurgVqa(AnnotatedSource):
                 R.CANDIDATES: table["labels"],
                 R.CASE_ID: table[SEQUENCE],
                 R.IMAGE_ID: table["frame"],
+                **_regions(table["task"], table["mask"]),
             }
         )[columns]
 
@@ -359,6 +370,21 @@ class RoboSurgVqa(AnnotatedSource):
         if path.suffix.lower() != ".npy":
             return super().load_image(ref, record_id)
         return Image.fromarray(np.ascontiguousarray(_rgb_array(path, self.name, record_id)))
+
+
+def _regions(tasks: pd.Series, masks: pd.Series) -> dict[str, list[str | None]]:
+    """The `region` and `region_missing` cells of each record: the frame's mask where its task
+    is about the mask (`REGION_TASKS`), else none, saying why."""
+    cells = [_region(t, m) for t, m in zip(tasks, masks, strict=True)]
+    return {REGION: [c[0] for c in cells], REGION_MISSING: [c[1] for c in cells]}
+
+
+def _region(task: str, mask: Any) -> tuple[str | None, str | None]:
+    if task not in REGION_TASKS:
+        return None, NAMES_NO_REGION
+    if not isinstance(mask, str) or not mask:
+        return None, NO_REGION_FILE
+    return Region(mask=mask).text(), None
 
 
 def _nth(paraphrases: Sequence[str], k: int) -> str | None:

@@ -13,11 +13,21 @@ OPEN row of train.json whose answer is the empty string: it is kept, as the pape
 counted in splits.json (`kept_oddities`), like the 91 answers "Transverse  Plane" (double blank,
 kept as released) and any answer stored as a JSON number (kept as its text). A CLOSED row with
 an empty answer cannot be scored and is a bad row.
+
+Regions (`medvqa.data.regions`): where an image's folder has the release's `detection.json` (a
+list of `{label: [x, y, width, height]}` objects, boxes in the image's pixels), a question that
+names one of the release's labels (any image's; case-insensitive, whole words, a plural `s`
+allowed) gets the boxes of the labels it names that its image has, refined by the folder's
+`mask.png` (its labelled pixels inside them) where the release has one. The others say why they
+have none: no `detection.json`, no label named, or a label named that the image lacks.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+import json
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path, PurePosixPath
 
 import pandas as pd
 
@@ -33,6 +43,15 @@ from medvqa.data.annotated import (
 )
 from medvqa.data.cleaning import CleaningLog, Step
 from medvqa.data.questions import closed_candidates, is_yes_no, question_options
+from medvqa.data.regions import (
+    LABEL_UNMATCHED,
+    NAMES_NO_REGION,
+    NO_REGION_FILE,
+    REGION,
+    REGION_MISSING,
+    Region,
+)
+from medvqa.errors import DataError
 
 # The names each split's file has in the release and in its copies.
 SPLIT_FILES = {
@@ -42,6 +61,9 @@ SPLIT_FILES = {
 }
 REQUIRED = ("qid", "img_id", "img_name", "question", "answer", "q_lang", "answer_type")
 METADATA = ("modality", "location", "content_type", "base_type")
+# Beside each image (`imgs/<folder>/`): its organs' boxes and its organs' mask, where released.
+DETECTION_FILE, MASK_FILE = "detection.json", "mask.png"
+Box = tuple[float, float, float, float]
 # What each field read must hold (checked per row; a wrong type is a bad row).
 FIELD_TYPES = {
     **dict.fromkeys(("qid", "img_id"), IDENTIFIER),
@@ -79,8 +101,8 @@ class Slake(AnnotatedSource):
     name = "slake"
     # 2: empty and numeric answers kept; 3: validation.json, per-split oddities; 4: "A or B"
     # candidates keep multi-word sides and drop articles
-    loader_version = 4
-    metadata_fields = (*METADATA, "q_lang")
+    loader_version = 5  # 5: regions
+    metadata_fields = (*METADATA, "q_lang", REGION, REGION_MISSING)
     field_types = FIELD_TYPES
 
     def __init__(
@@ -97,6 +119,9 @@ class Slake(AnnotatedSource):
 
     def annotation_files(self) -> list[Path]:
         return self.split_files(SPLIT_FILES, "SLAKE")
+
+    def region_files(self) -> list[Path]:
+        return sorted((self.root / "imgs").glob(f"*/{DETECTION_FILE}"))
 
     def _native(self, bad: BadRows) -> pd.DataFrame:
         rows = []
@@ -136,7 +161,7 @@ class Slake(AnnotatedSource):
         closed = native["answer_type"] == "CLOSED"
         answers = native["answer"].str.strip()
         answers = answers.where(~answers.map(is_yes_no), answers.str.lower())
-        return pd.DataFrame(
+        table = pd.DataFrame(
             {
                 R.ID: native[R.SOURCE_SPLIT] + "/" + native["qid"].astype(str),
                 R.IMAGE: native[R.IMAGE],
@@ -155,3 +180,69 @@ class Slake(AnnotatedSource):
                 "q_lang": native["q_lang"],
             }
         )
+        return table.assign(**self._regions(table))
+
+    def _regions(self, table: pd.DataFrame) -> dict[str, list[str | None]]:
+        """Each row's `region` and `region_missing` (the module docstring)."""
+        folders = [str(PurePosixPath(ref).parent) for ref in table[R.IMAGE]]
+        found = {folder: self._detections(folder) for folder in set(folders)}
+        labels = {label for boxes in found.values() if boxes for label in boxes}
+        cells = [
+            _region(question, found[folder], folder, labels)
+            for question, folder in zip(table[R.QUESTION], folders, strict=True)
+        ]
+        return {REGION: [c[0] for c in cells], REGION_MISSING: [c[1] for c in cells]}
+
+    def _detections(self, folder: str) -> dict[str, list[Box]] | None:
+        """The boxes of an image folder's `detection.json` by label (lower case, single
+        blanks), as (x0, y0, x1, y1); None where the folder has no such file."""
+        path = self.root / folder / DETECTION_FILE
+        if not path.is_file():
+            return None
+        try:
+            entries = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError:
+            entries = None
+        if not isinstance(entries, list) or not all(_is_detection(e) for e in entries):
+            raise DataError(
+                f"{self.name}: {path} is not a list of {{label: [x, y, width, height]}} "
+                "objects; restore the release's file"
+            )
+        boxes: dict[str, list[Box]] = {}
+        for entry in entries:
+            for label, (x, y, w, h) in entry.items():
+                boxes.setdefault(" ".join(label.lower().split()), []).append((x, y, x + w, y + h))
+        return boxes
+
+
+def _is_detection(entry: object) -> bool:
+    """One object of `detection.json`: labels, each with a box [x, y, width, height]."""
+    return isinstance(entry, Mapping) and all(
+        isinstance(label, str)
+        and isinstance(box, list)
+        and len(box) == 4
+        and all(isinstance(v, int | float) and not isinstance(v, bool) for v in box)
+        for label, box in entry.items()
+    )
+
+
+def _named(question: str, label: str) -> bool:
+    """Whether `question` names `label` (whole words, any case, a plural `s` allowed)."""
+    words = r"\s+".join(re.escape(w) for w in label.split())
+    return re.search(rf"(?<![a-z]){words}s?(?![a-z])", question.lower()) is not None
+
+
+def _region(
+    question: str, boxes: Mapping[str, Sequence[Box]] | None, folder: str, labels: set[str]
+) -> tuple[str | None, str | None]:
+    """A row's region (the boxes of the labels it names that its image has, refined by the
+    folder's mask where it exists), or why it has none."""
+    if boxes is None:
+        return None, NO_REGION_FILE
+    named = sorted(label for label in labels if _named(question, label))
+    if not named:
+        return None, NAMES_NO_REGION
+    present = tuple(b for label in named for b in boxes.get(label, ()))
+    if not present:
+        return None, LABEL_UNMATCHED
+    return Region(mask=f"{folder}/{MASK_FILE}", boxes=present).text(), None

@@ -26,21 +26,37 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from PIL import Image
 
 from medvqa.atomic import build_once, write_file
 from medvqa.data import records as R
 from medvqa.data.base import VQASource
+from medvqa.data.regions import (
+    NAMES_NO_REGION,
+    NO_REGION_FILE,
+    REGION,
+    REGION_MISSING,
+    Region,
+    log_counts,
+    region_counts,
+)
 from medvqa.data.sources.synthetic.cases import (
     MODALITIES,
     PARAPHRASE_STREAM,
     QUESTION_SETS,
     QUESTION_STREAM,
     RENDER_STREAM,
+    Case,
+    ImageSpec,
     assign_splits,
     sample_case,
 )
-from medvqa.data.sources.synthetic.questions import make_questions
-from medvqa.data.sources.synthetic.render import render_image, to_png_image
+from medvqa.data.sources.synthetic.questions import QA, REGION_TEMPLATES, make_questions
+from medvqa.data.sources.synthetic.render import (
+    render_image,
+    render_with_findings,
+    to_png_image,
+)
 from medvqa.errors import DataError
 from medvqa.hashing import content_hash
 
@@ -69,6 +85,7 @@ PARAPHRASE_COLUMNS = [R.PARAPHRASE_GROUP, "phrasing"]
 MANIFEST = "manifest.json"
 ANNOTATIONS = "annotations.jsonl"
 IMAGES_DIR = "images"
+MASKS_DIR = "masks"  # with `regions`: the findings' mask of each image that has a finding
 
 
 def text_cue(question: str, answer: str) -> str:
@@ -104,6 +121,7 @@ class SyntheticVQA(VQASource):
         split_fractions: Sequence[float] = (0.7, 0.15, 0.15),
         text_cue_modality: str | None = None,
         paraphrases: bool = False,
+        regions: bool = False,
     ) -> None:
         if int(seed) < 0:
             raise ValueError(f"dataset.seed must be >= 0; got {seed}.")
@@ -139,6 +157,7 @@ class SyntheticVQA(VQASource):
         self.split_fractions = tuple(fractions)
         self.text_cue_modality = text_cue_modality
         self.paraphrases = bool(paraphrases)
+        self.regions = bool(regions)
         self.cache_dir = Path(cache_dir).expanduser()
         canonical = json.dumps(self.params, sort_keys=True, separators=(",", ":"))
         self.config_hash = content_hash(canonical)
@@ -169,6 +188,7 @@ class SyntheticVQA(VQASource):
             # Only when set: the default data keeps the cache (and numbers) it always had.
             **({"text_cue_modality": self.text_cue_modality} if self.text_cue_modality else {}),
             **({"paraphrases": True} if self.paraphrases else {}),
+            **({"regions": True} if self.regions else {}),
         }
 
     # -- public ----------------------------------------------------------------------------------
@@ -184,7 +204,13 @@ class SyntheticVQA(VQASource):
             table = self._read()
             R.validate_table(table, self.name, required=METADATA_COLUMNS)
             self._table = table
+            if self.regions:
+                log_counts(self.name, region_counts(table))
         return self._table.copy()
+
+    def report(self) -> dict[str, Any]:
+        """With `regions`: how many rows have a region and why the others do not."""
+        return {"regions": region_counts(self.table())} if self.regions else {}
 
     def prepare(self) -> Path:
         """Make sure the cache directory is complete (generating it if not); returns it."""
@@ -260,11 +286,7 @@ class SyntheticVQA(VQASource):
                 for j, spec in enumerate(case.images):
                     image_id = f"img{n_images:05d}"
                     n_images += 1
-                    ref = f"{IMAGES_DIR}/{image_id}.png"
-                    pixels = render_image(
-                        spec, self.image_size, (RENDER_STREAM, self.seed, index, j)
-                    )
-                    to_png_image(pixels).save(directory / ref, format="PNG")
+                    region = self._draw(directory, spec, (index, j), image_id)
                     q_rng = np.random.default_rng([QUESTION_STREAM, self.seed, index, j])
                     p_rng = None  # paraphrases of the test cases' questions only
                     if self.paraphrases and splits[index] == "test":
@@ -272,51 +294,10 @@ class SyntheticVQA(VQASource):
                     qas = make_questions(
                         spec, self.question_set, self.questions_per_image, q_rng, p_rng
                     )
-                    for k, (template, qtype, qa, para) in enumerate(qas):
-                        question, answer, atype, cands = qa
-                        if spec.modality == self.text_cue_modality:
-                            question = text_cue(question, answer)
-                        record = {
-                            R.ID: f"{image_id}_q{k}",
-                            R.IMAGE: ref,
-                            R.QUESTION: question,
-                            R.ANSWER: answer,
-                            R.ANSWER_TYPE: atype,
-                            R.QUESTION_TYPE: qtype,
-                            R.CANDIDATES: cands,
-                            R.CASE_ID: case.case_id,
-                            R.IMAGE_ID: image_id,
-                            R.SOURCE_SPLIT: splits[index],
-                            "modality": spec.modality,
-                            "body_part": spec.body_part,
-                            "sex": case.sex,
-                            "age": case.age,
-                            "ethnicity": case.ethnicity,
-                            "lesion": "yes" if spec.lesion else "no",
-                            "lesion_kind": spec.lesion_kind,
-                            "lesion_count": spec.lesion_count,
-                            "lesion_side": spec.lesion_side,
-                            "lesion_size": spec.lesion_size,
-                            "plane": spec.plane,
-                            "template": template,
-                        }
-                        if self.paraphrases:  # the group links a question to its rewording
-                            record[R.PARAPHRASE_GROUP] = record[R.ID]
-                            record["phrasing"] = "original"
+                    records = self._records(qas, spec, case, image_id, splits[index], region)
+                    for record in records:
                         out.write(json.dumps(record) + "\n")
                         n_records += 1
-                        if para is not None:
-                            reworded = para[0]
-                            if spec.modality == self.text_cue_modality:
-                                reworded = text_cue(reworded, answer)
-                            record = {
-                                **record,
-                                R.ID: f"{record[R.ID]}_p",
-                                R.QUESTION: reworded,
-                                "phrasing": "paraphrase",
-                            }
-                            out.write(json.dumps(record) + "\n")
-                            n_records += 1
         counts = {"cases": self.n_cases, "images": n_images, "records": n_records}
         manifest = {
             "hash": self.config_hash,
@@ -327,6 +308,89 @@ class SyntheticVQA(VQASource):
         text = json.dumps(manifest, indent=2, sort_keys=True)
         write_file(directory / MANIFEST, lambda tmp: tmp.write_text(text))
         return counts
+
+    def _draw(
+        self, directory: Path, spec: ImageSpec, at: tuple[int, int], image_id: str
+    ) -> str | None:
+        """Render the `at` = (case, image) image into `directory`; with `regions`, also the
+        exact mask of its findings (`masks/<image_id>.png`: k on the k-th finding's pixels),
+        whose region (`regions.Region`) is returned (None: no finding, no mask)."""
+        seed = (RENDER_STREAM, self.seed, *at)
+        if not self.regions:
+            pixels = render_image(spec, self.image_size, seed)
+            findings = None
+        else:
+            pixels, findings = render_with_findings(spec, self.image_size, seed)
+        to_png_image(pixels).save(directory / IMAGES_DIR / f"{image_id}.png", format="PNG")
+        if findings is None or not findings.any():
+            return None
+        ref = f"{MASKS_DIR}/{image_id}.png"
+        (directory / MASKS_DIR).mkdir(exist_ok=True)
+        Image.fromarray(findings).save(directory / ref, format="PNG")
+        return Region(mask=ref).text()
+
+    def _records(
+        self,
+        qas: list[tuple[str, str, QA, QA | None]],
+        spec: ImageSpec,
+        case: Case,
+        image_id: str,
+        split: str,
+        region: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """The records of one image's questions (`make_questions`'), each with the case's and
+        the image's metadata (the fields shifts and breakdowns select on), with `regions` the
+        findings' region where the question concerns them (`region`: the image's, None without
+        a finding), and after each question its paraphrase where one was drawn, linked to it
+        by a paraphrase group."""
+        records = []
+        for k, (template, qtype, qa, para) in enumerate(qas):
+            question, answer, atype, cands = qa
+            if spec.modality == self.text_cue_modality:
+                question = text_cue(question, answer)
+            record = {
+                R.ID: f"{image_id}_q{k}",
+                R.IMAGE: f"{IMAGES_DIR}/{image_id}.png",
+                R.QUESTION: question,
+                R.ANSWER: answer,
+                R.ANSWER_TYPE: atype,
+                R.QUESTION_TYPE: qtype,
+                R.CANDIDATES: cands,
+                R.CASE_ID: case.case_id,
+                R.IMAGE_ID: image_id,
+                R.SOURCE_SPLIT: split,
+                "modality": spec.modality,
+                "body_part": spec.body_part,
+                "sex": case.sex,
+                "age": case.age,
+                "ethnicity": case.ethnicity,
+                "lesion": "yes" if spec.lesion else "no",
+                "lesion_kind": spec.lesion_kind,
+                "lesion_count": spec.lesion_count,
+                "lesion_side": spec.lesion_side,
+                "lesion_size": spec.lesion_size,
+                "plane": spec.plane,
+                "template": template,
+            }
+            if self.paraphrases:  # the group links a question to its rewording
+                record[R.PARAPHRASE_GROUP] = record[R.ID]
+                record["phrasing"] = "original"
+            if self.regions:
+                record.update(_region_cells(template, region))
+            records.append(record)
+            if para is not None:
+                reworded = para[0]
+                if spec.modality == self.text_cue_modality:
+                    reworded = text_cue(reworded, answer)
+                records.append(
+                    {
+                        **record,
+                        R.ID: f"{record[R.ID]}_p",
+                        R.QUESTION: reworded,
+                        "phrasing": "paraphrase",
+                    }
+                )
+        return records
 
     def _read(self) -> pd.DataFrame:
         """Load `annotations.jsonl`; lists stay lists and open candidates stay None."""
@@ -344,4 +408,14 @@ class SyntheticVQA(VQASource):
         columns = [*R.CORE_COLUMNS, *METADATA_COLUMNS]
         if self.paraphrases:
             columns += PARAPHRASE_COLUMNS
+        if self.regions:
+            columns += [REGION, REGION_MISSING]
         return pd.DataFrame.from_records(rows, columns=columns)
+
+
+def _region_cells(template: str, region: str | None) -> dict[str, str | None]:
+    """A record's `region` and `region_missing`: the image's findings where the question is
+    about them (`REGION_TEMPLATES`), else none, saying why."""
+    if template not in REGION_TEMPLATES:
+        return {REGION: None, REGION_MISSING: NAMES_NO_REGION}
+    return {REGION: region, REGION_MISSING: None if region else NO_REGION_FILE}

@@ -129,6 +129,8 @@ class Template:
     slot: str | None = None
     needs_lesion: bool = False
     weight: float = 1.0  # sampling weight: higher = asked for (almost) every image
+    # Its answer is read off the findings: their mask is the question's region (with a lesion).
+    region: bool = False
 
 
 def _facts(s: ImageSpec) -> dict[str, str]:
@@ -239,6 +241,7 @@ VQA_TEMPLATES: tuple[Template, ...] = (
         "{has_lesion}",
         form="yes_no",
         weight=4.0,
+        region=True,
     ),
     Template(
         "normal_yesno",
@@ -251,6 +254,7 @@ VQA_TEMPLATES: tuple[Template, ...] = (
         "{is_normal}",
         form="yes_no",
         weight=4.0,
+        region=True,
     ),
     Template(
         "abnormality_open",
@@ -262,6 +266,7 @@ VQA_TEMPLATES: tuple[Template, ...] = (
         ),
         "{lesion_kind}",
         weight=3.0,
+        region=True,
     ),
     Template(
         "position_open",
@@ -275,6 +280,7 @@ VQA_TEMPLATES: tuple[Template, ...] = (
         "{lesion_side}",
         needs_lesion=True,
         weight=1.5,
+        region=True,
     ),
     Template(
         "position_yesno",
@@ -289,6 +295,7 @@ VQA_TEMPLATES: tuple[Template, ...] = (
         slot="side_probe",
         needs_lesion=True,
         weight=1.5,
+        region=True,
     ),
     Template(
         "size_pair",
@@ -303,6 +310,7 @@ VQA_TEMPLATES: tuple[Template, ...] = (
         slot="size_pair",
         needs_lesion=True,
         weight=1.5,
+        region=True,
     ),
     Template(
         "quantity_open",
@@ -316,6 +324,7 @@ VQA_TEMPLATES: tuple[Template, ...] = (
         "{lesion_count}",
         needs_lesion=True,
         weight=1.5,
+        region=True,
     ),
     Template(
         "plane_open",
@@ -352,6 +361,8 @@ VQA_TEMPLATES: tuple[Template, ...] = (
     ),
 )
 QUESTION_TYPES: tuple[str, ...] = tuple(dict.fromkeys(t.question_type for t in VQA_TEMPLATES))
+# The templates whose question concerns the findings' region (`Template.region`).
+REGION_TEMPLATES = frozenset(t.name for t in VQA_TEMPLATES if t.region)
 
 CAPTION_QUESTION = "Describe the image."
 

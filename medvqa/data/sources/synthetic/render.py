@@ -187,6 +187,7 @@ _DRAW: dict[str, Callable[[_Canvas, str, _Geometry, np.random.Generator], None]]
 }
 _BACKGROUND = {"ct": 0.0, "mri": 0.03}
 _NOISE = {"ct": 0.035, "mri": 0.03, "x-ray": 0.03}
+_BLUR = {"mri": 0.75, "x-ray": 0.6}  # Gaussian blur radius at 64 px (CT is not blurred)
 
 
 def lesion_centres(
@@ -206,17 +207,55 @@ def lesion_radius(spec: ImageSpec) -> float:
     return LESION_RADIUS[spec.lesion_size] * LESION_COUNT_SCALE[spec.lesion_count]
 
 
-def _draw_lesions(c: _Canvas, spec: ImageSpec, g: _Geometry, rng: np.random.Generator) -> None:
-    """Mass = bright blob; cyst = dark blob with a bright wall (visible even inside a lung)."""
+@dataclass(frozen=True)
+class _Lesion:
+    """One finding as drawn: its centre, radii and kind (a cyst's wall lies outside `rx`)."""
+
+    x: float
+    y: float
+    rx: float
+    ry: float
+    kind: str
+
+    def extent(self, c: _Canvas) -> np.ndarray:
+        """The soft mask of every pixel the finding is painted on (a cyst with its wall)."""
+        if self.kind == "mass":
+            return c.ellipse(self.x, self.y, self.rx, self.ry)
+        wall = max(0.2 * self.rx, 1.0 * c.px)  # outside r, so small cysts keep a dark core
+        return c.ellipse(self.x, self.y, self.rx + wall, self.rx + wall)
+
+
+def _lesions(spec: ImageSpec, g: _Geometry, rng: np.random.Generator) -> list[_Lesion]:
+    """The findings of `spec`, drawn from `rng` (centres first, then each one's size)."""
     r0 = lesion_radius(spec)
+    out = []
     for x, y in lesion_centres(spec, g, rng):
         r = r0 * rng.uniform(0.92, 1.08)
-        if spec.lesion_kind == "mass":
-            c.paint(c.ellipse(x, y, r, r * rng.uniform(0.85, 1.0)), 0.97)
+        ry = r * rng.uniform(0.85, 1.0) if spec.lesion_kind == "mass" else r
+        out.append(_Lesion(x, y, r, ry, spec.lesion_kind))
+    return out
+
+
+def _draw_lesions(c: _Canvas, lesions: Sequence[_Lesion]) -> None:
+    """Mass = bright blob; cyst = dark blob with a bright wall (visible even inside a lung)."""
+    for lesion in lesions:
+        if lesion.kind == "mass":
+            c.paint(lesion.extent(c), 0.97)
         else:
-            wall = max(0.2 * r, 1.0 * c.px)  # outside r, so small cysts keep a dark core
-            c.paint(c.ellipse(x, y, r + wall, r + wall), 0.85)
-            c.paint(c.ellipse(x, y, r, r), 0.03)
+            c.paint(lesion.extent(c), 0.85)
+            c.paint(c.ellipse(lesion.x, lesion.y, lesion.rx, lesion.rx), 0.03)
+
+
+def _findings_mask(c: _Canvas, lesions: Sequence[_Lesion], blur: float) -> np.ndarray:
+    """Label image (uint8): k on the pixels the k-th finding is painted on (its anti-aliased
+    edge included) and on those the image's blur (`blur`: its radius in pixels) spreads it to,
+    two radii and a pixel around; 0 elsewhere."""
+    labels = np.zeros((c.size, c.size), dtype=np.uint8)
+    for k, lesion in enumerate(lesions, 1):
+        labels[(lesion.extent(c) > 0) & (labels == 0)] = k
+    reach = 1 + int(np.ceil(2 * blur))
+    grown = np.asarray(Image.fromarray(labels).filter(ImageFilter.MaxFilter(2 * reach + 1)))
+    return np.where(labels > 0, labels, grown)
 
 
 def render_image(spec: ImageSpec, size: int, seed: Sequence[int]) -> np.ndarray:
@@ -225,6 +264,14 @@ def render_image(spec: ImageSpec, size: int, seed: Sequence[int]) -> np.ndarray:
     Anatomy, lesions and noise use separate random streams derived from `seed`, so the same
     seed with and without a lesion gives images that differ only around the lesion.
     """
+    return render_with_findings(spec, size, seed)[0]
+
+
+def render_with_findings(
+    spec: ImageSpec, size: int, seed: Sequence[int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """`render_image`'s image and the exact mask of its findings (`_findings_mask`: all 0
+    without a lesion), drawn from the same shapes."""
     anatomy_rng = np.random.default_rng([*seed, 0])
     lesion_rng = np.random.default_rng([*seed, 1])
     noise_rng = np.random.default_rng([*seed, 2])
@@ -236,17 +283,18 @@ def render_image(spec: ImageSpec, size: int, seed: Sequence[int]) -> np.ndarray:
     else:
         canvas = _Canvas(size, _BACKGROUND[spec.modality])
     _DRAW[spec.modality](canvas, spec.body_part, geometry, anatomy_rng)
-    if spec.lesion:
-        _draw_lesions(canvas, spec, geometry, lesion_rng)
+    lesions = _lesions(spec, geometry, lesion_rng) if spec.lesion else []
+    _draw_lesions(canvas, lesions)
     img = canvas.img * anatomy_rng.uniform(0.95, 1.05)
     img = img + noise_rng.normal(0.0, _NOISE[spec.modality], img.shape)
+    blur = _BLUR.get(spec.modality, 0.0) * size / 64
     if spec.modality == "mri":
-        img = _blur(np.clip(img, 0, 1), 0.75 * size / 64)
+        img = _blur(np.clip(img, 0, 1), blur)
         theta = anatomy_rng.uniform(0, 2 * np.pi)  # receive-coil shading
         img = img * (1.0 + 0.6 * (canvas.x * np.cos(theta) + canvas.y * np.sin(theta)))
     elif spec.modality == "x-ray":
-        img = _blur(np.clip(img, 0, 1), 0.6 * size / 64)
-    return np.clip(img, 0.0, 1.0)
+        img = _blur(np.clip(img, 0, 1), blur)
+    return np.clip(img, 0.0, 1.0), _findings_mask(canvas, lesions, blur)
 
 
 def _blur(img: np.ndarray, radius: float) -> np.ndarray:
