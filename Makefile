@@ -6,6 +6,10 @@ BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.medvqa-installed
 PYTEST_ARGS ?= -n auto  # pytest-xdist: one worker per core
+# Compiled modules are cached (__pycache__, git-ignored) even where the environment turns that
+# off (PYTHONDONTWRITEBYTECODE, common in containers): a test run starts hundreds of
+# interpreters, and the demo's run.py starts twice (portable numerics), each compiling again.
+unexport PYTHONDONTWRITEBYTECODE
 
 # `make` alone, or `make help`: the targets and what each does (their `##` comments).
 .DEFAULT_GOAL := help
@@ -86,7 +90,7 @@ bench-gpu: install  ## on a CUDA machine: train/generation throughput, peak memo
 
 # No install step: a GPU node has its own CUDA torch (and may have no index; launch/README.md).
 GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
-gpu-check:  ## on one CUDA GPU: a whole 7B-shaped SURE job and ZeRO-2 with a resume (~8 min on an H100, docs/gpus.md)
+gpu-check:  ## on one CUDA GPU: a whole 7B-shaped SURE job and ZeRO-2 with a resume (not yet timed in this form; docs/gpus.md)
 	PYTHON=$(GPU_PYTHON) bash benchmarks/gpu_check.sh $(ARGS)
 
 STUDY_DIR ?= logs/synthetic_study

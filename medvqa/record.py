@@ -74,9 +74,16 @@ class RunRecord:
     """Writes `results.json`: status, seed, resolved config and `split/metric` numbers."""
 
     def __init__(
-        self, out_dir: Path, cfg: DictConfig, choices: Mapping[str, Any] | None = None
+        self,
+        out_dir: Path,
+        cfg: DictConfig,
+        choices: Mapping[str, Any] | None = None,
+        lands_in: Path | None = None,
     ) -> None:
         self.path = Path(out_dir) / RESULTS_FILE
+        # Where the record ends up, for the log: `lands_in` where `out_dir` is a staging folder
+        # swapped in whole at the end (medvqa-score), which the user never sees.
+        self.shown = Path(lands_in or out_dir) / RESULTS_FILE
         # Which option of each config group ran (peft=lora, shift=age, baseline=blind, ...):
         # what aggregation groups by, rather than parsing directory names.
         self.choices = {k: v for k, v in (choices or {}).items() if not k.startswith("hydra")}
@@ -146,7 +153,7 @@ class RunRecord:
         items could not be scored (their aggregates are NaN). Returns the status."""
         if not failed_items:
             self.write("finished", metrics)
-            log.info("finished; record at %s", self.path)
+            log.info("finished; record at %s", self.shown)
             return "finished"
         message = (
             f"{failed_items} item(s) could not be scored or had no answer (the *_failures and "
@@ -154,7 +161,7 @@ class RunRecord:
             "aggregate over them is NaN. Run it again to retry only those items."
         )
         self.write("incomplete", metrics, failed_items=failed_items, error=message)
-        log.error("incomplete: %s Record at %s", message, self.path)
+        log.error("incomplete: %s Record at %s", message, self.shown)
         return "incomplete"
 
 

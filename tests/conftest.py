@@ -121,6 +121,31 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+def sampled(values: Sequence[object], keep: int = 1, *, unpack: bool = False) -> list[object]:
+    """`values` for a parametrize: the first `keep` run in `make test`, the rest are marked
+    slow (`make test-slow`, CI): the same code on other values, kept out of the default tier's
+    time. `unpack`: each value is a tuple of several arguments."""
+    return [
+        pytest.param(
+            *(value if unpack else (value,)),  # type: ignore[misc]
+            marks=() if i < keep else (pytest.mark.slow,),
+        )
+        for i, value in enumerate(values)
+    ]
+
+
+def diagonal(rows: Sequence[object], columns: Sequence[object]) -> list[object]:
+    """Every (row, column) pair for a two-argument parametrize; `make test` runs a diagonal
+    (each row once, each column at least once), the other pairs are slow."""
+    out = []
+    for i, row in enumerate(rows):
+        for j, column in enumerate(columns):
+            on_diagonal = j == i % len(columns)
+            marks = () if on_diagonal else (pytest.mark.slow,)
+            out.append(pytest.param(row, column, marks=marks))
+    return out
+
+
 def compose(overrides: Sequence[str] = (), cache: Path | None = None):
     """Compose the real config (as run.py would) without running it."""
     from hydra import compose as hydra_compose

@@ -158,6 +158,7 @@ def test_agreement_intervals_resample_cases_not_items() -> None:
 # -- between the jurors of a run -------------------------------------------------------------
 
 
+@pytest.mark.heavy
 def test_a_jury_run_records_the_jurors_agreement_with_intervals(
     servers: dict[str, JudgeServer], tmp_path: Path
 ) -> None:
@@ -241,6 +242,7 @@ def test_rows_no_judge_read_add_no_agreement() -> None:
 # -- with people (the rater study) -----------------------------------------------------------
 
 
+@pytest.mark.heavy
 def test_raters_who_rate_as_one_juror_give_that_juror_kappa_one(
     servers: dict[str, JudgeServer], tmp_path: Path
 ) -> None:

@@ -267,6 +267,7 @@ def test_missing_question_class_is_a_clear_error() -> None:
         m.per_sample(table().drop(columns="question_class"))
 
 
+@pytest.mark.slow
 @pytest.mark.heavy
 def test_config_builds_the_metric(server: JudgeServer, tmp_path: Path) -> None:
     cfg = compose(

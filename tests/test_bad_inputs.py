@@ -173,6 +173,7 @@ def test_a_record_without_config_is_skipped_with_a_warning_naming_it(
     assert skipped["status"].tolist() == ["unreadable"] and "config" in skipped["error"].item()
 
 
+@pytest.mark.heavy
 def test_report_over_bad_records_is_written_and_names_them(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -146,6 +146,7 @@ def test_the_rater_page_counts_the_picks_and_downloads_them_as_a_ratings_file(
     assert MARKUP in set(pd.read_csv(filled)["prediction"])
 
 
+@pytest.mark.heavy
 def test_the_reports_tables_fit_a_laptop_screen(browser: Any, tmp_path: Path) -> None:
     """report.html at 1280 px: no table wider than the page or its box (nothing to scroll
     sideways), with the long things a study's report holds: variant labels, a failed job's

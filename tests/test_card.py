@@ -75,6 +75,7 @@ def test_the_report_writes_its_claims_findings_and_card(tmp_path: Path) -> None:
     assert "finding 6 (Models are generally robust to population shifts): not testable" in card
 
 
+@pytest.mark.heavy
 def test_effective_robustness_is_the_distance_to_the_logit_line(tmp_path: Path) -> None:
     """The line is OLS of logit(OoD) on logit(i.i.d.) over every run's point; a method's
     effective robustness is its OoD minus the line at its i.i.d., inside the line's band."""

@@ -71,6 +71,7 @@ def test_seed_case_replicates_follows_its_draw_contract() -> None:
     assert points[1][2, 0] == pytest.approx(sides[1][2][0][1].sum() / 10.0)
 
 
+@pytest.mark.heavy
 def test_a_planted_study_claims_what_it_planted(tmp_path: Path) -> None:
     """LoRA far above (IA)³ i.i.d. holds after adjustment; (IA)³ and prompt tuning, planted
     equal, do not; each estimate is the mean over seeds of the accuracy difference."""
@@ -107,6 +108,7 @@ def test_a_planted_study_claims_what_it_planted(tmp_path: Path) -> None:
     assert set(claims["split"]) == {"test_iid", "test_ood", RR}
 
 
+@pytest.mark.heavy
 def test_an_unscored_item_leaves_its_comparisons_without_a_number(tmp_path: Path) -> None:
     """A judge that could not score one row: that method's comparisons on that split (and RR)
     have no number, say why, and stay in the family at p = 1."""

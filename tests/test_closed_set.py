@@ -139,6 +139,7 @@ def _brute_headline(rows: pd.DataFrame, labels: dict[str, list[str]]) -> float:
     )
 
 
+@pytest.mark.heavy
 def test_bootstrap_resamples_sequences_by_the_draw_contract() -> None:
     B, seed = 200, 7
     metric = ClosedSetMetric(primary=["q5", "q6"], bootstrap=Bootstrap(samples=B, seed=seed))
@@ -164,6 +165,7 @@ def test_bootstrap_resamples_sequences_by_the_draw_contract() -> None:
     assert out["cs_primary_macro_f1_ci_half"] == pytest.approx((hi - lo) / 2)
 
 
+@pytest.mark.heavy
 def test_paired_delta_uses_the_same_draws() -> None:
     B, seed = 200, 3
     metric = ClosedSetMetric(primary=["q5", "q6"], bootstrap=Bootstrap(samples=B, seed=seed))

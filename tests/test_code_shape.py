@@ -8,6 +8,8 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 import medvqa
 
 PACKAGE = Path(medvqa.__file__).resolve().parent
@@ -36,6 +38,7 @@ def long_functions(source: str, module: str, limit: int = MAX_LINES) -> list[str
     return found
 
 
+@pytest.mark.heavy
 def test_no_function_in_the_package_is_over_80_lines() -> None:
     """Every module under medvqa/ (found on disk, not listed), every def in it."""
     modules = sorted(PACKAGE.rglob("*.py"))

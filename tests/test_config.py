@@ -9,7 +9,7 @@ import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from tests.conftest import CONF, compose
+from tests.conftest import CONF, compose, diagonal
 
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 PEFTS = sorted(p.stem for p in (CONF / "peft").glob("*.yaml"))
@@ -35,8 +35,7 @@ def test_groups_exist() -> None:
         assert (CONF / group).is_dir(), group
 
 
-@pytest.mark.parametrize("peft", PEFTS)
-@pytest.mark.parametrize("experiment", EXPERIMENTS)
+@pytest.mark.parametrize(("experiment", "peft"), diagonal(EXPERIMENTS, PEFTS))
 def test_every_experiment_composes_with_every_method(experiment: str, peft: str) -> None:
     cfg = compose([f"+experiment={experiment}", f"peft={peft}"])
     assert cfg.peft.name == peft

@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,7 +18,7 @@ from hydra.utils import instantiate
 from medvqa import plugins
 from medvqa.config import Config, ConfigError, check_config
 from medvqa.data import records as R
-from tests.conftest import CONF, DISTRIBUTED_ENV, ROOT, SMALL_MODEL, compose
+from tests.conftest import CONF, compose, run_main, sampled
 from tests.native import fixture_writer
 
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
@@ -72,7 +69,7 @@ def _grid_points(sweep: str) -> list[list[str]]:
     ]
 
 
-@pytest.mark.parametrize("sweep", SWEEPS)
+@pytest.mark.parametrize("sweep", sampled(SWEEPS, keep=3))
 @pytest.mark.heavy
 def test_every_sweep_job_passes(sweep: str) -> None:
     for overrides in _grid_points(sweep):
@@ -171,6 +168,7 @@ def test_a_bad_value_names_its_key_and_value(override: str, key: str) -> None:
     assert f"{key}={value}" in message, message
 
 
+@pytest.mark.heavy
 def test_every_problem_is_reported_at_once() -> None:
     message = _error(["data.batch_size=-1", "data.eval_batch_size=0"])
     assert "data.batch_size=-1" in message and "data.eval_batch_size=0" in message
@@ -275,19 +273,8 @@ def test_the_runner_refuses_before_any_work(tmp_path: Path) -> None:
 
 def test_run_py_with_a_bad_batch_size_fails_before_any_work(tmp_path: Path) -> None:
     run_dir, cache = tmp_path / "run", tmp_path / "cache"
-    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_ENV}
-    env.update({"MEDVQA_CACHE": str(cache), "WANDB_MODE": "offline", "WANDB_SILENT": "true"})
-    cmd = [
-        sys.executable,
-        str(ROOT / "run.py"),
-        "data.batch_size=-1",
-        "logger=csv",
-        "dataset.n_cases=60",
-        *SMALL_MODEL,
-        f"hydra.run.dir={run_dir}",
-    ]
     # Without the check, this run generates the data and builds the tiny model for minutes.
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_main(["data.batch_size=-1", "logger=csv"], run_dir, cache)
     assert proc.returncode != 0
     assert "data.batch_size=-1" in proc.stderr, proc.stderr[-2000:]
     # No data generated or cached, no model built, nothing generated or scored.
@@ -341,6 +328,7 @@ def test_medvqa_score_refuses_a_metric_option_out_of_range_without_a_traceback(
     assert not out.exists()
 
 
+@pytest.mark.heavy
 def test_medvqa_score_still_skips_a_breakdown_column_the_file_lacks(tmp_path: Path) -> None:
     """The file, not a dataset, is the truth about columns there: a warning, as before."""
     from medvqa.cli.score import main
@@ -452,6 +440,7 @@ def test_the_bool_keys_are_found_in_every_schema() -> None:
     assert "trainer.enable_checkpointing" in BOOL_KEYS and "trainer.benchmark" in BOOL_KEYS
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("key", BOOL_KEYS)
 def test_a_bool_key_takes_true_or_false_only(key: str) -> None:
     """`model.share_image_prefix=2` composed as true: OmegaConf reads 2, "2", "yes" or "on" into

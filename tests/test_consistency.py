@@ -155,6 +155,7 @@ def test_reordering_options_the_prompt_does_not_list_is_refused(cache_dir: Path)
     check_config(compose(["data.option_orders=1", "prompt=sure"], cache_dir))
 
 
+@pytest.mark.slow
 def test_vqarad_paraphrase_run_reports_flips_between_the_free_form_and_the_paraphrase(
     tmp_path: Path, cache_dir: Path, tiny_model_dir: Path
 ) -> None:

@@ -12,6 +12,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import pytest
+
 import medvqa
 
 # -- every default once: a schema's value is read from it, never written out again ------------
@@ -490,6 +492,7 @@ def restated_defaults(source: str, module: str = "planted") -> list[str]:
     ]
 
 
+@pytest.mark.heavy
 def test_no_module_restates_a_schema_default() -> None:
     """Every module under medvqa/ reads a setting's default from its schema (`batch_size: int
     = DataSchema.eval_batch_size`, `model_cfg.get(key, ModelSchema.compile_layers)`) or leaves
@@ -533,6 +536,7 @@ def test_the_defaults_guard_scans_every_module(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.heavy
 def test_the_guard_fails_on_a_planted_signature_default() -> None:
     """A literal default of a setting's parameter is found, equal to the schema's or not, in a
     module that reads the schema (by its field's name, or a parameter the package defaults from

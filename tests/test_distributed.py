@@ -88,6 +88,7 @@ def test_evaluation_runs_in_the_predict_loop_on_the_strategy_device(
     assert metrics["test_iid/n"] == 12 and "zero_shot/test_iid/n" in metrics
 
 
+@pytest.mark.heavy
 def test_two_methods_generate_the_zero_shot_answers_once(
     cache_dir: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -20,6 +20,7 @@ def table(cache_dir: Path):
 
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
+@pytest.mark.heavy
 def test_experiment_splits(experiment: str, table, cache_dir: Path) -> None:
     cfg = compose([f"+experiment={experiment}"], cache_dir)
     shift = Shift.from_config(OmegaConf.to_container(cfg.shift, resolve=True))

@@ -76,6 +76,7 @@ def _export(run: Path, out: Path, *overrides: str) -> Path:
     return export_folder(run, out, overrides=["logger=csv", "debug=smoke", *overrides])
 
 
+@pytest.mark.heavy
 def test_a_rehearsal_is_refused(tmp_path: Path) -> None:
     run = _run(tmp_path)
     record = json.loads((run / RESULTS_FILE).read_text())
@@ -97,6 +98,7 @@ def test_a_run_that_did_not_finish_is_refused(tmp_path: Path, status: str) -> No
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.heavy
 def test_damaged_weights_are_refused(tmp_path: Path) -> None:
     run = _run(tmp_path)
     _flip_a_bit(run / TRAINED_DIR / WEIGHTS_FILE)
@@ -105,6 +107,7 @@ def test_damaged_weights_are_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.heavy
 def test_an_out_folder_holding_something_else_is_refused_and_kept(tmp_path: Path) -> None:
     run = _run(tmp_path)
     out = tmp_path / "mine"
@@ -127,6 +130,7 @@ def test_a_method_that_trained_nothing_is_refused(tmp_path: Path) -> None:
         export_run(OmegaConf.create(record["config"]), run, tmp_path / "out")
 
 
+@pytest.mark.heavy
 def test_the_console_script_exits_2_with_the_reason(tmp_path: Path, caplog) -> None:
     from medvqa.cli.export import main
 

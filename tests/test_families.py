@@ -180,8 +180,22 @@ def test_a_family_lacking_a_fact_is_refused_when_defined() -> None:
     assert "half_vlm" not in families()
 
 
-@pytest.mark.parametrize("method", METHODS)
-@pytest.mark.parametrize(("name", "family"), CASES)
+def _case_methods() -> list[object]:
+    """Each case with each method; `make test` runs each family's own preset with one method
+    (in turn), the other pairs are slow: the same code on other values."""
+    out = []
+    for i, case in enumerate(CASES):
+        for j, method in enumerate(METHODS):
+            extra = () if j == i % len(METHODS) else (pytest.mark.slow,)
+            out.append(
+                pytest.param(
+                    *case.values, method, marks=(*case.marks, *extra), id=f"{case.id}-{method}"
+                )
+            )
+    return out
+
+
+@pytest.mark.parametrize(("name", "family", "method"), _case_methods())
 def test_family_trains_generates_and_reloads(
     name: str, family: str | None, method: str, cache_dir: Path, source, tmp_path: Path
 ) -> None:

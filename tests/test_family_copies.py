@@ -26,7 +26,7 @@ from medvqa import plugins
 from medvqa.provenance import add_metrics
 from medvqa.scoring.metrics.base import MetricFamily
 from medvqa.scoring.pipeline import COUNTS, Scoring, build_families, score_frame
-from tests.conftest import compose
+from tests.conftest import compose, sampled
 from tests.judge_server import JudgeServer
 
 SPLITS = ("test_iid", "test_ood")
@@ -183,7 +183,7 @@ def build(name: str, overrides: list[str], server: JudgeServer, cache: Path):
     return node, cfg.evaluation
 
 
-@pytest.mark.parametrize("name", list(FAMILIES))
+@pytest.mark.parametrize("name", sampled(list(FAMILIES), keep=3))
 @pytest.mark.heavy
 def test_copied_family_scores_beside_its_original(
     name: str,

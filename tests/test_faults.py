@@ -115,6 +115,7 @@ def _build(target: str, log: str) -> bool:
 
 
 @pytest.mark.heavy
+@pytest.mark.slow
 def test_concurrent_builds_of_one_cache_entry_build_it_once(tmp_path: Path) -> None:
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(2) as pool:
@@ -197,6 +198,7 @@ def test_a_full_disk_leaves_the_previous_checkpoint_whole(tmp_path: Path) -> Non
     assert out["leftovers"] == []  # the temporary file is gone too
 
 
+@pytest.mark.slow
 def test_a_full_disk_fails_the_run_with_its_record_and_no_torn_checkpoint(
     tmp_path: Path, cache_dir: Path, tiny_model_dir: Path
 ) -> None:

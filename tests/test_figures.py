@@ -113,6 +113,7 @@ def test_the_rank_heatmaps_keep_their_labels_whole(drawn: list[Figure], tmp_path
     assert check_readable(fig) == 2 * len(METHODS) * (len(TABLES) + 1)
 
 
+@pytest.mark.heavy
 def test_the_breakdown_heatmaps_do_not_overlap_and_their_numbers_read(
     drawn: list[Figure], tmp_path: Path
 ) -> None:

@@ -118,6 +118,7 @@ def test_population_shifts_robust_or_not(tmp_path: Path) -> None:
     assert verdicts(retest(tmp_path / "c"), 6) == set()  # not a population shift
 
 
+@pytest.mark.heavy
 def test_a_finding_without_its_runs_says_which_runs_it_needs(tmp_path: Path) -> None:
     """One shift, LoRA and (IA)³ only: findings 1 and 3-6 are not testable and name their
     runs; finding 2 is tested."""

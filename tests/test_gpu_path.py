@@ -206,6 +206,7 @@ def test_a_no_image_run_on_two_ranks_in_bf16_and_its_weights_evaluated_as_docume
     assert record["config"]["data"]["train_image"] == "none"
 
 
+@pytest.mark.heavy
 def test_a_toy_model_on_real_data_is_refused_unless_allowed() -> None:
     """The README's study recipe selected no model: 105 jobs of the 0.5M-parameter tiny LLaVA
     on SLAKE, OVQA and MIMIC would have looked like normal rows."""
@@ -310,6 +311,7 @@ def test_the_qwen_presets_cap_an_image_at_512_tokens(
     assert int(grid.prod()) * patch**2 <= cap  # pixels kept: at most the cap
 
 
+@pytest.mark.slow
 @pytest.mark.heavy
 def test_a_fit_that_cannot_fit_the_gpus_is_refused_before_anything_loads(tmp_path: Path) -> None:
     """train_eval's pre-flight on CUDA (it cannot reach it here: no CUDA): full fine-tuning of

@@ -59,6 +59,7 @@ def _bomb(tmp_path: Path, rows: int) -> Path:
     return path
 
 
+@pytest.mark.heavy
 def test_an_xlsx_bomb_is_refused_in_seconds_unread(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -84,6 +85,7 @@ def test_an_xlsx_bomb_is_refused_in_seconds_unread(
     )
 
 
+@pytest.mark.heavy
 def test_the_limits_let_a_file_within_them_through(tmp_path: Path) -> None:
     path = _bomb(tmp_path, 10_000)  # the header and 10,000 rows
     with pytest.raises(ScoreInputError, match=r"10,001 rows or more .* limit of 10,000 \(--max-"):
@@ -92,6 +94,7 @@ def test_the_limits_let_a_file_within_them_through(tmp_path: Path) -> None:
     assert fmt == "table" and len(frame) == 10_000
 
 
+@pytest.mark.heavy
 def test_a_parquet_past_the_limits_is_refused_from_its_metadata(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -116,6 +119,7 @@ def test_a_limit_below_one_is_refused(tmp_path: Path, caplog: pytest.LogCaptureF
     )
 
 
+@pytest.mark.heavy
 def test_formula_cells_without_a_value_are_named_and_never_evaluated(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -376,6 +376,7 @@ def test_the_synthetic_text_cue_modality_is_found_by_the_reliance_analysis(
     assert mri == pytest.approx((closed_mri[R.ANSWER] == "yes").mean())
 
 
+@pytest.mark.slow
 def test_a_split_without_partners_is_refused_before_training(
     tmp_path: Path, cache_dir: Path, tiny_model_dir: Path
 ) -> None:

@@ -142,6 +142,7 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
+@pytest.mark.heavy
 def test_the_graph_sees_lazy_and_dynamic_imports() -> None:
     graph = import_graph()
     # lazy, inside a function
@@ -151,6 +152,7 @@ def test_the_graph_sees_lazy_and_dynamic_imports() -> None:
     assert len(graph) > 50
 
 
+@pytest.mark.heavy
 def test_no_import_cycle() -> None:
     found = cycles(import_graph())
     assert not found, "import cycles (break each by moving the shared part down a layer):\n" + (
@@ -177,6 +179,7 @@ def test_the_layers_come_from_the_architecture_doc() -> None:
     assert not missing, f"folders or modules without a row in docs/architecture.md: {missing}"
 
 
+@pytest.mark.heavy
 def test_no_folder_loop() -> None:
     """No two folders import each other, directly or round a longer loop."""
     found = cycles(folder_graph(import_graph()))

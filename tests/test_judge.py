@@ -312,6 +312,7 @@ def test_garbage_gets_one_reminder_then_a_recorded_failure(
         assert (stored.status, stored.score, stored.attempts) == ("ok", 4, 2)
 
 
+@pytest.mark.heavy
 def test_slow_server_times_out_retries_then_fails(server: JudgeServer, tmp_path: Path) -> None:
     server.behaviour, server.delay = "slow", 1.5
     metric = openai_metric(server, tmp_path, timeout=0.25, retries=1, backoff=0.01)
@@ -343,6 +344,7 @@ def test_client_errors_stop_the_run_with_a_clear_message(server: JudgeServer) ->
         JudgeMetric(backend).per_sample(MIXED.iloc[[1]])
 
 
+@pytest.mark.heavy
 def test_interrupted_run_then_restart_repeats_no_call(server: JudgeServer, tmp_path: Path) -> None:
     items = open_items(20)
     server.behaviour, server.delay = "slow", 0.05  # so that the run is caught mid-way

@@ -127,6 +127,7 @@ def test_a_dead_judge_leaves_the_run_incomplete_and_a_rerun_judges_only_those_it
         server.stop()
 
 
+@pytest.mark.slow
 def test_a_sure_experiment_headlines_the_judge(tmp_path: Path, cache_dir: Path) -> None:
     """`+experiment=slake_modality` scores with the judge and takes RR from it (closed: judge
     accuracy, open: the raw 1-5 judge score), with case-clustered CIs; the token metrics are

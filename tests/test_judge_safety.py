@@ -75,6 +75,7 @@ def shortcut_predictions(path: Path) -> Path:
     return path
 
 
+@pytest.mark.heavy
 def test_an_unanswered_selfcheck_item_is_a_failure_and_is_retried(tmp_path: Path) -> None:
     preds = shortcut_predictions(tmp_path / "preds.csv")
     server = JudgeServer(score_fn=eleven_of_sixteen).start()
@@ -164,6 +165,7 @@ SECRETS = (
 )
 
 
+@pytest.mark.slow
 def test_a_key_pasted_as_api_key_env_is_refused_and_never_recorded(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

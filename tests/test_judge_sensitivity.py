@@ -132,6 +132,7 @@ def test_a_conclusion_that_loses_significance_or_meets_an_unscored_item(tmp_path
     assert math.isnan(rr[("b", "Full Finetune")])
 
 
+@pytest.mark.heavy
 def test_the_report_shows_the_conclusions_under_each_judge(tmp_path: Path) -> None:
     write_runs(tmp_path / "runs")
     report = build_report(collect([tmp_path / "runs"]), tmp_path / "out")
@@ -143,6 +144,7 @@ def test_the_report_shows_the_conclusions_under_each_judge(tmp_path: Path) -> No
         assert (tmp_path / "out" / f"{name}.csv").is_file()
 
 
+@pytest.mark.heavy
 def test_without_a_jury_there_is_no_section(tmp_path: Path) -> None:
     tables = write_runs(tmp_path / "runs")
     for peft, table in tables.items():

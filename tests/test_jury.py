@@ -201,6 +201,7 @@ def test_medvqa_score_refuses_a_bad_jury_before_writing_anything(
 # -- a run graded by the jury -----------------------------------------------------------------
 
 
+@pytest.mark.heavy
 def test_a_jury_grades_every_row_keeps_each_jurors_score_and_a_rerun_asks_nothing(
     servers: dict[str, JudgeServer], tmp_path: Path
 ) -> None:
@@ -259,6 +260,7 @@ def test_a_jury_grades_every_row_keeps_each_jurors_score_and_a_rerun_asks_nothin
     pd.testing.assert_frame_equal(rescored, scored)
 
 
+@pytest.mark.heavy
 def test_a_juror_that_dies_mid_run_leaves_the_rest_without_a_verdict_until_a_rerun(
     servers: dict[str, JudgeServer], tmp_path: Path
 ) -> None:
@@ -298,6 +300,7 @@ def test_a_juror_that_dies_mid_run_leaves_the_rest_without_a_verdict_until_a_rer
     )
 
 
+@pytest.mark.heavy
 def test_each_juror_answers_the_self_check(servers: dict[str, JudgeServer], tmp_path: Path) -> None:
     """A lenient juror fails its self-check: the jury is marked unreliable; each juror's check
     is recorded under its name."""

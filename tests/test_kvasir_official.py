@@ -71,6 +71,7 @@ def test_corpus_bleu_by_hand() -> None:
     )
 
 
+@pytest.mark.heavy
 def test_rouge_by_overlap_and_lcs(metric: KvasirOfficial) -> None:
     # rouge_score lower-cases and keeps [a-z0-9] runs: "A Paris IIa polyp of 5-10mm." is
     # a paris iia polyp of 5 10mm (7 tokens); "Polyp of 10mm size!" is polyp of 10mm size (4).
@@ -185,6 +186,7 @@ def test_a_failed_row_makes_every_aggregate_nan_and_is_counted(metric: KvasirOff
     assert all(math.isnan(v) for v in metric.aggregate(scored.iloc[:0]).values() if v != 0)
 
 
+@pytest.mark.heavy
 def test_corpus_scores_get_no_per_sample_ci(metric: KvasirOfficial) -> None:
     assert ci_columns([metric]) == {}
 

@@ -286,6 +286,7 @@ def test_a_bad_candidate_file_is_refused_before_anything_is_written(
     assert not out.exists()
 
 
+@pytest.mark.heavy
 def test_in_a_run_with_splits_breakdowns_intervals_and_robustness() -> None:
     """The family as run.py scores with it: beside `traditional`, per split and per breakdown
     value, with bootstrap intervals and relative robustness on its scores."""

@@ -97,6 +97,7 @@ def test_compile_caches_live_under_the_sweeps_cache_dir_unless_exported(tmp_path
 
 
 @pytest.mark.heavy  # one process compiling one function: seconds
+@pytest.mark.slow
 def test_kernels_land_under_the_cache_dir_when_lightning_was_imported_first(
     tmp_path: Path,
 ) -> None:

@@ -313,6 +313,7 @@ def _synthetic(n: int, seed: int = 0) -> pd.DataFrame:
     return df
 
 
+@pytest.mark.heavy
 def test_score_predictions_fast_on_20k_rows() -> None:
     df = _synthetic(20_000)
     t0 = time.perf_counter()
@@ -322,6 +323,7 @@ def test_score_predictions_fast_on_20k_rows() -> None:
     assert elapsed < 5.0, f"score_predictions took {elapsed:.2f}s on 20k rows"
 
 
+@pytest.mark.heavy
 @settings(max_examples=25, deadline=None)
 @given(st.integers(min_value=0, max_value=10_000))
 def test_aggregate_scores_in_unit_interval(seed: int) -> None:

@@ -249,6 +249,7 @@ def test_image_modes(loaded, cache_dir: Path) -> None:
     )
 
 
+@pytest.mark.heavy
 def test_check_trainer() -> None:
     from medvqa.training.hardware import HardwareError, check_trainer
 

@@ -91,6 +91,7 @@ def test_the_payload_runs_when_unpickled(tmp_path: Path) -> None:
     assert marker.exists()
 
 
+@pytest.mark.heavy
 def test_lightning_alone_runs_a_served_pickle(
     served: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -148,6 +149,7 @@ def test_a_missing_or_best_ckpt_path_is_refused_up_front(tmp_path: Path) -> None
     assert best.startswith("ckpt_path='best'") and "ckpt_path=last" in best
 
 
+@pytest.mark.heavy
 def test_the_config_check_refuses_a_served_ckpt_path(served: Served) -> None:
     from medvqa.config import ConfigError, check_config
 
@@ -157,6 +159,7 @@ def test_the_config_check_refuses_a_served_ckpt_path(served: Served) -> None:
     assert not served.requests and not served.marker.exists()
 
 
+@pytest.mark.heavy
 def test_the_entry_point_refuses_a_served_ckpt_path_before_any_work(
     served: Served, tmp_path: Path, cache_dir: Path
 ) -> None:
@@ -193,6 +196,7 @@ def test_the_checkpoint_io_refuses_a_local_pickle(
     assert not marker.exists()
 
 
+@pytest.mark.heavy
 def test_the_checkpoint_io_reads_a_served_pickle_weights_only(
     served: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -101,6 +101,7 @@ def test_projector_lr_without_the_projector_name_is_refused(
         VQAModule(model, lr=1e-3, projector_lr=2e-5)
 
 
+@pytest.mark.heavy
 def test_every_training_method_trains_the_projector_at_the_papers_rate() -> None:
     """SURE-VQA's 2e-5 whatever the method's `lr` (the schema's default)."""
     for name in TRAINING_METHODS:
@@ -153,6 +154,7 @@ def test_bf16_base_trains_under_bf16_mixed_then_generates_after_cast_back(
 # --- the precision check ---------------------------------------------------------------------
 
 
+@pytest.mark.heavy
 def test_half_precision_base_needs_a_mixed_trainer_precision() -> None:
     bf16 = compose(["model=llava_med"]).model
     assert bf16.dtype == "bfloat16"

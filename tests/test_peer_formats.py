@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import pickle
 import zipfile
 from pathlib import Path
@@ -137,12 +138,16 @@ def test_the_summary_follows_the_selected_families(
 ) -> None:
     """`metric=[mcq]` alone: the headline and summary are the MCQ accuracy, with no warning
     about the token metrics nobody asked for; the record says which headline it used."""
+    caplog.set_level(logging.INFO, logger="medvqa.record")
     record = score(tmp_path / "scored", mcq_files["xlsx"], "metric=[mcq]")
     summary = (tmp_path / "scored" / "summary.md").read_text()
     assert "mcq_acc" in summary and "closed_acc" not in summary and "open_f1" not in summary
     assert "0.800" in summary and "nan" not in summary
     assert record["config"]["evaluation"]["primary_closed"] == "mcq_acc"
     assert not [r for r in caplog.records if "is not a score" in r.getMessage()]
+    # the log names where the record is, not the hidden folder it was written in
+    said = [r.getMessage() for r in caplog.records if "record at" in r.getMessage()]
+    assert said == [f"finished; record at {tmp_path / 'scored' / 'results.json'}"], said
 
 
 def test_vlmevalkit_vqa_tsv(tmp_path: Path) -> None:
@@ -204,6 +209,7 @@ TABLE = [
 ]
 
 
+@pytest.mark.heavy
 def test_xlsx_and_parquet_tables_score_as_the_same_rows_in_jsonl(tmp_path: Path) -> None:
     """Binary tables skip the UTF-8 check; Excel cells stay text ("05", "NA"), as in CSV."""
     jsonl = tmp_path / "preds.jsonl"
@@ -244,6 +250,7 @@ def test_binary_parquet_columns_are_read_as_their_utf8_text(tmp_path: Path) -> N
         load_table(bad)
 
 
+@pytest.mark.heavy
 def test_parquet_candidates_and_a_vlmevalkit_parquet(
     mcq_files: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -301,6 +308,7 @@ def _chat_files(tmp_path: Path) -> tuple[Path, Path]:
     return answers, questions
 
 
+@pytest.mark.heavy
 def test_llava_answers_join_their_question_file(tmp_path: Path) -> None:
     answers, questions = _chat_files(tmp_path)
     first = json.loads(answers.read_text().splitlines()[0])
@@ -339,6 +347,7 @@ def test_llava_med_v1_conversation_question_file(tmp_path: Path) -> None:
     assert metrics["all/closed_acc"] == 0.5 and metrics["all/open_recall"] == 1.0
 
 
+@pytest.mark.heavy
 def test_llava_answers_without_or_with_a_mismatched_question_file_are_refused(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -367,6 +376,7 @@ def test_llava_answers_without_or_with_a_mismatched_question_file_are_refused(
 # -- binary files of unsupported formats --------------------------------------------------------
 
 
+@pytest.mark.heavy
 def test_binary_files_of_unsupported_formats_are_named_not_called_bad_utf8(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -25,7 +25,7 @@ from medvqa.planning.memory import (
 )
 from medvqa.planning.setup import build_setup
 from medvqa.record import read_record
-from tests.conftest import compose, run_main
+from tests.conftest import compose, diagonal, run_main
 
 # LLaVA-Med v1.5 (transformers' LLaVA layout): Mistral-7B text model, CLIP ViT-L/14 at 336 px.
 H, KV, MLP, HEADS, HEAD_DIM, LAYERS, VOCAB = 4096, 1024, 14336, 32, 128, 32, 32064
@@ -82,6 +82,7 @@ def test_the_architecture_is_counted_by_hand() -> None:
     assert LORA + PROJECTOR == 62_922_752
 
 
+@pytest.mark.heavy
 def test_lora_on_one_gpu_equals_a_hand_computation(plan_cache: Path) -> None:
     """Checkpointing every layer, batch 16, one 80 GB GPU."""
     plan = _plan(
@@ -144,6 +145,7 @@ def test_auto_checkpointing_is_the_least_that_fits_and_is_counted_by_hand(
     assert plan.activations == pytest.approx(by_hand, rel=0.10)
 
 
+@pytest.mark.heavy
 def test_lora_without_checkpointing_at_batch_16_is_refused_with_the_fixes(plan_cache: Path) -> None:
     """The shipped defaults before the presets: ~92 GiB of activations was the audit's CPU
     estimate for a layer whose input needs no grad; every layer's but the first does."""
@@ -157,6 +159,7 @@ def test_lora_without_checkpointing_at_batch_16_is_refused_with_the_fixes(plan_c
     assert micro.plan.setup.global_batch == 16 and micro.plan.fits
 
 
+@pytest.mark.slow
 @pytest.mark.heavy
 def test_full_fine_tuning_on_one_gpu_is_refused_and_zero2_on_four_fits(plan_cache: Path) -> None:
     plan = _plan(["peft=full", "trainer=gpu"], plan_cache)
@@ -192,8 +195,13 @@ def test_full_fine_tuning_on_one_gpu_is_refused_and_zero2_on_four_fits(plan_cach
     assert sharded.fits
 
 
-@pytest.mark.parametrize("model", ["llava_med", "llava", "qwen2_vl", "qwen2_5_vl", "medgemma", "paligemma", "smolvlm"])  # fmt: skip
-@pytest.mark.parametrize("peft", ["lora", "ia3", "prompt_tuning"])
+@pytest.mark.parametrize(
+    ("model", "peft"),
+    diagonal(
+        ["llava_med", "llava", "qwen2_vl", "qwen2_5_vl", "medgemma", "paligemma", "smolvlm"],
+        ["lora", "ia3", "prompt_tuning"],
+    ),
+)
 @pytest.mark.heavy
 def test_every_preset_fits_one_80gb_gpu_at_the_study_batch(
     model: str, peft: str, plan_cache: Path
@@ -298,6 +306,7 @@ def test_auto_merges_for_generation_where_the_copies_fit_a_gpu(plan_cache: Path)
     assert not merges_adapters(cfg.model, auto.setup)
 
 
+@pytest.mark.heavy
 def test_auto_picks_the_measured_fastest_layout_with_the_h100_layer(plan_cache: Path) -> None:
     """With the layer an H100 measured (251 KiB per token, LLaVA-Med LoRA) the plan picks, for
     the step of 16 the benchmark timed, 8 x 2 without checkpointing: the fastest eager row
@@ -322,6 +331,7 @@ def test_auto_picks_the_measured_fastest_layout_with_the_h100_layer(plan_cache: 
         assert constant / at[key] == pytest.approx(measured, rel=0.05), key
 
 
+@pytest.mark.heavy
 def test_auto_refuses_as_before_where_no_layout_fits(plan_cache: Path) -> None:
     """Full fine-tuning of LLaVA-Med on one 80 GB GPU: no split of the step fits, so the plan
     keeps the configured micro-batch with every layer checkpointed, and refuses it."""
@@ -329,6 +339,7 @@ def test_auto_refuses_as_before_where_no_layout_fits(plan_cache: Path) -> None:
     assert (plan.setup.micro_batch, plan.setup.checkpoint_every) == (16, 1) and not plan.fits
 
 
+@pytest.mark.heavy
 def test_generation_with_shared_image_prefixes_equals_a_hand_computation(plan_cache: Path) -> None:
     """Shared image prefixes (the default): the larger of every image's prefix (one image per
     row at worst) with its prefill, and the rows' repeated cache plus one layer of the prefixes'
@@ -358,6 +369,7 @@ def test_generation_with_shared_image_prefixes_equals_a_hand_computation(plan_ca
     assert not build_setup(cfg, gpu_gib=79.2).shared_prefix  # its image attends to the question
 
 
+@pytest.mark.heavy
 def test_the_eval_batch_is_the_largest_that_fits_under_auto(plan_cache: Path) -> None:
     """`data.eval_batch_size=auto` (the default): the largest of `EVAL_BATCHES` whose generation
     leaves a tenth of the GPU free, after the merge is decided; 64 where it is set, or where no
@@ -386,6 +398,7 @@ def test_the_eval_batch_is_the_largest_that_fits_under_auto(plan_cache: Path) ->
     assert build_setup(cfg, gpu_gib=79.2).eval_batch == 64  # a CPU trainer: not raised
 
 
+@pytest.mark.heavy
 def test_a_generation_that_does_not_fit_is_told_a_smaller_eval_batch(plan_cache: Path) -> None:
     from medvqa.planning.memory import fixes
 

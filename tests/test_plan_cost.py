@@ -68,6 +68,7 @@ STUDY_JOB = ["sweep=sure_study", "+experiment=slake_modality", "trainer=gpu"]
 LORA_R16_EAGER = ["peft=lora", "peft.adapter.r=16", "model.compile_layers=false"]
 
 
+@pytest.mark.heavy
 def test_one_job_is_the_measured_rates_times_the_published_sizes(
     composer: job_rates.Composer,
 ) -> None:
@@ -142,6 +143,7 @@ def test_the_figures_are_labelled_with_the_gpu_and_date_they_were_measured_on(
     assert estimate_label([]) == "no estimate"
 
 
+@pytest.mark.heavy
 def test_another_layout_method_and_kernels_are_scaled_from_the_nearest_row(
     composer: job_rates.Composer,
 ) -> None:
@@ -243,6 +245,7 @@ def test_sizes_come_from_a_runs_splits_json_where_none_are_documented(
     } == {34}
 
 
+@pytest.mark.heavy
 def test_a_sweep_file_is_enumerated_as_hydra_would_and_summed(composer: job_rates.Composer) -> None:
     """sweep=sure_study is 7 shifts x 4 methods x 3 seeds = 84 jobs; with +experiment on the
     command line, as under -m, one shift's 12. Seeds repeat a job; the untuned base's answers,
@@ -296,6 +299,7 @@ def test_task_plan_prints_and_records_the_job_and_its_sweep(
     # ia3 with compiled layers (auto on a GPU): the newest rows only
     label = "estimate, from NVIDIA H100 80GB HBM3 measured 2026-11-28"
     assert f"GPU time of this job · {label}" in run.stdout
+    # stdout is a file (and xdist sets COLUMNS=80): the sweep's title, over 80 columns, whole
     assert f"GPU time of sweep=sure_study: 3 jobs · {label}" in run.stdout
     assert "measured rows used: benchmarks/results/gpu-check-h100-2026-11-28.jsonl:1" in (
         " ".join(run.stdout.split())

@@ -347,6 +347,7 @@ def outside_view(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[No
     plugins._DISCOVERED.clear()
 
 
+@pytest.mark.heavy
 def test_a_view_from_outside_is_run_by_medvqa_score_and_shown_by_the_report(
     outside_view: None, tmp_path: Path
 ) -> None:

@@ -93,6 +93,7 @@ def test_too_late_to_restart_is_refused(monkeypatch: pytest.MonkeyPatch) -> None
         numerics.apply()
 
 
+@pytest.mark.slow
 def test_a_run_records_its_numerics(tmp_path: Path) -> None:
     """`python run.py` under the switch: the record's provenance says portable, with the
     kernels, threads and oneDNN the figures were computed with (task=splits: no model)."""

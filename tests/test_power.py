@@ -69,6 +69,7 @@ def test_icc_recovers_a_planted_correlation() -> None:
     assert P.icc(values, codes) == pytest.approx(0.3, abs=0.03)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("rho", [0.0, 0.5])
 def test_gaussian_differences_at_the_mdd_are_found_in_80_percent(rho: float) -> None:
     """Paired differences with sd 0.4 and ICC ρ in 150 unequal cases: at the planned MDD the
@@ -104,6 +105,7 @@ def _correct(
     return (mu[None, :, None] + case + affinity + row + noise > 0).astype(float)
 
 
+@pytest.mark.heavy
 def test_closed_accuracy_at_the_mdd_planned_from_a_finished_run_is_found_in_80_percent() -> None:
     """Binary answers of two methods (correlated on a row, clustered in cases): the spread is
     measured from one finished pair of runs, as `+task.icc_from` does (`measured_spread`), and

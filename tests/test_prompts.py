@@ -46,6 +46,7 @@ def loaded(tiny_model_dir: Path):
     return load_vlm(cfg)
 
 
+@pytest.mark.heavy
 def test_the_sure_experiments_name_the_closed_options_from_the_candidates() -> None:
     sure = _prompt("+experiment=slake_modality")
     assert sure == _prompt("prompt=sure")

@@ -62,6 +62,7 @@ def _predictions(path: Path, n: int = 80) -> pd.DataFrame:
     return frame
 
 
+@pytest.mark.heavy
 def test_export_is_seeded_and_excludes_exact_matches(tmp_path: Path) -> None:
     preds = _predictions(tmp_path / "p.jsonl")
     a = export(tmp_path / "p.jsonl", tmp_path / "a", n=20, seed=0)
@@ -151,6 +152,7 @@ def _ratings(path: Path, ids: list[str], scores: list[object]) -> Path:
     return path
 
 
+@pytest.mark.heavy
 def test_monotone_ratings_give_perfect_correlations(tmp_path: Path) -> None:
     levels = [0.0, 0.25, 0.5, 0.75, 1.0] * 4
     ids = _study(
@@ -245,6 +247,7 @@ def test_spreadsheet_style_integers_are_accepted(tmp_path: Path) -> None:
     assert list(read_ratings(path, ids)) == [4.0, 2.0]
 
 
+@pytest.mark.heavy
 def test_cli_end_to_end_and_exit_status(tmp_path: Path) -> None:
     _predictions(tmp_path / "p.jsonl")
     study = tmp_path / "study"

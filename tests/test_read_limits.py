@@ -34,6 +34,7 @@ def _rows(n: int) -> str:
     return ",".join(HEADER) + "\n" + (",".join(ROW) + "\n") * n
 
 
+@pytest.mark.heavy
 def test_a_two_million_row_csv_is_refused_before_it_is_parsed(tmp_path: Path) -> None:
     path = tmp_path / "preds.csv"
     path.write_text(_rows(2_000_000))
@@ -104,6 +105,7 @@ def test_a_wide_workbook_is_refused_by_its_cells_in_seconds(
     assert said in message and f"{ReadLimits().max_cells:,} (--max-cells)" in message
 
 
+@pytest.mark.heavy
 def test_one_huge_cell_is_refused_unread_in_every_container(tmp_path: Path) -> None:
     """A cell of 20 MB: in a workbook's shared strings (a few kB zipped), in a CSV, a JSONL."""
     huge = "y" * 20_000_000

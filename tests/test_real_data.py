@@ -18,7 +18,7 @@ import pytest
 from hydra.utils import instantiate
 
 from medvqa.data import records as R
-from tests.conftest import CONF, SMALL_MODEL, compose, run_main
+from tests.conftest import CONF, SMALL_MODEL, compose, run_main, sampled
 from tests.native import fixture_writer
 
 
@@ -101,6 +101,7 @@ def _splits_report(experiment: str, root: Path, tmp_path: Path) -> dict[str, Any
     return json.loads((out / "splits.json").read_text())
 
 
+@pytest.mark.heavy
 def test_question_type_shift_reports_shared_images(tmp_path: Path) -> None:
     from tests.native.slake import write as write_slake
 
@@ -121,6 +122,7 @@ def test_question_type_shift_reports_shared_images(tmp_path: Path) -> None:
     assert overlap["rows"] == merged["splits"]["test_ood"]["n"] - shared["rows"]
 
 
+@pytest.mark.heavy
 def test_image_check_errors_or_skips(tmp_path: Path) -> None:
     from medvqa.errors import DataError
     from medvqa.tasks.common import prepare_splits
@@ -184,17 +186,10 @@ def test_experiment_splits_its_fixture(experiment: str, tmp_path: Path) -> None:
 
 
 def _one_fit_per_dataset() -> list[Any]:
-    """Each experiment; the first of each dataset runs by default, the others are slow: a fit
-    exercises the dataset's loader, prompts and metrics, and one dataset's experiments differ
-    only in the shift, which `test_experiment_splits_its_fixture` checks for all of them."""
-    seen: set[str] = set()
-    cases = []
-    for experiment in REAL_EXPERIMENTS:
-        dataset = _dataset_of(experiment)
-        marks = (pytest.mark.slow,) if dataset in seen else ()
-        seen.add(dataset)
-        cases.append(pytest.param(experiment, marks=marks))
-    return cases
+    """Every experiment, in `make test-slow` (a fit exercises a dataset's loader, prompts and
+    metrics; `make test` fits the built-in data in tests/test_main_job.py, and splits every
+    experiment's fixture in `test_experiment_splits_its_fixture`)."""
+    return sampled(REAL_EXPERIMENTS, keep=0)
 
 
 @pytest.mark.parametrize("experiment", _one_fit_per_dataset())

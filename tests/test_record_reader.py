@@ -160,6 +160,7 @@ def _write(path: Path, data: Any) -> Path:
 # -- the reader at every path --------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_umask_000_run_makes_nothing_group_or_world_writable(real_run: Path) -> None:
     loose = [
         f"{p} {stat.filemode(p.lstat().st_mode)}"

@@ -24,7 +24,7 @@ from medvqa.models.architectures import SHIPPED, image_tokens, load_architecture
 from medvqa.models.loading import architecture, load_vlm
 from medvqa.models.saving import weights_fingerprint
 from medvqa.record import REHEARSAL_NOTE
-from tests.conftest import compose, run_main
+from tests.conftest import compose, run_main, sampled
 from tests.test_report import headline, write_record
 
 # One checkpoint per family (the others share its classes).
@@ -58,7 +58,7 @@ def image_token_count(model: torch.nn.Module, input_ids: torch.Tensor) -> int:
     return int((input_ids == placeholder).sum())
 
 
-@pytest.mark.parametrize("hub_id", ONE_PER_FAMILY)
+@pytest.mark.parametrize("hub_id", sampled(ONE_PER_FAMILY, keep=2))
 @pytest.mark.heavy
 def test_a_shrunk_rehearsal_runs_the_architecture_with_the_planned_image_tokens(
     hub_id: str,
@@ -154,6 +154,7 @@ def test_the_plan_counts_the_shrunk_architecture(cache_dir: Path) -> None:
         ),
     ],
 )
+@pytest.mark.slow
 def test_a_rehearsal_runs_a_whole_smoke_job_marked_as_one(
     preset: str, random_weights: object, extra: list[str], tmp_path: Path, cache_dir: Path
 ) -> None:
@@ -206,6 +207,7 @@ def _rehearsal(path: Path) -> None:
     path.write_text(json.dumps(record))
 
 
+@pytest.mark.heavy
 def test_the_report_never_mixes_rehearsals_with_real_runs(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     runs_dir = tmp_path / "runs"
@@ -232,6 +234,7 @@ def test_the_report_never_mixes_rehearsals_with_real_runs(tmp_path: Path) -> Non
     pd.testing.assert_frame_equal(report.long, alone.long)
 
 
+@pytest.mark.heavy
 def test_a_report_of_rehearsals_only_says_so(tmp_path: Path) -> None:
     mock = write_record(tmp_path / "runs", seed=2, metrics=headline(np.random.default_rng(1)))
     _rehearsal(mock)

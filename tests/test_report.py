@@ -136,6 +136,7 @@ def test_single_seed_shows_its_ci_half_width(tmp_path: Path) -> None:
     assert got["pm"] == "none" and got["text"].endswith("(n=1)")
 
 
+@pytest.mark.heavy
 def test_failed_diverged_and_missing_cells_are_marked(tmp_path: Path) -> None:
     rng = np.random.default_rng(3)
     ok = {s: headline(rng) for s in (0, 1)}
@@ -184,6 +185,7 @@ def test_a_text_column_without_values_shows_the_dash_not_none() -> None:
     assert "None" not in html and "<td>—</td>" in html
 
 
+@pytest.mark.heavy
 def test_rows_in_paper_order_then_unknown_labels(tmp_path: Path) -> None:
     rng = np.random.default_rng(4)
     write_record(tmp_path, "lora", 0, metrics=headline(rng), label="my method")
@@ -235,6 +237,7 @@ def test_zero_shot_reference_is_the_no_finetune_row_unless_a_run_exists(tmp_path
     assert got["n"] == 1 and got["mean"] == pytest.approx(none_run["test_ood/closed_acc"])
 
 
+@pytest.mark.heavy
 def test_an_incomplete_seed_leaves_its_missing_cells_without_a_number(tmp_path: Path) -> None:
     """A seed whose score is NaN because items could not be scored makes the cell say so
     instead of averaging the other seeds; its complete scores still count."""
@@ -263,6 +266,7 @@ def test_an_incomplete_seed_leaves_its_missing_cells_without_a_number(tmp_path: 
     assert "could not be scored" in issues["error"].iloc[0]
 
 
+@pytest.mark.heavy
 def test_provenance_is_listed_per_table_and_mixed_versions_warned(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -341,6 +345,7 @@ def resolved_config(overrides: list[str], tmp_path: Path) -> dict[str, Any]:
     return OmegaConf.to_container(cfg, resolve=True)
 
 
+@pytest.mark.heavy
 def test_variant_labels_name_only_the_settings_a_user_sets(tmp_path: Path) -> None:
     """A probe's two LoRA runs, one with `data.limit.train=32 metric=[traditional,judge]`: the
     rows are told apart by what the user set, never by Hydra's `_target_` nor by the judge
@@ -608,6 +613,7 @@ def test_log_report_to_csv_and_offline_wandb(tmp_path: Path, monkeypatch) -> Non
     assert list((tmp_path / "wb" / "wandb").glob("offline-run-*"))
 
 
+@pytest.mark.heavy
 def test_cli(tmp_path: Path, capsys) -> None:
     write_record(tmp_path / "runs", "lora", 0, metrics=headline(np.random.default_rng(9)))
     (tmp_path / "runs" / "broken").mkdir()
@@ -676,6 +682,7 @@ def test_real_multirun_with_a_diverged_method_and_a_failed_job(
     assert "pet" in issues.loc[issues["status"] == "failed", "error"].item()
 
 
+@pytest.mark.heavy
 def test_a_runs_status_goes_to_the_wandb_summary(tmp_path: Path) -> None:
     """W&B only knows whether the process ended cleanly; the record's status is in the summary,
     where the W&B source of the report reads it."""
@@ -1020,6 +1027,7 @@ def test_the_report_puts_the_beyond_accuracy_views_beside_each_method(tmp_path: 
     )
 
 
+@pytest.mark.heavy
 def test_a_report_killed_midway_leaves_the_earlier_one_whole(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1065,6 +1073,7 @@ def _random_weights(path: Path, value: Any) -> Path:
     return path
 
 
+@pytest.mark.heavy
 def test_a_real_runs_label_never_names_the_rehearsal_left_out(tmp_path: Path) -> None:
     """A real run and a rehearsal of the same method and seed differ in `model.random_weights`
     only: they were told apart as variants, and the real run's row, alone in the tables once

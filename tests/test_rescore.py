@@ -87,6 +87,7 @@ def test_sure_format_gives_the_runs_traditional_metrics(baseline_run: Path, tmp_
     assert not any(k.startswith("robustness/") for k in ours)  # one split: no RR
 
 
+@pytest.mark.heavy
 def test_lmms_eval_samples(tmp_path: Path) -> None:
     samples = [
         {
@@ -118,6 +119,7 @@ def test_lmms_eval_samples(tmp_path: Path) -> None:
     assert metrics["all/modality=x/n"] == 1.0
 
 
+@pytest.mark.heavy
 def test_a_table_with_aliases_infers_yes_no_as_closed(tmp_path: Path) -> None:
     path = tmp_path / "preds.csv"
     pd.DataFrame(
@@ -139,6 +141,7 @@ def test_a_table_with_aliases_infers_yes_no_as_closed(tmp_path: Path) -> None:
     assert math.isnan(metrics.get("robustness/rr_closed") or math.nan)  # no OoD closed rows
 
 
+@pytest.mark.heavy
 def test_bad_rows_are_named(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "preds.jsonl"
     rows = [
@@ -155,6 +158,7 @@ def test_bad_rows_are_named(tmp_path: Path, caplog: pytest.LogCaptureFixture) ->
     assert main([str(tmp_path / "missing.json"), "--out", str(tmp_path / "o")]) == 2
 
 
+@pytest.mark.heavy
 def test_companion_files_are_named_mode_or_order_and_file(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -236,6 +240,7 @@ def _slake_raw(rows: list[tuple[int, str, str, str]]) -> pd.DataFrame:
     )
 
 
+@pytest.mark.heavy
 def test_sure_written_file_scores_closed_accuracy_as_sure_does(tmp_path: Path) -> None:
     """A test_results.json written by SURE-VQA's own code (raw "Yes"/"No" answers) gets the
     closed accuracy SURE-VQA's get_accuracy reports on the same rows."""
@@ -278,6 +283,7 @@ def test_sure_written_file_scores_closed_accuracy_as_sure_does(tmp_path: Path) -
     assert metrics["all/open_empty_ref_n"] == 1
 
 
+@pytest.mark.heavy
 def test_csv_answers_stay_text(tmp_path: Path) -> None:
     """Answers, predictions and ids that look numeric, "NA", "None" and "" are read as text."""
     numeric = tmp_path / "numeric.csv"
@@ -336,6 +342,7 @@ def test_closed_answers_compare_normalised_on_both_sides() -> None:
     assert scored["closed_invalid"].tolist() == [0.0, 1.0, 0.0]
 
 
+@pytest.mark.heavy
 def test_a_letter_answer_key_scores_against_its_option(tmp_path: Path) -> None:
     """An MCQ file whose key is the letter ("B"): scored as the option it names, not as 0."""
     options = ["Edema", "Pneumothorax", "Effusion"]
@@ -385,6 +392,7 @@ def _lmms_samples(version: str, tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("version", ["v0.4", "head"])
+@pytest.mark.heavy
 def test_lmms_eval_logs_without_doc_score_as_v035_logs_do(
     version: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -494,6 +502,7 @@ def test_a_repeated_id_names_both_rows(tmp_path: Path, caplog: pytest.LogCapture
     assert "drop the repeated row, or give each question its own id" in text
 
 
+@pytest.mark.heavy
 def test_bytes_that_are_not_utf8_are_placed(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -520,6 +529,7 @@ def test_bytes_that_are_not_utf8_are_placed(
     assert read(bom)[0]["answer"].tolist() == ["yes", "fémur"]
 
 
+@pytest.mark.heavy
 def test_empty_files_are_refused(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     for name in ("empty.csv", "empty.jsonl", "empty.json"):
         (tmp_path / name).write_bytes(b"")
@@ -534,6 +544,7 @@ def test_empty_files_are_refused(tmp_path: Path, caplog: pytest.LogCaptureFixtur
     assert "no prediction rows" in refused(tmp_path / "none.json", tmp_path, caplog)
 
 
+@pytest.mark.heavy
 def test_kvasir_official_scores_a_csv_as_the_same_rows_in_jsonl(tmp_path: Path) -> None:
     """Numeric-looking answers and an empty prediction survive CSV as they do JSONL."""
     rows = [
@@ -612,6 +623,7 @@ def test_a_rescoring_killed_midway_leaves_the_earlier_one_and_a_run_is_never_ove
     assert sorted(p.name for p in baseline_run.iterdir()) == run_files
 
 
+@pytest.mark.heavy
 def test_sure_number_words_match_sures_open_scores_exactly(tmp_path: Path) -> None:
     """SURE-VQA's open scorer reads "none" as "0" and only zero..ten as numbers; medvqa keeps
     "none" (no finding) and maps up to twenty. `metric.traditional.sure_number_words=true`
@@ -645,6 +657,7 @@ def test_sure_number_words_match_sures_open_scores_exactly(tmp_path: Path) -> No
     assert per_row.to_dict() == {"21": 0, "22": 0, "23": 1, "24": 1, "25": 1, "26": 0}
 
 
+@pytest.mark.heavy
 def test_chinese_yes_no_rows_score_as_closed_questions(tmp_path: Path) -> None:
     """SLAKE's zh half scored from a file without answer types: 是/否 answers are closed over
     是 / 否, and "是的。" is a right answer (it scored 0, over ['是', 'not 是'], silently)."""

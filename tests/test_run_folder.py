@@ -37,7 +37,7 @@ from medvqa.tasks.from_run import (
     installed_groups,
 )
 from medvqa.untrusted import UntrustedDataError, plain_values
-from tests.conftest import ROOT, compose
+from tests.conftest import ROOT, compose, diagonal
 
 CACHE = Path("/tmp/medvqa-run-folder")
 CHOICES = {"model": "tiny", "peft": "ia3", "dataset": "synthetic", "shift": "modality",
@@ -96,6 +96,7 @@ def _record(run: Path) -> dict[str, Any]:
 # -- weights checked before any work ------------------------------------------------------------
 
 
+@pytest.mark.heavy
 def test_intact_weights_pass_and_their_checksum_is_recorded(tmp_path: Path) -> None:
     run = _run(tmp_path)
     manifest = json.loads((run / TRAINED_DIR / META_FILE).read_text())
@@ -119,6 +120,7 @@ def _flip_a_bit(path: Path) -> None:
     ],
     ids=["bit-flip", "truncated"],
 )
+@pytest.mark.heavy
 def test_damaged_weights_are_refused_naming_file_expected_and_found(
     tmp_path: Path, damage: Any, said: str
 ) -> None:
@@ -187,8 +189,11 @@ def hostile_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return marker
 
 
-@pytest.mark.parametrize("target", HOSTILE)
-@pytest.mark.parametrize("key", ["model.builder", "peft.adapter", "model.builder.pretrain.data"])
+@pytest.mark.parametrize(
+    ("target", "key"),
+    diagonal(HOSTILE, ["model.builder", "peft.adapter", "model.builder.pretrain.data"]),
+)
+@pytest.mark.heavy
 def test_a_hostile_target_in_a_record_runs_nothing(
     tmp_path: Path, hostile_module: Path, target: str, key: str
 ) -> None:
@@ -225,6 +230,7 @@ def test_every_shipped_option_is_adopted_with_its_installed_classes(group: str) 
         ), path
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("group, key", [("model", "pretrained"), ("task", "name")])
 def test_an_interpolation_in_a_record_is_refused_before_it_is_read(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, group: str, key: str
@@ -237,6 +243,7 @@ def test_an_interpolation_in_a_record_is_refused_before_it_is_read(
     assert f"{group}.{key}=" in str(err.value) and "hunter2" not in str(err.value)
 
 
+@pytest.mark.heavy
 def test_trust_remote_code_is_never_turned_on_by_a_record(tmp_path: Path) -> None:
     config = _record(_run(tmp_path, name="made"))["config"]
     config["model"]["trust_remote_code"] = True
@@ -267,6 +274,7 @@ def test_the_report_imports_no_target_a_record_names(hostile_module: Path) -> No
         (["+experiment=x"], "prompt_tuning"),  # an experiment that picks another
     ],
 )
+@pytest.mark.heavy
 def test_a_composed_method_that_is_not_the_runs_is_refused(
     tmp_path: Path, overrides: list[str], composed: str
 ) -> None:
@@ -278,6 +286,7 @@ def test_a_composed_method_that_is_not_the_runs_is_refused(
     assert "the run's weights are peft 'ia3'" in str(err.value)
 
 
+@pytest.mark.heavy
 def test_the_runs_method_is_adopted_and_command_line_values_kept(tmp_path: Path) -> None:
     run = _run(tmp_path)
     line = "model.max_new_tokens=5"
@@ -289,6 +298,7 @@ def test_the_runs_method_is_adopted_and_command_line_values_kept(tmp_path: Path)
     assert list(cfg.eval.split_overrides) == []
 
 
+@pytest.mark.heavy
 def test_split_overrides_are_those_that_change_the_runs_values(tmp_path: Path) -> None:
     run = _run(tmp_path)
     lines = ["debug=smoke", "shift=body_part", "seed=4"]
@@ -312,6 +322,7 @@ def test_the_runs_own_splits_pass(tmp_path: Path) -> None:
     assert _check(_run(tmp_path), TRAINED, [])["splits"] == "the run's"
 
 
+@pytest.mark.heavy
 def test_other_splits_with_rows_the_weights_trained_on_are_refused(tmp_path: Path) -> None:
     run = _run(tmp_path)
     frames = _frames(
@@ -330,6 +341,7 @@ def test_other_splits_with_rows_the_weights_trained_on_are_refused(tmp_path: Pat
     assert found["allow_seen_rows"] is True
 
 
+@pytest.mark.heavy
 def test_a_case_the_composed_training_split_shares_by_design_is_not_counted(
     tmp_path: Path,
 ) -> None:
@@ -338,12 +350,14 @@ def test_a_case_the_composed_training_split_shares_by_design_is_not_counted(
     assert found["splits"] == "composed" and found["seen"]["test_ood"]["case_rows"] == 0
 
 
+@pytest.mark.heavy
 def test_other_splits_nothing_asked_for_are_refused(tmp_path: Path) -> None:
     frames = _frames([("a", "c1")], test_iid=[("t1", "c3")], test_ood=[("t7", "c7")])
     with pytest.raises(RunFolderError, match="nothing on the command line asked"):
         _check(_run(tmp_path), frames, [])
 
 
+@pytest.mark.heavy
 def test_another_dataset_shares_no_row_with_the_weights(tmp_path: Path) -> None:
     run = _run(tmp_path)
     cfg = _eval_cfg(run)
@@ -354,6 +368,7 @@ def test_another_dataset_shares_no_row_with_the_weights(tmp_path: Path) -> None:
     assert found["seen"] == {}
 
 
+@pytest.mark.heavy
 def test_a_splits_file_that_is_not_the_weights_is_refused(tmp_path: Path) -> None:
     run = _run(tmp_path)
     report = json.loads((run / SPLITS_FILE).read_text())
@@ -363,6 +378,7 @@ def test_a_splits_file_that_is_not_the_weights_is_refused(tmp_path: Path) -> Non
         _check(run, TRAINED, ["shift=body_part"])
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize(
     "report", [[1, 2], {"rows": {"train": [1]}, "train_cases": []}, {"rows": {}, "train_cases": 3}]
 )
@@ -373,6 +389,7 @@ def test_a_malformed_splits_file_is_refused_naming_it(tmp_path: Path, report: An
         _check(run, TRAINED, ["shift=body_part"])
 
 
+@pytest.mark.heavy
 def test_a_run_from_before_row_ids_is_checked_by_its_settings(tmp_path: Path) -> None:
     run = _run(tmp_path)
     (run / SPLITS_FILE).write_text(json.dumps({"dataset": "synthetic", "splits": {}}))

@@ -26,6 +26,7 @@ class LrLog(L.Callback):
         self.lrs.append({g["name"]: g["lr"] for g in optimizer.param_groups})
 
 
+@pytest.mark.slow
 def test_warmup_then_cosine_over_the_accumulated_steps(
     tiny_model_dir: Path, cache_dir: Path
 ) -> None:

@@ -298,6 +298,7 @@ def test_judge_headline_gets_intervals_unless_a_judgment_failed() -> None:
     assert "robustness/rr_closed_ci_half" in out
 
 
+@pytest.mark.heavy
 def test_one_bootstrap_setting_turns_every_interval_off() -> None:
     """`evaluation.bootstrap.samples=0`: no interval anywhere, the families' own included (the
     mcq and closed_set YAML take `bootstrap: ${evaluation.bootstrap}`)."""

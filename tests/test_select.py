@@ -89,6 +89,7 @@ def _judge(closed: float | None, open_: float | None, test_closed: float = 0.5) 
     }
 
 
+@pytest.mark.slow
 def test_the_judge_decides_ties_go_to_the_open_score_and_failed_seeds_never_win(
     tmp_path: Path, template: dict
 ) -> None:
@@ -137,6 +138,7 @@ def test_the_judge_decides_ties_go_to_the_open_score_and_failed_seeds_never_win(
     assert yaml.safe_load(text) == {"peft": {"adapter": {"r": 64}, "lr": 3e-5}}
 
 
+@pytest.mark.slow
 def test_without_judge_scores_the_configured_headline_decides(
     tmp_path: Path, template: dict
 ) -> None:
@@ -153,6 +155,7 @@ def test_without_judge_scores_the_configured_headline_decides(
     assert selection.winner.setting == {"peft.lr": 3e-4}  # r is the same in both: not a setting
 
 
+@pytest.mark.slow
 def test_test_split_scores_are_refused(tmp_path: Path, template: dict) -> None:
     """A grid scored on the test splits (task.eval_splits' default) is never selected from."""
     records = [
@@ -165,6 +168,7 @@ def test_test_split_scores_are_refused(tmp_path: Path, template: dict) -> None:
         select([_write(tmp_path, records)])
 
 
+@pytest.mark.slow
 def test_runs_of_different_shifts_are_not_one_grid(tmp_path: Path, template: dict) -> None:
     records = [_record(template, r=r, lr=3e-5, seed=1, metrics=_judge(0.5, 3)) for r in (16, 32)]
     records[1]["config"]["shift"]["ood_values"] = ["pet"]
@@ -172,6 +176,7 @@ def test_runs_of_different_shifts_are_not_one_grid(tmp_path: Path, template: dic
         select([_write(tmp_path, records)])
 
 
+@pytest.mark.slow
 def test_a_grid_with_no_finished_setting_writes_nothing(tmp_path: Path, template: dict) -> None:
     records = [
         _record(template, r=r, lr=3e-4, seed=1, metrics={}, status="diverged") for r in (128, 256)
@@ -181,6 +186,7 @@ def test_a_grid_with_no_finished_setting_writes_nothing(tmp_path: Path, template
     assert not list(out.glob("*.yaml"))
 
 
+@pytest.mark.slow
 def test_a_real_grid_selects_on_validation_and_the_study_composes_the_winner(
     real_grid: Path, tmp_path: Path
 ) -> None:

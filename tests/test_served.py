@@ -171,6 +171,7 @@ def _checked(*overrides: str) -> None:
     check_config(cfg)
 
 
+@pytest.mark.heavy
 def test_a_served_model_is_never_trained_and_needs_its_endpoint() -> None:
     where = ["model.served.base_url=http://127.0.0.1:9/v1", "model.served.model=m"]
     _checked("peft=none", *where)

@@ -58,6 +58,7 @@ def _try_splits(table: pd.DataFrame, shift: Shift):
         return None
 
 
+@pytest.mark.heavy
 @settings(max_examples=60, deadline=None)
 @given(table=tables(), merge=st.booleans())
 def test_categorical_shift_properties(table: pd.DataFrame, merge: bool) -> None:
@@ -82,6 +83,7 @@ def test_categorical_shift_properties(table: pd.DataFrame, merge: bool) -> None:
     assert not set(splits["train"][R.IMAGE_ID]) & set(splits["val"][R.IMAGE_ID])
 
 
+@pytest.mark.heavy
 @settings(max_examples=60, deadline=None)
 @given(table=tables())
 def test_threshold_shift_has_a_gap(table: pd.DataFrame) -> None:

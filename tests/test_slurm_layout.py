@@ -60,6 +60,7 @@ def test_memory_follows_hand_set_tasks_and_can_be_set_outright() -> None:
     )
 
 
+@pytest.mark.heavy
 def test_num_nodes_is_a_trainer_setting_not_a_folder_name() -> None:
     cfg = compose(["trainer=gpu", "trainer.num_nodes=2"])
     assert cfg.trainer.num_nodes == 2 and compose([]).trainer.num_nodes == 1
@@ -98,6 +99,7 @@ def test_each_rank_names_its_own_log(
     assert OmegaConf.to_container(handler)["filename"].endswith("/${rank_log:}")
 
 
+@pytest.mark.slow
 def test_a_slurm_task_logs_to_its_own_file(tmp_path: Path, cache_dir: Path) -> None:
     """Task 1 of a job runs the whole job in the same run directory (and writes no record):
     its log is run_rank1.log, and rank 0's run.log is left to rank 0."""

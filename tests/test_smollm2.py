@@ -53,6 +53,7 @@ def loaded(cfg, original):
 
 
 @pytest.mark.heavy
+@pytest.mark.slow
 def test_text_logits_equal_original_smollm2(loaded, original) -> None:
     model, processor = loaded
     tokenizer, causal = original
@@ -71,6 +72,7 @@ def test_text_logits_equal_original_smollm2(loaded, original) -> None:
     assert len(processor.tokenizer) == len(tokenizer) + 1
 
 
+@pytest.mark.slow
 def test_reloads_and_generates_for_image_and_question(loaded, cfg) -> None:
     model, processor = loaded
     assert type(processor).__name__ == "LlavaProcessor"
@@ -89,6 +91,7 @@ def test_reloads_and_generates_for_image_and_question(loaded, cfg) -> None:
     assert isinstance(processor.tokenizer.decode(new, skip_special_tokens=True), str)
 
 
+@pytest.mark.slow
 def test_labels_cover_only_the_answer(loaded) -> None:
     _, processor = loaded
     image = Image.new("RGB", (64, 64))
@@ -103,6 +106,7 @@ def test_labels_cover_only_the_answer(loaded) -> None:
     assert answer_ids[-1].item() == processor.tokenizer.eos_token_id  # <|im_end|> ends the turn
 
 
+@pytest.mark.slow
 def test_roles_match_parameters(loaded, cfg) -> None:
     from medvqa.models.loading import roles
 

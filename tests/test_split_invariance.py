@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from tests.conftest import sampled
 from tests.split_training import train
 
 TOLERANCE = 1e-4  # relative difference of each trained tensor
@@ -35,7 +36,9 @@ def reference(tiny_model_dir: Path, cache_dir: Path, tmp_path_factory) -> dict[s
     return tensors
 
 
-@pytest.mark.parametrize("batch_size,accumulate", [(8, 2), (4, 4)])
+@pytest.mark.parametrize(
+    ("batch_size", "accumulate"), sampled([(8, 2), (4, 4)], keep=1, unpack=True)
+)
 def test_accumulation_trains_what_one_batch_trains(
     reference,
     tiny_model_dir: Path,
@@ -51,6 +54,7 @@ def test_accumulation_trains_what_one_batch_trains(
     assert _largest_difference(reference, tensors) < TOLERANCE
 
 
+@pytest.mark.slow
 def test_the_test_tells_the_old_objective_apart(
     reference, tiny_model_dir: Path, cache_dir: Path, tmp_path: Path
 ) -> None:

@@ -37,6 +37,7 @@ def test_every_sweep_names_existing_choices(sweep: str) -> None:
             assert set(values) <= existing, (sweep, key, set(values) - existing)
 
 
+@pytest.mark.heavy
 def test_the_sure_grid_is_the_papers() -> None:
     """Two sweeps, one GPU size each: full fine-tuning needs ZeRO-2 on four (test_plan.py)."""
     grid, full = _grid("sure_study"), _grid("sure_study_full")
@@ -53,6 +54,7 @@ def test_the_sure_study_validates_on_a_sample_and_tests_on_everything() -> None:
     assert dict(limit) == {"train": None, "val": 2000, "test_iid": None, "test_ood": None}
 
 
+@pytest.mark.heavy
 def test_lora_grid_keeps_alpha_at_twice_the_rank() -> None:
     assert _grid("lora_grid")["peft.adapter.r"] == ["16", "32", "64", "128", "256"]
     cfg = compose(["sweep=lora_grid", "peft.adapter.r=128"], Path("/tmp/medvqa-sweep-compose"))
@@ -244,6 +246,7 @@ def test_the_no_image_baseline_trains_lora_with_the_studys_settings() -> None:
 STUDY_SWEEPS = ("sure_study", "sure_study_full", "sure_baselines", *GRIDS)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("sweep", STUDY_SWEEPS)
 def test_the_study_trains_llava_med_unless_told_otherwise(sweep: str) -> None:
     """The README's recipe named no model: 105 jobs of the tiny CPU model on the real data."""
@@ -261,6 +264,7 @@ def test_full_fine_tuning_in_the_study_keeps_the_papers_batch_on_four_gpus() -> 
     assert cfg.trainer.strategy.stage == 2 and cfg.peft.lr == pytest.approx(2e-5)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("sweep", STUDY_SWEEPS)
 def test_the_study_resumes_and_checkpoints_inside_epochs(sweep: str) -> None:
     """A requeued job goes on from last.ckpt (none yet: Lightning starts fresh), written every
@@ -286,6 +290,7 @@ def test_the_study_resumes_and_checkpoints_inside_epochs(sweep: str) -> None:
     assert "final_checkpoint" not in plain.callbacks
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("sweep", GRIDS)
 def test_grids_score_on_validation_with_the_fixed_settings_only(sweep: str) -> None:
     cfg = compose([f"sweep={sweep}", "+experiment=slake_modality"], Path("/tmp/medvqa-sweep"))

@@ -107,6 +107,7 @@ def _run_probe(tmp_path: Path, **extra: str) -> str:
     return proc.stdout.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_pretraining_gives_the_recorded_fingerprint(tmp_path: Path) -> None:
     from medvqa.zoo.tiny import PRETRAIN_FINGERPRINT
 

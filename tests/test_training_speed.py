@@ -56,6 +56,7 @@ def _batch(processor, source, rows: int = 4) -> dict:
     return batch
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("name", ["llava_med", "qwen2_vl", "medgemma", "smolvlm", "paligemma"])
 def test_label_position_loss_equals_the_full_loss_and_its_gradients(
     name: str, cache_dir: Path, source
@@ -412,6 +413,7 @@ def test_a_training_example_renders_its_prompt_twice_not_three_times(
     assert (features["labels"] != -100).sum() > 0
 
 
+@pytest.mark.slow
 def test_compiled_decoder_layers_train_the_same_weights_and_are_eager_after(
     tiny_model_dir: Path, cache_dir: Path
 ) -> None:
@@ -463,6 +465,7 @@ def test_compile_layers_auto_compiles_on_cuda_gpus_without_liger(
     assert compiles_layers(cfg.model, accelerator) is expected
 
 
+@pytest.mark.heavy
 def test_compile_layers_is_auto_by_default_and_a_bad_value_is_refused(cache_dir: Path) -> None:
     from medvqa.config import ConfigError, check_config
 

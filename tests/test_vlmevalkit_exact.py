@@ -87,6 +87,7 @@ def _score(out: Path, path: Path, *overrides: str) -> tuple[dict, pd.DataFrame]:
     return record["metrics"], pd.read_parquet(out / "scores.parquet")
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("fmt", ["tsv", "xlsx", "json", "none_text_tsv", "none_text_xlsx"])
 def test_vlmevalkit_exact_equals_their_scorer_row_for_row(
     fmt: str, files: dict[str, Path], tmp_path: Path
@@ -114,6 +115,7 @@ def test_vlmevalkit_exact_equals_their_scorer_row_for_row(
     assert "all/mcq_acc_strict" in metrics and "all/mcq_vlmevalkit_exact_acc" not in metrics
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("fmt", ["tsv", "xlsx"])
 def test_options_of_numbers_are_typed_as_their_loader_types_them(fmt: str, tmp_path: Path) -> None:
     """A column of numbers with a missing cell is float to their loader (the option 3 is

@@ -25,7 +25,10 @@ from medvqa.analysis.methods import method_sort_key
 from medvqa.analysis.paired import scored_table
 from medvqa.analysis.tables import select_rows, slug
 from medvqa.data import records as R
+from medvqa.generation.passes.base import prediction_path
+from medvqa.generation.passes.zero_shot import ZERO_SHOT
 from medvqa.scoring.metrics.calibration import CalibrationMetric, risk_coverage
+from medvqa.scoring.pipeline import SCORES_FILE, scores_path
 from medvqa.views import SPLIT_LABELS
 from medvqa.views.reliance import QUADRANTS
 
@@ -506,6 +509,10 @@ def subgroup_forest(frame: pd.DataFrame, out_dir: Path) -> dict[str, Path]:
     return figures
 
 
+# The zero-shot base's scored table beside a tuned run's (scores_zero_shot.parquet).
+ZERO_SHOT_SCORES = scores_path(prediction_path(Path(), ZERO_SHOT)).name
+
+
 def calibration_curves(frame: pd.DataFrame, out_dir: Path, bins: int = 10) -> dict[str, Path]:
     """Per table: a reliability diagram (accuracy against mean confidence in equal-mass bins)
     and the risk-coverage curve of each method's closed answers, i.i.d. solid and OoD dashed,
@@ -517,8 +524,7 @@ def calibration_curves(frame: pd.DataFrame, out_dir: Path, bins: int = 10) -> di
     for table, part in runs.groupby("table", sort=True):
         curves: dict[str, list[pd.DataFrame]] = {}
         for _, row in part.iterrows():
-            for name, file in ((row["method"], "scores.parquet"),
-                               ("zero-shot base", "scores_zero_shot.parquet")):  # fmt: skip
+            for name, file in ((row["method"], SCORES_FILE), ("zero-shot base", ZERO_SHOT_SCORES)):
                 scored = scored_table(str(row["source"]), file)
                 if scored is not None and conf in scored and right in scored:
                     closed = scored[(scored[R.ANSWER_TYPE] == "closed") & scored[right].notna()]

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from medvqa.console import console as console_for_output
 from medvqa.data import records as R
 
 COLUMNS = ("closed i.i.d.", "closed OoD", "closed RR", "open i.i.d.", "open OoD", "open RR")
@@ -128,4 +129,4 @@ def print_summary(table: pd.DataFrame, title: str, console: Console | None = Non
         view.add_column(col, justify="right")
     for _, row in table.iterrows():
         view.add_row(escape(str(row["method"])), *_shown(row).values())  # not rich markup
-    (console or Console()).print(view)
+    (console or console_for_output()).print(view)

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from medvqa.cli.refusal import REFUSALS, refused
+from medvqa.console import rich_logging
 from medvqa.models.convert import CLIP_VIT_L14_336, ConversionError, convert_llava_med
 
 log = logging.getLogger(__name__)
@@ -15,9 +16,7 @@ log = logging.getLogger(__name__)
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `medvqa-convert`; exit status 2 for a checkpoint it cannot convert."""
-    from rich.logging import RichHandler
-
-    logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[RichHandler()])
+    rich_logging()
     parser = argparse.ArgumentParser(
         prog="medvqa-convert",
         description="Convert original checkpoints into transformers' format.",

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from medvqa.atomic import restrict_umask
 from medvqa.cli.refusal import REFUSALS, refused
+from medvqa.console import rich_logging
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +40,7 @@ def export_folder(
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `medvqa-export`; exit status 2 for a run folder or an output folder that
     cannot be exported to (the message says why and what to do)."""
-    from rich.logging import RichHandler
-
-    logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[RichHandler()])
+    rich_logging()
     restrict_umask()  # nothing it writes is group- or world-writable (docs/security.md)
     parser = argparse.ArgumentParser(
         prog="medvqa-export",

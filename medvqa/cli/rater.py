@@ -14,6 +14,8 @@ from medvqa.analysis.rater.export import export
 from medvqa.analysis.rater.study import SHEET_CSV, SHEET_HTML, RatingError
 from medvqa.atomic import OutputDirError, restrict_umask
 from medvqa.cli.refusal import REFUSALS, refused
+from medvqa.console import console as console_for_output
+from medvqa.console import rich_logging
 from medvqa.scoring.pipeline import SCORES_FILE
 
 log = logging.getLogger(__name__)
@@ -57,14 +59,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``medvqa-rater``; returns the exit status (2 for unusable input)."""
-    from rich.console import Console
-    from rich.logging import RichHandler
     from rich.table import Table
 
-    logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[RichHandler()])
+    rich_logging()
     restrict_umask()  # nothing it writes is group- or world-writable (docs/security.md)
     args = _parser().parse_args(argv)
-    console = Console()
+    console = console_for_output()
     try:
         if args.command == "export":
             items = export(

@@ -15,6 +15,7 @@ from medvqa.analysis.claims import ADJUSTMENTS, DEFAULT_ADJUSTMENT
 from medvqa.analysis.report import build_report, log_report
 from medvqa.analysis.wandb_runs import collect_wandb
 from medvqa.atomic import OutputDirError, restrict_umask
+from medvqa.console import console as console_for_output
 
 
 def _wandb_logger(out_dir: Path, project: str) -> Any:
@@ -62,12 +63,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point; returns 0, or exits with a message naming what to fix."""
-    from rich.console import Console
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
     restrict_umask()  # nothing it writes is group- or world-writable (docs/security.md)
-    console = Console()
+    console = console_for_output()
     try:
         frames = [collect(args.dirs)] if args.dirs else []
         frames += [collect_wandb(path) for path in args.wandb]

@@ -19,6 +19,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from medvqa import CONF_DIR
 from medvqa.atomic import OutputDirError, restrict_umask, staged_dir
 from medvqa.cli.refusal import refused
+from medvqa.console import console as console_for_output
+from medvqa.console import rich_logging
 from medvqa.data.records import SPLIT
 from medvqa.errors import ConfigError
 from medvqa.generation.passes import RECORD_KEY, EvalPass, ImageMode, Main, OptionOrder
@@ -117,7 +119,7 @@ def score_file(
         if skipped:
             log.warning("%s has no column(s) %s: no breakdown by them", predictions, skipped)
         settings = _settings(cfg, Path(predictions), questions, others, fmt, limits)
-        record = RunRecord(staging, settings, choices={"format": fmt})
+        record = RunRecord(staging, settings, choices={"format": fmt}, lands_in=out_dir)
         record.provenance = environment()
         record.provenance[RECORD_KEY] = [p.record() for p in passes]
         add_metrics(record.provenance, scoring.families)
@@ -176,7 +178,6 @@ def _summary(
 ) -> None:
     """Per split: n and the headline `scores` (`Scoring.headline_scores`) that any split has
     (summary.md and the terminal)."""
-    from rich.console import Console
     from rich.table import Table
 
     shown = [s for s in scores if any(f"{split}/{s}" in metrics for split in splits)]
@@ -195,7 +196,7 @@ def _summary(
         view.add_column(str(column))
     for row in rows:
         view.add_row(*(f"{v:.3f}" if isinstance(v, float) else str(v) for v in row.values()))
-    Console().print(view)
+    console_for_output().print(view)
 
 
 def _pairs(values: Sequence[str], option: str, key: Callable[[str], Any]) -> dict[Any, Path]:
@@ -219,9 +220,7 @@ def _pairs(values: Sequence[str], option: str, key: Callable[[str], Any]) -> dic
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `medvqa-score`; exit status 2 for a file that cannot be scored or an
     override that cannot work."""
-    from rich.logging import RichHandler
-
-    logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[RichHandler()])
+    rich_logging()
     restrict_umask()  # nothing it writes is group- or world-writable (docs/security.md)
     parser = argparse.ArgumentParser(
         prog="medvqa-score",

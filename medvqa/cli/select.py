@@ -12,6 +12,7 @@ from pathlib import Path
 from medvqa.analysis.select import select, write
 from medvqa.atomic import restrict_umask
 from medvqa.cli.refusal import REFUSALS, refused
+from medvqa.console import console as console_for_output
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -32,14 +33,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point: 0 when every grid has a winner, 1 when some has none, 2 on bad input."""
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
     restrict_umask()  # nothing it writes is group- or world-writable (docs/security.md)
-    console = Console()
+    console = console_for_output()
     try:
         selections = select(args.dirs)
         written = write(selections, args.out, [str(d) for d in args.dirs])

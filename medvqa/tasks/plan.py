@@ -34,6 +34,7 @@ from rich.table import Table
 
 from medvqa import CONF_DIR
 from medvqa.analysis.claims import PER_PAIR
+from medvqa.console import console as console_for_output
 from medvqa.data.shifts import SPLITS_FILE
 from medvqa.models.adapters import checkpoint_every, compiles_layers
 from medvqa.planning.cost import Planner, cost_metrics, describe_cost, job_cost
@@ -100,7 +101,7 @@ def plan(
     if checkpoint_every(cfg.model.gradient_checkpointing) is None:
         print_layouts(result.setup)
     compiled = compiles_layers(cfg.model, cfg.trainer.accelerator)
-    Console().print(
+    console_for_output().print(
         f"decoder layers in the fit: {'compiled' if compiled else 'eager'} "
         f"(model.compile_layers={cfg.model.compile_layers}, trainer.accelerator="
         f"{cfg.trainer.accelerator}; auto compiles on CUDA GPUs without Liger)"
@@ -237,7 +238,7 @@ def plan_power(
         job = jobs[0]
         rows = _test_rows(job, runs, dataset, shift, splits)
         if isinstance(rows, str):
-            (console or _wide()).print(f"power of shift {shift}: no estimate: {rows}.")
+            (console or console_for_output()).print(f"power of shift {shift}: no estimate: {rows}.")
             continue
         counts, source = rows
         scores = {
@@ -343,7 +344,7 @@ def print_power(table: Sequence[Detectable], family: int, console: Console | Non
         ]
         cells += [_number(row.mdd_family, "{:.3f}") + unit] * (family > 1)
         view.add_row(*cells, f"[{bases.index(row.basis) + 1}]")
-    (console or _wide()).print(view)
+    (console or console_for_output()).print(view)
 
 
 def _number(value: float, form: str) -> str:
@@ -365,11 +366,6 @@ def _planner(gpu_gib: float | None, text_tokens: int, devices: int | None) -> Pl
     return plan_job
 
 
-def _wide() -> Console:
-    """A console wide enough for the tables' bases (a pipe's 80 columns would wrap each)."""
-    return Console(width=max(Console().width, 160))
-
-
 def _cost_table(
     title: str, label: str, numbers: Sequence[str], basis: str, caption: str | None = None
 ) -> Table:
@@ -385,7 +381,7 @@ def _cost_table(
 
 def print_job_cost(cost: JobCost, console: Console | None = None) -> None:
     """The job's GPU time per phase, or why there is no estimate."""
-    console = console or _wide()
+    console = console or console_for_output()
     if cost.missing is not None:
         console.print(f"GPU time of this job: no estimate: {cost.missing}.")
         return
@@ -440,7 +436,7 @@ def print_sweep_cost(sweep: SweepCost, name: str, console: Console | None = None
     )
     total = f"{sweep.gpu_hours:.1f}" if sweep.without_estimate < sweep.jobs else "no estimate"
     view.add_row(f"sweep{missing}", str(sweep.jobs), "", total, "", style="bold")
-    (console or _wide()).print(view)
+    (console or console_for_output()).print(view)
 
 
 def plan_metrics(result: Plan) -> dict[str, float]:
@@ -469,7 +465,7 @@ def print_layouts(chosen: Setup, console: Console | None = None) -> None:
             f"{mine / step_time(c):.2f}x",
             style="bold" if picked else None,
         )
-    (console or Console()).print(view)
+    (console or console_for_output()).print(view)
 
 
 def print_plan(result: Plan, console: Console | None = None) -> None:
@@ -511,4 +507,4 @@ def print_plan(result: Plan, console: Console | None = None) -> None:
         view.add_row(name, f"{value / GIB:.1f}", what)
     view.add_row("GPU", f"{s.gpu_gib:.1f}", "fits" if result.fits else "DOES NOT FIT")
     view.add_row("host per node", f"{result.host_per_node / GIB:.1f}", f"{s.devices} rank(s)")
-    (console or Console()).print(view)
+    (console or console_for_output()).print(view)
