@@ -1,40 +1,59 @@
-"""Portable CPU numerics: the same code trains the same bits on any x86-64 CPU.
+"""Portable CPU numerics: the same code trains the same bits on any x86-64 CPU with AVX2.
 
 By default torch picks the CPU's fastest kernels: ATen's AVX2 or AVX-512 code, MKL's
 per-CPU paths, oneDNN's, numpy's SIMD and glibc's FMA variants of libm, with a thread per
 core. Each sums in its own order, and over a few hundred optimiser steps a last-bit difference
 grows into other weights and other answers: the CPU demo printed LoRA 0.798 / 0.592 on a 2-core
 Intel Xeon where a 2-core AMD EPYC printed 0.715 / 0.491. With `MEDVQA_NUMERICS=portable`
-(`make demo` sets it) every one of those runs its CPU-independent path on one thread:
+(`make demo` sets it) every one of those runs a path that does not depend on the CPU, on a
+fixed number of threads:
 
 - ATen's default kernels (`ATEN_CPU_CAPABILITY=default`), MKL's conditional numerical
-  reproducibility (`MKL_CBWR=COMPATIBLE`), numpy's baseline SIMD and glibc's libm without its
-  FMA variants: read once when each library loads, so they are set in the environment and the
-  process starts again with it (`reexec_if_requested`, before anything imports numpy or torch);
-- one thread and no oneDNN: set in the process (`apply`), and in every process it starts
-  (the environment carries them).
+  reproducibility on its AVX2 branch (`MKL_CBWR=AVX2`: the same bits on every CPU that has
+  AVX2, Intel or AMD, with or without AVX-512), numpy's baseline SIMD and glibc's libm without
+  its FMA variants: read once when each library loads, so they are set in the environment and
+  the process starts again with it (`reexec_if_requested`, before anything imports numpy or
+  torch);
+- `THREADS` threads, never adjusted by MKL or OpenMP (`MKL_DYNAMIC`, `OMP_DYNAMIC` off: a
+  reduction splits its work by the thread count), and no oneDNN: set in the process (`apply`),
+  and in every process it starts (the environment carries them). A machine with fewer cores
+  runs the same threads, slower.
+
+MKL's AVX2 branch and two threads train the tiny model 1.9 times as fast as its `COMPATIBLE`
+branch on one thread did (docs/offline.md#the-same-figures-on-any-cpu).
+A CPU without AVX2 and FMA runs MKL's own choice instead and prints other figures (`apply`
+warns; its record says so).
 
 Checked: the tiny model's probe pre-training (tests/test_tiny_fingerprint.py) gives one
-checksum on a 2-core AMD EPYC with AVX2 and on one with AVX-512, where the default kernels give
-others. It costs speed (no SIMD, one thread), so it is for figures that must match elsewhere,
-not for GPU jobs (CUDA kernels are not affected by it).
+checksum run to run; the slow tests rebuild the shipped tiny model byte for byte and print the
+README's demo table on whatever CPU runs them. It costs speed (no SIMD outside MKL, two
+threads), so it is for figures that must match elsewhere, not for GPU jobs (CUDA kernels are
+not affected by it).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from typing import Any
 
+log = logging.getLogger(__name__)
+
 SWITCH = "MEDVQA_NUMERICS"
 PORTABLE = "portable"
 NATIVE = "native"
+THREADS = 2  # fixed: the figures depend on the count, not on the cores
+# The CPU features MKL's AVX2 branch needs (/proc/cpuinfo's flags).
+MKL_BRANCH_NEEDS = ("avx2", "fma")
 # What the libraries read when they load (they never read it again).
 PORTABLE_ENV = {
-    "OMP_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": str(THREADS),
+    "MKL_NUM_THREADS": str(THREADS),
+    "OMP_DYNAMIC": "FALSE",
+    "MKL_DYNAMIC": "FALSE",
     "ATEN_CPU_CAPABILITY": "default",
-    "MKL_CBWR": "COMPATIBLE",
+    "MKL_CBWR": "AVX2",
     "NPY_DISABLE_CPU_FEATURES": "X86_V3 X86_V4 AVX512_ICL AVX512_SPR AVX512F AVX512_SKX",
     "GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX2,-FMA,-FMA4",
 }
@@ -76,8 +95,8 @@ def reexec_if_requested() -> None:
 
 
 def apply() -> None:
-    """The settings read at run time (one thread, no oneDNN), where the mode is portable; the
-    environment's must be in place already (`reexec_if_requested`), else this refuses."""
+    """The settings read at run time (`THREADS` threads, no oneDNN), where the mode is portable;
+    the environment's must be in place already (`reexec_if_requested`), else this refuses."""
     if mode() != PORTABLE:
         return
     lacking = missing()
@@ -88,15 +107,35 @@ def apply() -> None:
             "libraries load, so start the command with MEDVQA_NUMERICS=portable in its "
             "environment (python run.py and medvqa-run then set the rest)"
         )
+    lacking_features = [f for f in MKL_BRANCH_NEEDS if f not in _cpu_flags()]
+    if lacking_features and _cpu_flags():
+        log.warning(
+            "%s=portable: this CPU has no %s, so MKL runs its own branch instead of AVX2 and "
+            "the figures differ from other CPUs' (the record says so)",
+            SWITCH,
+            " or ".join(lacking_features),
+        )
     import torch
 
-    torch.set_num_threads(int(PORTABLE_ENV["OMP_NUM_THREADS"]))
+    torch.set_num_threads(THREADS)
     torch.backends.mkldnn.enabled = False
+
+
+def _cpu_flags() -> set[str]:
+    """The CPU's feature flags (Linux's /proc/cpuinfo; empty where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
 
 
 def state() -> dict[str, Any]:
     """What a run's figures depend on, for its record: the mode, the CPU, the kernels' level,
-    the threads and whether oneDNN ran."""
+    the threads, whether oneDNN ran and whether MKL could take its AVX2 branch."""
     import platform
 
     import torch
@@ -113,4 +152,5 @@ def state() -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "mkldnn": bool(torch.backends.mkldnn.enabled),
         "mkl_cbwr": os.environ.get("MKL_CBWR"),
+        "mkl_branch_supported": all(f in _cpu_flags() for f in MKL_BRANCH_NEEDS),
     }
