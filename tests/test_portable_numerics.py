@@ -54,10 +54,10 @@ def test_the_switch_restarts_the_process_with_the_portable_kernels() -> None:
     assert (state["mode"], state["capability"], state["threads"], state["mkldnn"]) == (
         "portable",
         "DEFAULT",
-        1,
+        numerics.THREADS,
         False,
     )
-    assert state["mkl_cbwr"] == "COMPATIBLE"
+    assert state["mkl_cbwr"] == "AVX2"
 
 
 def test_without_the_switch_nothing_changes() -> None:
@@ -111,6 +111,6 @@ def test_a_run_records_its_numerics(tmp_path: Path) -> None:
     assert (made["mode"], made["capability"], made["threads"], made["mkldnn"]) == (
         "portable",
         "DEFAULT",
-        1,
+        numerics.THREADS,
         False,
     )

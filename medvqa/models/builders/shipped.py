@@ -1,7 +1,7 @@
 """Pre-built model directories shipped with the package, so a cache starts with them.
 
 The CPU demo's tiny LLaVA is pre-trained for 2 epochs before any fine-tuning: minutes on a
-2-core CPU, longer under portable numerics (`medvqa.numerics`, no SIMD, one thread). Its
+2-core CPU, longer under portable numerics (`medvqa.numerics`, no SIMD outside MKL). Its
 directory (2.3 MB) ships in `prebuilt/` under the cache entry's name, `<name>-<key>`: a builder
 whose key matches copies it into the cache instead of training (`CachedModelBuilder.build`).
 The key covers every parameter, the pre-training data's content and the pre-training's
