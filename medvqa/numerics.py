@@ -5,8 +5,8 @@ per-CPU paths, oneDNN's, numpy's SIMD and glibc's FMA variants of libm, with a t
 core. Each sums in its own order, and over a few hundred optimiser steps a last-bit difference
 grows into other weights and other answers: the CPU demo printed LoRA 0.798 / 0.592 on a 2-core
 Intel Xeon where a 2-core AMD EPYC printed 0.715 / 0.491. With `MEDVQA_NUMERICS=portable`
-(`make demo` sets it) every one of those runs a path that does not depend on the CPU, on a
-fixed number of threads:
+(`make demo` sets it) every one of those runs a path that does not depend on the CPU, on one
+thread:
 
 - ATen's default kernels (`ATEN_CPU_CAPABILITY=default`), MKL's conditional numerical
   reproducibility on its AVX2 branch (`MKL_CBWR=AVX2`: the same bits on every CPU that has
@@ -14,20 +14,20 @@ fixed number of threads:
   its FMA variants: read once when each library loads, so they are set in the environment and
   the process starts again with it (`reexec_if_requested`, before anything imports numpy or
   torch);
-- `THREADS` threads, never adjusted by MKL or OpenMP (`MKL_DYNAMIC`, `OMP_DYNAMIC` off: a
-  reduction splits its work by the thread count), and no oneDNN: set in the process (`apply`),
-  and in every process it starts (the environment carries them). A machine with fewer cores
-  runs the same threads, slower.
+- one thread (a reduction splits its work by the thread count) and no oneDNN: set in the
+  process (`apply`), and in every process it starts (the environment carries them).
 
-MKL's AVX2 branch and two threads train the tiny model 1.9 times as fast as its `COMPATIBLE`
-branch on one thread did (docs/offline.md#the-same-figures-on-any-cpu).
+MKL's AVX2 branch trains the tiny model 1.6 times as fast as its `COMPATIBLE` branch did
+(docs/offline.md#the-same-figures-on-any-cpu). Two threads were faster still alone, but not
+beside other work: OpenMP's spinning threads then ran the demo 9 times slower, and with
+passive waiting two threads were no faster than one.
 A CPU without AVX2 and FMA runs MKL's own choice instead and prints other figures (`apply`
 warns; its record says so).
 
 Checked: the tiny model's probe pre-training (tests/test_tiny_fingerprint.py) gives one
 checksum run to run; the slow tests rebuild the shipped tiny model byte for byte and print the
-README's demo table on whatever CPU runs them. It costs speed (no SIMD outside MKL, two
-threads), so it is for figures that must match elsewhere, not for GPU jobs (CUDA kernels are
+README's demo table on whatever CPU runs them. It costs speed (no SIMD outside MKL, one
+thread), so it is for figures that must match elsewhere, not for GPU jobs (CUDA kernels are
 not affected by it).
 """
 
@@ -43,15 +43,13 @@ log = logging.getLogger(__name__)
 SWITCH = "MEDVQA_NUMERICS"
 PORTABLE = "portable"
 NATIVE = "native"
-THREADS = 2  # fixed: the figures depend on the count, not on the cores
+THREADS = 1  # fixed: the figures depend on the count, not on the cores
 # The CPU features MKL's AVX2 branch needs (/proc/cpuinfo's flags).
 MKL_BRANCH_NEEDS = ("avx2", "fma")
 # What the libraries read when they load (they never read it again).
 PORTABLE_ENV = {
     "OMP_NUM_THREADS": str(THREADS),
     "MKL_NUM_THREADS": str(THREADS),
-    "OMP_DYNAMIC": "FALSE",
-    "MKL_DYNAMIC": "FALSE",
     "ATEN_CPU_CAPABILITY": "default",
     "MKL_CBWR": "AVX2",
     "NPY_DISABLE_CPU_FEATURES": "X86_V3 X86_V4 AVX512_ICL AVX512_SPR AVX512F AVX512_SKX",

@@ -223,6 +223,7 @@ def test_task_eval_reproduces_a_finished_run(
         assert "generate" not in proc.stderr and not (tmp_path / "x" / "splits.json").exists()
 
 
+@pytest.mark.slow
 def test_task_eval_needs_a_finished_run(cache_dir: Path, tmp_path: Path) -> None:
     (tmp_path / "crashed").mkdir()
     (tmp_path / "crashed" / "results.json").write_text(

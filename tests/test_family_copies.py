@@ -183,7 +183,7 @@ def build(name: str, overrides: list[str], server: JudgeServer, cache: Path):
     return node, cfg.evaluation
 
 
-@pytest.mark.parametrize("name", sampled(list(FAMILIES), keep=3))
+@pytest.mark.parametrize("name", sampled(list(FAMILIES), keep=1))
 @pytest.mark.heavy
 def test_copied_family_scores_beside_its_original(
     name: str,

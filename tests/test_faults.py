@@ -181,6 +181,7 @@ def _on_a_full_disk(io: str, tmp_path: Path) -> dict[str, Any]:
     return json.loads(proc.stdout.splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.heavy
 def test_lightning_tears_a_checkpoint_on_a_full_disk(tmp_path: Path) -> None:
     """What the fix is for: Lightning's commit copies from $TMPDIR into the full disk, over the

@@ -104,7 +104,8 @@ def test_mismatched_needs_a_field_the_dataset_has(cache_dir: Path) -> None:
         check_config(bad)
 
 
-@pytest.mark.parametrize("mode", ["shuffled", pytest.param("mismatched", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["shuffled", "mismatched"])
 def test_a_run_reports_the_delta_of_another_rows_image(
     mode: str, tmp_path: Path, cache_dir: Path, tiny_model_dir: Path
 ) -> None:

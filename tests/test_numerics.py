@@ -128,6 +128,7 @@ def test_trainables_are_fp32_on_a_bf16_base(
     assert frozen and set(frozen.values()) == {torch.bfloat16}
 
 
+@pytest.mark.slow
 def test_bf16_base_trains_under_bf16_mixed_then_generates_after_cast_back(
     tiny_model_dir: Path, cache_dir: Path
 ) -> None:
@@ -189,6 +190,7 @@ def test_bad_attn_implementation_names_the_key_and_the_fix(tiny_model_dir: Path)
             load_vlm(_spec(tiny_model_dir, attn_implementation="flash_attention_2"))
 
 
+@pytest.mark.slow
 def test_gradient_checkpointing_gives_the_same_gradients_and_trains(
     tiny_model_dir: Path, cache_dir: Path
 ) -> None:

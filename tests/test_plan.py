@@ -331,6 +331,7 @@ def test_auto_picks_the_measured_fastest_layout_with_the_h100_layer(plan_cache: 
         assert constant / at[key] == pytest.approx(measured, rel=0.05), key
 
 
+@pytest.mark.slow
 @pytest.mark.heavy
 def test_auto_refuses_as_before_where_no_layout_fits(plan_cache: Path) -> None:
     """Full fine-tuning of LLaVA-Med on one 80 GB GPU: no split of the step fits, so the plan

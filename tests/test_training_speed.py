@@ -475,6 +475,7 @@ def test_compile_layers_is_auto_by_default_and_a_bad_value_is_refused(cache_dir:
         check_config(compose(["model.compile_layers=fast"], cache_dir))
 
 
+@pytest.mark.slow
 def test_a_layer_that_does_not_compile_runs_eager_under_auto_and_stops_a_forced_fit(
     tiny_model_dir: Path, cache_dir: Path
 ) -> None:
