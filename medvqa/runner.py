@@ -111,7 +111,7 @@ def run(cfg: DictConfig) -> dict[str, float] | None:
         configure_cuda_allocator(cfg.cuda_allocator)  # before anything allocates on a GPU
         configure_compile_cache(cfg.paths.cache_dir)  # a sweep's jobs compile from one cache
         progress.configure(cfg.progress)  # progress lines where stdout is a file
-        numerics.apply()  # MEDVQA_NUMERICS=portable: fixed threads, no oneDNN (before any kernel)
+        numerics.apply()  # MEDVQA_NUMERICS=portable: one thread, no oneDNN (before any kernel)
         if OmegaConf.select(cfg, "eval.from_run"):  # task=eval: the run's model, checked
             defaults = default_choices(hydra_cfg.job.config_name)
             overrides = hydra_cfg.overrides.task

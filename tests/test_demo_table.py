@@ -2,7 +2,7 @@
 `make demo` prints from an empty cache (`make test-slow`).
 
 `make demo` runs under portable numerics (`MEDVQA_NUMERICS=portable`, medvqa/numerics.py):
-kernels that do not depend on the CPU on two fixed threads, so the fine-tuning trains the same
+kernels that do not depend on the CPU on one thread, so the fine-tuning trains the same
 bits on any x86-64 CPU with AVX2, and its tiny model is the shipped build
 (medvqa/models/builders/shipped.py) made under the same numerics. The table is compared exactly, cell for cell as printed, on whatever x86-64 CPU
 runs the test: a comparison loose enough to pass with the CPU's own kernels (LoRA closed 0.798
