@@ -32,9 +32,9 @@ def test_an_xdist_group_runs_in_one_worker(tmp_path: Path) -> None:
     (tmp_path / "test_probe.py").write_text(PROBE)
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     log = tmp_path / "workers.txt"
+    command = "-m pytest -p no:cacheprovider -n 2 --dist loadgroup -q test_probe.py"
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2"]
-        + ["--dist", "loadgroup", "-q", "test_probe.py"],
+        [sys.executable, *command.split()],
         cwd=tmp_path,
         env={"PROBE_LOG": str(log), "PATH": "/usr/bin:/bin"},
         capture_output=True,
