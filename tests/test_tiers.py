@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-PROBE = '''
+PROBE = """
 import os
 import pytest
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.xdist_group("shared")
 def test_case(case):
     with open(os.environ["PROBE_LOG"], "a") as log:
         log.write(os.environ["PYTEST_XDIST_WORKER"] + "\\n")
-'''
+"""
 
 
 @pytest.mark.heavy
