@@ -7,6 +7,7 @@ cache so the model is built once.
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -156,6 +157,52 @@ def compose(overrides: Sequence[str] = (), cache: Path | None = None):
     extra = [f"paths.cache_dir={cache}"] if cache is not None else []
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return hydra_compose("config", overrides=[*overrides, *extra], return_hydra_config=True)
+
+
+@functools.lru_cache(maxsize=16)
+def _composed(overrides: tuple[str, ...], cache: Path | None):
+    return compose(overrides, cache)
+
+
+def compose_values(values: Sequence[str], base: Sequence[str] = (), cache: Path | None = None):
+    """`compose([*base, *values], cache)` in milliseconds (Hydra's compose takes about 0.2 s):
+    `base` is composed once per worker and `values`, which may only set keys (no config group),
+    are applied to a copy by Hydra's own step for them, the one its compose runs after the
+    defaults list. For a grid of values on one config; tests/test_config_checks.py checks that
+    both give the same config and the same errors."""
+    import copy
+
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    parsed = parser.parse_overrides(list(values))
+    for override in parsed:
+        group = override.key_or_group.replace(".", "/")
+        if (CONF / group).is_dir() or override.is_hydra_override():
+            raise ValueError(f"{override.input_line} chooses a config group: use compose()")
+    cfg = copy.deepcopy(_composed(tuple(base), cache))
+    ConfigLoaderImpl._apply_overrides_to_config(parsed, cfg)
+    # What compose records of its overrides, in its order (the cache's last).
+    recorded = list(cfg.hydra.overrides.task)
+    cut = len(recorded) - (cache is not None)
+    task = [*recorded[:cut], *values, *recorded[cut:]]
+    cfg.hydra.overrides.task = task
+    dirname = cfg.hydra.job.config.override_dirname
+    cfg.hydra.job.override_dirname = get_overrides_dirname(
+        overrides=parser.parse_overrides(task),
+        kv_sep=dirname.kv_sep,
+        item_sep=dirname.item_sep,
+        exclude_keys=dirname.exclude_keys,
+    )
+    return cfg
+
+
+def compose_cached(overrides: Sequence[str], cache: Path | None = None):
+    """`compose(overrides, cache)` with the overrides that choose a config group composed once
+    per worker and the rest applied to a copy (compose_values)."""
+    groups = [o for o in overrides if (CONF / o.lstrip("+~").split("=")[0]).is_dir()]
+    return compose_values([o for o in overrides if o not in groups], groups, cache)
 
 
 class Zygote:

@@ -229,6 +229,15 @@ def _default(obj: object, key: str) -> object:
     return inspect.Parameter.empty if param is None else param.default
 
 
+def _defines_a_nested_node(node: dict, depth: int) -> bool:
+    """Whether a dict `depth` keys or more below the root (2: `model.builder`) writes a
+    `_target_`: the only nodes `_disagreements` checks (most option files write none)."""
+    return ("_target_" in node and depth >= 2) or any(
+        isinstance(value, dict) and _defines_a_nested_node(value, depth + 1)
+        for value in node.values()
+    )
+
+
 def _disagreements(path: Path) -> list[tuple[str, str]]:
     """(`<class>.<key>`, what disagrees) for every key `path` sets on a nested node it defines
     for a medvqa class (`model.builder`, `trainer.strategy`, `callbacks.*`: `_target_` written
@@ -249,9 +258,11 @@ def _disagreements(path: Path) -> list[tuple[str, str]]:
         return []
     raw = yaml.safe_load(path.read_text()) or {}
     raw.pop("defaults", None)
+    package = _package(path)
+    if not _defines_a_nested_node(raw, len(package.split(".")) if package else 0):
+        return []  # nothing below checks a key (`home` below): no need to compose
     cfg = compose(overrides)
     HydraConfig.instance().set_config(cfg)  # `${hydra:...}` resolves as in a run
-    package = _package(path)
     found = []
     # Plug-ins (datasets, metric families) get their schema from their signature, which holds
     # their only defaults; an option file sets what differs (test_no_yaml_restates_...).

@@ -18,7 +18,7 @@ from hydra.utils import instantiate
 from medvqa import plugins
 from medvqa.config import Config, ConfigError, check_config
 from medvqa.data import records as R
-from tests.conftest import CONF, compose, run_main, sampled
+from tests.conftest import CONF, compose, compose_cached, compose_values, run_main, sampled
 from tests.native import fixture_writer
 
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
@@ -30,11 +30,44 @@ COMPOSE_CACHE = Path("/tmp/medvqa-config-checks")
 
 def _error(overrides: list[str]) -> str:
     """The message check_config raises for the composed overrides."""
-    cfg = compose(overrides, COMPOSE_CACHE)
+    cfg = compose_cached(overrides, COMPOSE_CACHE)
     with pytest.raises(ConfigError) as err:
         check_config(cfg)
     assert isinstance(err.value, ValueError)  # callers that catch ValueError still do
     return str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("base", "values"),
+    [
+        ([], ["data.batch_size=4", "+data.limit.tain=5", "trainer.devices=[0,1]"]),
+        (["+experiment=mimic_age"], ["evaluation.breakdown=[gender]", "seed=3"]),
+        (["peft=ia3", "logger=csv"], []),
+    ],
+)
+def test_values_on_a_composed_base_are_what_compose_gives(base: list, values: list) -> None:
+    """The grids below apply values to a config composed once (tests/conftest.py's
+    compose_values): the same config, overrides recorded, as Hydra's compose of them all."""
+    from omegaconf import OmegaConf
+
+    fast = compose_values(values, base, COMPOSE_CACHE)
+    whole = compose([*base, *values], COMPOSE_CACHE)
+    assert OmegaConf.to_container(fast) == OmegaConf.to_container(whole)
+    assert OmegaConf.is_struct(fast) and OmegaConf.is_struct(whole)
+
+
+@pytest.mark.parametrize("value", ["model.share_image_prefix=2", "+seed=4", "data.batch_sise=3"])
+def test_values_on_a_composed_base_fail_as_compose_fails(value: str) -> None:
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException) as fast:
+        compose_values([value], [], COMPOSE_CACHE)
+    with pytest.raises(ConfigCompositionException) as whole:
+        compose([value], COMPOSE_CACHE)
+    assert str(fast.value) == str(whole.value)
+    assert str(fast.value.__cause__) == str(whole.value.__cause__)
+    with pytest.raises(ValueError, match="chooses a config group"):
+        compose_values(["peft=lora"])
 
 
 # -- what ships passes ---------------------------------------------------------------------------
@@ -112,7 +145,7 @@ def test_an_eval_task_is_checked_without_its_run() -> None:
     ],
 )
 def test_valid_values_pass(overrides: list[str]) -> None:
-    check_config(compose(overrides, COMPOSE_CACHE))
+    check_config(compose_cached(overrides, COMPOSE_CACHE))
 
 
 # -- bad values fail at once, naming the key, the value and the fix ------------------------------
@@ -448,10 +481,10 @@ def test_a_bool_key_takes_true_or_false_only(key: str) -> None:
     the key, the value and the type it needs."""
     from hydra.errors import ConfigCompositionException
 
-    compose([f"{key}=false"], COMPOSE_CACHE)
+    compose_values([f"{key}=false"], cache=COMPOSE_CACHE)
     for value in ("2", "yes"):
         with pytest.raises(ConfigCompositionException) as err:
-            compose([f"{key}={value}"], COMPOSE_CACHE)
+            compose_values([f"{key}={value}"], cache=COMPOSE_CACHE)
         shown = f"{err.value}\n{err.value.__cause__}"
         assert f"{key}={value}" in shown and "bool" in shown.split("type hint")[1], shown
 

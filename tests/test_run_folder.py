@@ -37,7 +37,7 @@ from medvqa.tasks.from_run import (
     installed_groups,
 )
 from medvqa.untrusted import UntrustedDataError, plain_values
-from tests.conftest import ROOT, compose, diagonal
+from tests.conftest import ROOT, compose_cached, diagonal
 
 CACHE = Path("/tmp/medvqa-run-folder")
 CHOICES = {"model": "tiny", "peft": "ia3", "dataset": "synthetic", "shift": "modality",
@@ -59,7 +59,7 @@ TRAINED = _frames(
 
 
 def _cfg(overrides: list[str]) -> Any:
-    cfg = compose(["debug=smoke", "logger=csv", *overrides], CACHE)
+    cfg = compose_cached(["debug=smoke", "logger=csv", *overrides], CACHE)
     with open_dict(cfg):
         del cfg["hydra"]
         cfg.paths.root_dir = str(ROOT)

@@ -197,8 +197,20 @@ def test_the_study_has_settings_for_every_paper_dataset_and_training_method() ->
     assert set(EXPERIMENT_DATASET) == PAPER_EXPERIMENTS
 
 
-@pytest.mark.parametrize("experiment", sorted(PAPER_EXPERIMENTS))
-@pytest.mark.parametrize("method", ["full", "lora", "ia3", "prompt_tuning"])
+def _study_cases() -> list[object]:
+    """Every (experiment, method); `make test` runs each dataset's settings file once (through
+    its first experiment), the other experiments on the same files are slow."""
+    first = {}
+    for experiment in sorted(PAPER_EXPERIMENTS):
+        first.setdefault(EXPERIMENT_DATASET[experiment], experiment)
+    return [
+        pytest.param(e, m, marks=() if e in first.values() else (pytest.mark.slow,))
+        for e in sorted(PAPER_EXPERIMENTS)
+        for m in ("full", "lora", "ia3", "prompt_tuning")
+    ]
+
+
+@pytest.mark.parametrize(("experiment", "method"), _study_cases())
 @pytest.mark.heavy
 def test_the_sure_study_composes_the_papers_settings(experiment: str, method: str) -> None:
     cfg = compose(
