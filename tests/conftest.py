@@ -180,7 +180,7 @@ def compose_values(values: Sequence[str], base: Sequence[str] = (), cache: Path 
     for override in parsed:
         group = override.key_or_group.replace(".", "/")
         if (CONF / group).is_dir() or override.is_hydra_override():
-            raise ValueError(f"{override.input_line} chooses a config group: use compose()")
+            raise ValueError(f"{override.input_line}: a config group or Hydra's; put it in base")
     cfg = copy.deepcopy(_composed(tuple(base), cache))
     ConfigLoaderImpl._apply_overrides_to_config(parsed, cfg)
     # What compose records of its overrides, in its order (the cache's last).
@@ -199,9 +199,16 @@ def compose_values(values: Sequence[str], base: Sequence[str] = (), cache: Path 
 
 
 def compose_cached(overrides: Sequence[str], cache: Path | None = None):
-    """`compose(overrides, cache)` with the overrides that choose a config group composed once
-    per worker and the rest applied to a copy (compose_values)."""
-    groups = [o for o in overrides if (CONF / o.lstrip("+~").split("=")[0]).is_dir()]
+    """`compose(overrides, cache)` with the overrides that choose a config group (and Hydra's
+    own) composed once per worker and the rest applied to a copy (compose_values). Only for
+    configs no test changes: a base is not composed again after conf/ or the ConfigStore
+    change."""
+
+    def chooses(override: str) -> bool:
+        key = override.lstrip("+~").split("=")[0]
+        return (CONF / key).is_dir() or key.startswith("hydra.")
+
+    groups = [o for o in overrides if chooses(o)]
     return compose_values([o for o in overrides if o not in groups], groups, cache)
 
 
