@@ -4,6 +4,7 @@ several jobs of one sweep in one process."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,6 +16,7 @@ from medvqa.generation import predict as generation
 from medvqa.generation.files import read_predictions
 from medvqa.generation.predict import generate_predictions
 from medvqa.models.loading import load_vlm
+from medvqa.models.prompting import encode
 from medvqa.record import read_record
 from medvqa.training.strategies import (
     DeepSpeedStrategy,
@@ -309,6 +311,12 @@ def test_the_qwen_presets_cap_an_image_at_512_tokens(
     grid = processor.image_processor(images=[Image.new("RGB", (2500, 3000))])["image_grid_thw"]
     patch = processor.image_processor.patch_size
     assert int(grid.prod()) * patch**2 <= cap  # pixels kept: at most the cap
+    # ... and is not handed back at every call through the tokenizer's init kwargs (a
+    # FutureWarning: call-time min/max_pixels go in transformers 5.23), nor saved with it.
+    assert not {"min_pixels", "max_pixels"} & set(processor.tokenizer.init_kwargs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        encode(processor, "Which organ?", Image.new("RGB", (300, 200)))
 
 
 @pytest.mark.slow

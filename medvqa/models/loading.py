@@ -178,6 +178,7 @@ def load_vlm(model_cfg: Any) -> tuple[torch.nn.Module, Any]:
             f"AutoProcessor.from_pretrained({source!r}) returned no multimodal processor; the "
             "family's processor is not registered (see docs/offline.md on torchvision-free setups)."
         )
+    _keep_load_settings_off_calls(processor, processor_kwargs(model_cfg))
     template = model_option(model_cfg, "chat_template")
     if template is not None:
         processor.chat_template = chat_template(str(template))
@@ -192,6 +193,21 @@ def load_vlm(model_cfg: Any) -> tuple[torch.nn.Module, Any]:
         source,
     )
     return model, processor
+
+
+def _keep_load_settings_off_calls(processor: Any, kwargs: dict[str, Any]) -> None:
+    """AutoProcessor.from_pretrained also gives its keyword arguments to the tokenizer, and
+    transformers passes the tokenizer's init kwargs to every call as defaults: Qwen's
+    `min_pixels`/`max_pixels`, already in the image processor's `size` when it was built, came
+    back on each call (a FutureWarning per process; the call-time keys go in transformers 5.23)
+    and into a saved tokenizer_config.json. Keys the tokenizer does not have leave its init
+    kwargs."""
+    tokenizer = processor.tokenizer
+    init = getattr(tokenizer, "init_kwargs", None)
+    if isinstance(init, dict):
+        for key in kwargs:
+            if key in init and not hasattr(tokenizer, key):
+                del init[key]
 
 
 def _from_pretrained(
