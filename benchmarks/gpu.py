@@ -346,8 +346,9 @@ def train_row(
     device = next(model.parameters()).device
     if setup.checkpoint_every:
         enable_gradient_checkpointing(model, every_n_layers=setup.checkpoint_every)
-    else:
-        model.gradient_checkpointing_disable()
+    else:  # transformers renamed it (medvqa.models.adapters.enable_gradient_checkpointing)
+        disable = getattr(model, "activation_checkpointing_disable", None)
+        (disable or model.gradient_checkpointing_disable)()
     dropout_changed = 0
     if setup.lora_dropout is not None:
         dropout_changed = set_lora_dropout(model, setup.lora_dropout)
