@@ -5,6 +5,7 @@ looks at the same figures in the report, in Chromium."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,15 @@ from tests.test_report import headline, write_record
 # Long shift names (a study's experiment files) and method labels: what clipped and collided.
 TABLES = ("slake_modality", "slake_corruption_high (corruption_high)", "ovqa_body_part_leg")
 METHODS = ("No Finetune", "Full Finetune", "Prompt", "LoRA", "(IA)³")
+# Variants of one method, labelled by their settings (medvqa.analysis.variants): on one line
+# they were wider than a panel, and constrained layout shrank its axes to nothing.
+VARIANTS = (
+    *METHODS[:3],
+    "LoRA [data.limit.train=32, peft.lr=0.0001, peft.target_modules='q_proj,k_proj,v_proj,o_proj']",
+    "LoRA [data.limit.train=None, peft.lr=0.0003, peft.target_modules='q_proj,k_proj,v_proj,o_proj']",
+    "LoRA [data.limit.train=∅, peft.lr=∅, peft.target_modules=∅]",
+    METHODS[4],
+)
 VALUES = ("abnormality", "modality", "organ", "plane", "presence", "size")
 
 
@@ -55,7 +65,9 @@ def contrast(a: Any, b: Any) -> float:
 def check_readable(fig: Figure) -> int:
     """Assert the figure's heatmap panels are readable (see the module doc); returns how many
     cell numbers were checked."""
-    FigureCanvasAgg(fig).draw()  # lays the figure out as it is saved
+    with warnings.catch_warnings():  # "constrained_layout not applied": the panels collapsed
+        warnings.simplefilter("error", UserWarning)
+        FigureCanvasAgg(fig).draw()  # lays the figure out as it is saved
     renderer = fig.canvas.get_renderer()
     whole = fig.bbox
     panels = []
@@ -65,6 +77,7 @@ def check_readable(fig: Figure) -> int:
         colorbar = ax.images[0].colorbar
         parts = [ax, *([colorbar.ax] if colorbar is not None else [])]
         boxes = [a.get_window_extent(renderer) for a in parts]
+        assert boxes[0].width > 100 and boxes[0].height > 50, boxes[0]  # cells to read
         texts = [ax.title, *(t for a in parts for t in a.get_xticklabels() + a.get_yticklabels())]
         boxes += [t.get_window_extent(renderer) for t in texts if t.get_text()]
         panels.append(boxes)
@@ -99,18 +112,21 @@ def _touching(a: Bbox, b: Bbox) -> bool:
     return overlap is not None and min(overlap.width, overlap.height) < 1
 
 
-def test_the_rank_heatmaps_keep_their_labels_whole(drawn: list[Figure], tmp_path: Path) -> None:
+@pytest.mark.parametrize("methods", [METHODS, VARIANTS], ids=["methods", "variants"])
+def test_the_rank_heatmaps_keep_their_labels_whole(
+    methods: tuple[str, ...], drawn: list[Figure], tmp_path: Path
+) -> None:
     rng = np.random.default_rng(0)
     rows = []
     for score in ("closed", "open"):
-        for method in METHODS:
+        for method in methods:
             ranks = {t: float(rng.integers(1, 6)) for t in TABLES}
             rows.append({"score": score, "method": method, **ranks})
     rank = pd.DataFrame(rows)
     rank["mean rank"] = rank[list(TABLES)].mean(axis=1)
     figs.rank_figure(rank, tmp_path)
     (fig,) = drawn
-    assert check_readable(fig) == 2 * len(METHODS) * (len(TABLES) + 1)
+    assert check_readable(fig) == 2 * len(methods) * (len(TABLES) + 1)
 
 
 @pytest.mark.heavy

@@ -12,7 +12,8 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Sequence
+import textwrap
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,13 @@ def save(fig: Figure, out_dir: Path, name: str) -> Path:
     fig.savefig(png, dpi=120, bbox_inches="tight")
     fig.savefig(png.with_suffix(".pdf"), bbox_inches="tight")
     return png
+
+
+def wrapped(labels: Iterable[object], width: int = 36) -> list[str]:
+    """Tick labels on lines of at most `width` characters: a variant's label on one line
+    (`LoRA [data.limit.train=32, peft.lr=0.0001, peft.target_modules=...]`) is wider than a
+    panel, and constrained layout then shrinks the panel's axes to nothing."""
+    return ["\n".join(textwrap.wrap(str(label), width)) or str(label) for label in labels]
 
 
 def _ordered(frame: pd.DataFrame, methods: Sequence[str] | None = None) -> list[str]:
@@ -180,7 +188,7 @@ def rank_figure(rank: pd.DataFrame, out_dir: Path) -> Path | str:
         im = ax.imshow(data, cmap="viridis_r", aspect="auto")
         annotate_cells(ax, im, data, ".1f")
         ax.set_xticks(range(part.shape[1]), part.columns, rotation=30, ha="right", fontsize=8)
-        ax.set_yticks(range(part.shape[0]), part.index, fontsize=8)
+        ax.set_yticks(range(part.shape[0]), wrapped(part.index), fontsize=8)
         ax.set_title(f"{score} RR rank (1 = most robust)")
         fig.colorbar(im, ax=ax, shrink=0.7)
     return save(fig, out_dir, "method_rank_by_rr")
@@ -326,7 +334,9 @@ def breakdown_heatmaps(frame: pd.DataFrame, out_dir: Path) -> dict[str, Path]:
             data = mat.to_numpy(dtype=float)
             im = ax.imshow(data, cmap="magma", aspect="auto", vmin=0)
             annotate_cells(ax, im, data, ".2f")
-            ax.set_xticks(range(mat.shape[1]), mat.columns, rotation=30, ha="right", fontsize=8)
+            ax.set_xticks(
+                range(mat.shape[1]), wrapped(mat.columns), rotation=30, ha="right", fontsize=8
+            )
             ax.set_yticks(range(mat.shape[0]), mat.index, fontsize=8)
             ax.set_title(title, fontsize=9)
             fig.colorbar(im, ax=ax, shrink=0.7)
@@ -381,7 +391,7 @@ def reliance_quadrants(frame: pd.DataFrame, out_dir: Path) -> dict[str, Path]:
                 ax.barh(range(len(bars)), widths, left=left, color=colour,
                         label=quadrant.replace("_", ", image-"))  # fmt: skip
                 left += widths
-            ax.set_yticks(range(len(bars)), [b[0] for b in bars], fontsize=8)
+            ax.set_yticks(range(len(bars)), wrapped(b[0] for b in bars), fontsize=8)
             ax.invert_yaxis()
             ax.set_xlim(0, 1)
             ax.set_xlabel(f"share of closed answers (right/wrong × changes under {mode} image)")
@@ -444,7 +454,9 @@ def region_occlusion(frame: pd.DataFrame, out_dir: Path) -> dict[str, Path]:
                 cells = [b[1][(where, stat)] for b in bars]
                 ax.barh(y, [c[0] for c in cells], height=0.38, xerr=[c[1] for c in cells],
                         color=colour, label=name, error_kw={"lw": 0.8})  # fmt: skip
-            ax.set_yticks(range(len(bars)), [b[0] for b in bars] if k == 0 else [], fontsize=8)
+            ax.set_yticks(
+                range(len(bars)), wrapped(b[0] for b in bars) if k == 0 else [], fontsize=8
+            )
             ax.axvline(0, color="grey", lw=0.6)
             if stat == "changed":
                 ax.set_xlim(0, 1)
