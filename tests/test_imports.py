@@ -67,8 +67,9 @@ def import_graph() -> dict[str, set[str]]:
                 if node.level:
                     up = package.split(".")[: len(package.split(".")) - node.level + 1]
                     base = ".".join([*up, *([node.module] if node.module else [])])
-                # `from pkg import module` imports the module; `from module import name` the module
-                targets += [f"{base}.{a.name}" for a in node.names]
+                # `from module import name` imports the module; `from pkg import module` the
+                # module and the package's __init__ too (it runs first, and may bind the name)
+                targets += [base, *(f"{base}.{a.name}" for a in node.names)]
             elif (
                 isinstance(node, ast.Call)
                 and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module"
@@ -149,6 +150,8 @@ def test_the_graph_sees_lazy_and_dynamic_imports() -> None:
     assert "medvqa.models.saving" in graph["medvqa.provenance"]
     # the registry's own package scan is not an edge, but a literal import_module would be
     assert "medvqa.config" not in graph["medvqa.plugins"]
+    # `from medvqa import plugins`: the module, and the package's __init__, which runs first
+    assert {"medvqa", "medvqa.plugins"} <= graph["medvqa.views.base"]
     assert len(graph) > 50
 
 

@@ -16,11 +16,11 @@ from medvqa import plugins
 from medvqa.data import records as R
 from medvqa.generation.passes import EvalPass
 from medvqa.scoring.metrics.traditional import BINARY_CORRECT
-from medvqa.views import consistency
+from medvqa.views.consistency import CHOICE
 
 # The traditional family's per-sample columns the views read, by the answer type that needs
 # them: whether an answer is right, and which candidate a closed answer chose.
-NEEDED_FOR = {**{c: t for t, c in BINARY_CORRECT.items()}, consistency.CHOICE: "closed"}
+NEEDED_FOR = {**{c: t for t, c in BINARY_CORRECT.items()}, CHOICE: "closed"}
 CORRECT = tuple(BINARY_CORRECT.values())
 
 # How a split (or a pair of splits, `test_iid~test_ood`) reads in a column or a figure.
