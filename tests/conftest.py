@@ -159,6 +159,13 @@ def compose(overrides: Sequence[str] = (), cache: Path | None = None):
         return hydra_compose("config", overrides=[*overrides, *extra], return_hydra_config=True)
 
 
+def _chooses(override: str) -> bool:
+    """Whether an override picks a config group's option (or sets Hydra's own config):
+    compose's defaults list takes those; the rest set values."""
+    key = override.lstrip("+~").split("=")[0]
+    return (CONF / key.replace(".", "/")).is_dir() or key.startswith("hydra.")
+
+
 @functools.lru_cache(maxsize=16)
 def _composed(overrides: tuple[str, ...], cache: Path | None):
     return compose(overrides, cache)
@@ -175,12 +182,11 @@ def compose_values(values: Sequence[str], base: Sequence[str] = (), cache: Path 
     from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
+    chosen = [v for v in values if _chooses(v)]
+    if chosen:
+        raise ValueError(f"{chosen}: a config group or Hydra's; put it in base")
     parser = OverridesParser.create()
     parsed = parser.parse_overrides(list(values))
-    for override in parsed:
-        group = override.key_or_group.replace(".", "/")
-        if (CONF / group).is_dir() or override.is_hydra_override():
-            raise ValueError(f"{override.input_line}: a config group or Hydra's; put it in base")
     cfg = copy.deepcopy(_composed(tuple(base), cache))
     ConfigLoaderImpl._apply_overrides_to_config(parsed, cfg)
     # What compose records of its overrides, in its order (the cache's last).
@@ -203,12 +209,7 @@ def compose_cached(overrides: Sequence[str], cache: Path | None = None):
     own) composed once per worker and the rest applied to a copy (compose_values). Only for
     configs no test changes: a base is not composed again after conf/ or the ConfigStore
     change."""
-
-    def chooses(override: str) -> bool:
-        key = override.lstrip("+~").split("=")[0]
-        return (CONF / key).is_dir() or key.startswith("hydra.")
-
-    groups = [o for o in overrides if chooses(o)]
+    groups = [o for o in overrides if _chooses(o)]
     return compose_values([o for o in overrides if o not in groups], groups, cache)
 
 
